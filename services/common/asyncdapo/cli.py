@@ -1,0 +1,53 @@
+"""The `asyncdapo` console script: one subcommand per service or tool.
+
+Each subcommand lives in a light module exposing `register(subparsers)`; heavy imports (vLLM,
+torch) happen inside the command function, so `asyncdapo verifier` never imports vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+# name -> module with `register(subparsers)`; a module that is not part of this build is skipped.
+SUBCOMMANDS: dict[str, str] = {
+    "config": "asyncdapo.config_cli",
+    "model": "asyncdapo.tiny_model_cli",
+    "data": "asyncdapo.data.cli",
+    "verifier": "asyncdapo.verifier.cli",
+    "gateway": "asyncdapo.gateway.cli",
+    "scheduler": "asyncdapo.scheduler.cli",
+    "trainer": "asyncdapo.trainer.cli",
+    "up": "asyncdapo.local.cli",
+    "simulate": "asyncdapo.scheduler.simulate_cli",
+    "operator": "asyncdapo.operator.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asyncdapo", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module_name in SUBCOMMANDS.values():
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def _version() -> str:
+    from asyncdapo import __version__
+
+    return f"asyncdapo {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

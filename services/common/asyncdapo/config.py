@@ -1,0 +1,300 @@
+"""`RunConfig`: the single source of configuration for a training run.
+
+Loaded from YAML locally (`asyncdapo up RUN.yaml`) and from the `spec.run` of a `TrainingRun`
+custom resource in Kubernetes, whose OpenAPI schema is generated from this model
+(`RunConfig.model_json_schema()`), so the two can never drift.
+
+Defaults follow verl's DAPO recipe (recipe/dapo) where DAPO sets a value and verl's
+`ppo_trainer.yaml` otherwise. Invariants checked here, so that no service has to re-check them:
+- `overlong_buffer.len < max_response_length` when the buffer is enabled;
+- `ppo_mini_batch_size` divides `train_batch_size`;
+- the `sync` mode has no staleness (`max_staleness == 0`).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo in a YAML must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+class LossAggMode(StrEnum):
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+
+
+class FilterMetric(StrEnum):
+    ACC = "acc"
+    SCORE = "score"
+
+
+class WeightUpdateMode(StrEnum):
+    KEEP = "keep"
+    ABORT = "abort"
+    WAIT = "wait"
+
+
+class RolloutMode(StrEnum):
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+class EarlyStopOrder(StrEnum):
+    ANY = "any"
+    FIFO = "fifo"
+
+
+class LongTailPolicy(StrEnum):
+    NONE = "none"
+    PDSR = "pdsr"
+
+
+class ModelConfig(_Strict):
+    path: str = Field("models/tiny", description="Hugging Face causal-LM directory (weights + tokenizer).")
+    dtype: str = Field("auto", description="Weights dtype for training and rollout: auto|float32|bfloat16.")
+    trust_remote_code: bool = Field(False, description="Allow custom modelling code from the model dir.")
+
+
+class DataConfig(_Strict):
+    train_files: list[str] = Field(
+        default_factory=list, description="verl-layout parquet/JSONL files with `prompt` and ground truth."
+    )
+    val_files: list[str] = Field(default_factory=list, description="Held-out files for validation.")
+    prompt_key: str = Field("prompt", description="Column holding the prompt (chat messages or text).")
+    train_batch_size: int = Field(
+        8, ge=1, le=65536, description="B: valid (non-filtered) groups per training step."
+    )
+    max_prompt_length: int = Field(512, ge=1, le=1 << 20, description="Prompts longer than this are dropped.")
+    max_response_length: int = Field(512, ge=1, le=1 << 20, description="max_tokens of every rollout.")
+    shuffle: bool = Field(True, description="Shuffle the training set each epoch (seeded).")
+    seed: int = Field(1, ge=0, description="Seed of the data order.")
+    apply_chat_template: bool = Field(
+        True, description="Render chat-message prompts with the tokenizer's chat template when it has one."
+    )
+    prompt_queue_watermark: int = Field(
+        256, ge=1, le=1 << 20, description="The trainer keeps at least this many prompts queued in Redis."
+    )
+    val_size: int = Field(0, ge=0, description="Validation prompts per evaluation (0 = all val_files).")
+
+
+class OverlongBufferConfig(_Strict):
+    enable: bool = Field(True, description="DAPO overlong reward shaping.")
+    len: int = Field(
+        128,
+        ge=1,
+        description="Buffer length L: responses longer than max_response_length - L are penalised linearly.",
+    )
+    penalty_factor: float = Field(1.0, ge=0.0, le=100.0, description="Penalty at the full buffer.")
+
+
+class LongTailConfig(_Strict):
+    policy: LongTailPolicy = Field(
+        LongTailPolicy.NONE, description="none, or pdsr: probe, offload the longest prompts to the heavy pool."
+    )
+    offload_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="Fraction of prompts (longest probes) sent to the heavy pool."
+    )
+    cap_factor: float = Field(
+        1.5, ge=1.0, le=100.0, description="Fast-pool responses are capped at cap_factor x L_cut tokens."
+    )
+
+
+class AdmissionConfig(_Strict):
+    policy: str = Field(
+        "expected-valid", description="Admission policy: expected-valid (default) or greedy (never trims)."
+    )
+    margin: float = Field(
+        1.2,
+        ge=1.0,
+        le=10.0,
+        description="Stop admitting once valid + p_valid * in_flight >= margin * remaining-to-bound.",
+    )
+    min_valid_rate: float = Field(
+        0.05, gt=0.0, le=1.0, description="Floor on the running valid rate used by the policy."
+    )
+
+
+class RolloutConfig(_Strict):
+    n: int = Field(8, ge=1, le=1024, description="Responses per prompt (the group size).")
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 disables).")
+    mode: RolloutMode = Field(
+        RolloutMode.ASYNC, description="async (streaming filter + early stop) or sync (verl's loop, baseline)."
+    )
+    max_staleness: int = Field(
+        0, ge=0, le=64, description="s: a group produced under version v may train at step t only if t-v <= s."
+    )
+    weight_update_mode: WeightUpdateMode = Field(
+        WeightUpdateMode.KEEP, description="What in-flight requests do while weights change: keep|abort|wait."
+    )
+    max_concurrent_prompts: int = Field(
+        32, ge=1, le=1 << 16, description="Prompt-level FIFO: at most this many prompts in flight."
+    )
+    max_concurrent_per_gateway: int = Field(
+        256, ge=1, le=1 << 16, description="Dispatch filter: requests in flight per gateway."
+    )
+    requeue_aborted: bool = Field(True, description="Put prompts aborted by early stop back at the queue head.")
+    early_stop_order: EarlyStopOrder = Field(
+        EarlyStopOrder.ANY,
+        description="any: stop at B valid groups; fifo: also wait for prompts admitted before the B-th.",
+    )
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    long_tail: LongTailConfig = Field(default_factory=LongTailConfig)
+    val_n: int = Field(1, ge=1, le=1024, description="Responses per prompt in validation.")
+    val_temperature: float = Field(0.0, ge=0.0, le=10.0, description="Validation sampling temperature.")
+    seed: int | None = Field(None, description="Base sampling seed (None: nondeterministic).")
+
+
+class RewardConfig(_Strict):
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+    filter_groups: bool = Field(True, description="DAPO dynamic sampling: drop zero-variance groups.")
+    filter_metric: FilterMetric = Field(FilterMetric.ACC, description="Metric whose group std must exceed eps.")
+    filter_eps: float = Field(1e-6, ge=0.0, description="A group is valid when its std > eps.")
+    verifier_timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="Per-item math-verify timeout.")
+    verifier_batch_size: int = Field(32, ge=1, le=4096, description="Responses per /v1/score call.")
+    verifier_concurrency: int = Field(8, ge=1, le=1024, description="Concurrent verifier calls.")
+    verifier_max_retries: int = Field(5, ge=0, le=100, description="Retries before `verifier_error`.")
+
+
+class AlgorithmConfig(_Strict):
+    adv_estimator: str = Field("grpo", description="Advantage estimator (grpo).")
+    norm_adv_by_std: bool = Field(True, description="GRPO divides by the group std; false is Dr. GRPO.")
+    clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO clip: 1 - low.")
+    clip_ratio_high: float = Field(0.28, ge=0.0, le=10.0, description="DAPO clip-higher: 1 + high.")
+    clip_ratio_c: float = Field(10.0, gt=1.0, le=1000.0, description="Dual-clip bound for negative advantages.")
+    loss_agg_mode: LossAggMode = Field(LossAggMode.TOKEN_MEAN, description="Loss aggregation.")
+    tis_cap: float | None = Field(
+        None, gt=0.0, description="Truncated importance weight cap vs. behaviour log-probs (None: off)."
+    )
+    entropy_coeff: float = Field(0.0, ge=0.0, le=1.0, description="Entropy bonus.")
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="KL-loss coefficient (DAPO: 0).")
+
+
+class TrainerConfig(_Strict):
+    total_steps: int = Field(100, ge=1, description="Policy updates to run.")
+    ppo_mini_batch_size: int = Field(8, ge=1, description="Groups per optimizer step (divides B).")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward pass.")
+    ppo_epochs: int = Field(1, ge=1, le=100, description="Passes over each batch.")
+    lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.1, ge=0.0, le=1.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(10, ge=0, description="Linear LR warm-up steps.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Max gradient norm.")
+    publish_every: int = Field(1, ge=1, description="Publish weights every k steps.")
+    checkpoint_every: int = Field(1, ge=1, description="Checkpoint every k steps.")
+    val_every: int = Field(0, ge=0, description="Validate every k steps (0: never).")
+    workers: int = Field(1, ge=1, le=4096, description="Data-parallel workers (>1 uses Ray Train).")
+    seed: int = Field(1, ge=0, description="Training seed.")
+    checkpoint_dir: str = Field("checkpoints", description="Where checkpoints and weight snapshots go.")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+
+class RunConfig(_Strict):
+    """One training run: everything every service needs to agree on."""
+
+    name: str = Field("tiny-math", description="Run name: a DNS label, used in Redis keys and K8s names.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if len(v) > 53 or not _DNS_LABEL.match(v):
+            raise ValueError("must be a DNS label: lowercase letters, digits and '-', at most 53 characters")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RunConfig:
+        buf = self.reward.overlong_buffer
+        if buf.enable and buf.len >= self.data.max_response_length:
+            raise ValueError(
+                f"reward.overlong_buffer.len ({buf.len}) must be < data.max_response_length "
+                f"({self.data.max_response_length})"
+            )
+        if self.data.train_batch_size % self.trainer.ppo_mini_batch_size:
+            raise ValueError(
+                f"trainer.ppo_mini_batch_size ({self.trainer.ppo_mini_batch_size}) must divide "
+                f"data.train_batch_size ({self.data.train_batch_size})"
+            )
+        if self.rollout.mode is RolloutMode.SYNC and self.rollout.max_staleness:
+            raise ValueError("rollout.max_staleness must be 0 in rollout.mode sync")
+        return self
+
+    # --- derived quantities (one definition for every service) ---
+
+    def valid_group_bound(self, version: int) -> int:
+        """Valid groups that may exist in total while the policy is at `version`: (v + s + 1) * B."""
+        return (version + self.rollout.max_staleness + 1) * self.data.train_batch_size
+
+    def overlong_penalty(self, length: int) -> float:
+        """DAPO overlong shaping: -min(max(length - expected, 0) / L, 1) * factor, expected = max - L."""
+        buf = self.reward.overlong_buffer
+        if not buf.enable:
+            return 0.0
+        expected = self.data.max_response_length - buf.len
+        return -min(max(length - expected, 0) / buf.len, 1.0) * buf.penalty_factor
+
+
+class ConfigError(ValueError):
+    """A configuration could not be loaded; the message names the file and each wrong field."""
+
+
+def _format_errors(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid run config ({err.error_count()} error(s))"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_run_config(data: Any, source: str = "<config>") -> RunConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a run config must be a mapping, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(source, err)) from None
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Load a YAML run config; errors name the file and the dotted path of every wrong field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read run config: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return parse_run_config(data, str(path))
+
+
+def run_config_json_schema() -> dict[str, Any]:
+    """JSON schema of RunConfig, the source of the TrainingRun CRD's `spec.run` schema."""
+    return RunConfig.model_json_schema(mode="validation")
