@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install redis prometheus test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier clean
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e clean
 
 install: $(STAMP) redis
 
@@ -66,8 +66,21 @@ proto-check: $(STAMP)
 	  || { echo "generated stubs are stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	rm -rf $$tmp; echo "proto stubs are fresh"
 
+# Benchmarks print their figures and end with one `RESULT key=value …` line.
 bench-verifier: install
 	$(BIN)/python bench/bench_verifier.py
+
+bench-gateway: install
+	$(BIN)/python bench/bench_gateway.py
+
+bench-scheduler: install
+	$(BIN)/python bench/bench_scheduler.py
+
+bench-trainer: install
+	$(BIN)/python bench/bench_trainer.py
+
+bench-e2e: install
+	$(BIN)/python bench/bench_e2e.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

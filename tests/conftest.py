@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,31 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real redis-server on a free 127.0.0.1 port for the whole session."""
+    from asyncdapo.local.redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def redis_url(redis_server: object) -> Iterator[str]:
+    """URL of the session Redis, flushed before each test."""
+    import redis
+
+    url = redis_server.url  # type: ignore[attr-defined]
+    redis.Redis.from_url(url).flushall()
+    yield url
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 model (random weights, trained BPE tokenizer), built once per session."""
+    from asyncdapo.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)

@@ -35,7 +35,9 @@ def test_defaults_follow_verl_dapo() -> None:
 
 def test_error_names_the_field(tmp_path: Path) -> None:
     f = tmp_path / "bad.yaml"
-    f.write_text(yaml.safe_dump({"rollout": {"n": 0, "temperature": "hot"}, "algorithm": {"clip_ratio_c": 0.5}}))
+    f.write_text(
+        yaml.safe_dump({"rollout": {"n": 0, "temperature": "hot"}, "algorithm": {"clip_ratio_c": 0.5}})
+    )
     with pytest.raises(ConfigError) as exc:
         load_run_config(f)
     msg = str(exc.value)
@@ -49,7 +51,7 @@ def test_unknown_key_is_an_error() -> None:
 
 
 def test_cross_field_invariants() -> None:
-    with pytest.raises(ConfigError, match="overlong_buffer.len"):
+    with pytest.raises(ConfigError, match=r"overlong_buffer\.len"):
         parse_run_config({"data": {"max_response_length": 64}, "reward": {"overlong_buffer": {"len": 64}}})
     with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
         parse_run_config({"data": {"train_batch_size": 8}, "trainer": {"ppo_mini_batch_size": 3}})

@@ -31,10 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in SUBCOMMANDS.values():
-        if importlib.util.find_spec(module_name) is None:
+        if not _available(module_name):
             continue
         importlib.import_module(module_name).register(sub)
     return parser
+
+
+def _available(module_name: str) -> bool:
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:  # its parent package is not part of this build
+        return False
 
 
 def _version() -> str:

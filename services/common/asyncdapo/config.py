@@ -101,7 +101,8 @@ class OverlongBufferConfig(_Strict):
 
 class LongTailConfig(_Strict):
     policy: LongTailPolicy = Field(
-        LongTailPolicy.NONE, description="none, or pdsr: probe, offload the longest prompts to the heavy pool."
+        LongTailPolicy.NONE,
+        description="none, or pdsr: probe, offload the longest prompts to the heavy pool.",
     )
     offload_fraction: float = Field(
         0.2, gt=0.0, lt=1.0, description="Fraction of prompts (longest probes) sent to the heavy pool."
@@ -132,10 +133,14 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
     top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 disables).")
     mode: RolloutMode = Field(
-        RolloutMode.ASYNC, description="async (streaming filter + early stop) or sync (verl's loop, baseline)."
+        RolloutMode.ASYNC,
+        description="async (streaming filter + early stop) or sync (verl's loop, baseline).",
     )
     max_staleness: int = Field(
-        0, ge=0, le=64, description="s: a group produced under version v may train at step t only if t-v <= s."
+        0,
+        ge=0,
+        le=64,
+        description="s: a group produced under version v may train at step t only if t-v <= s.",
     )
     weight_update_mode: WeightUpdateMode = Field(
         WeightUpdateMode.KEEP, description="What in-flight requests do while weights change: keep|abort|wait."
@@ -146,7 +151,9 @@ class RolloutConfig(_Strict):
     max_concurrent_per_gateway: int = Field(
         256, ge=1, le=1 << 16, description="Dispatch filter: requests in flight per gateway."
     )
-    requeue_aborted: bool = Field(True, description="Put prompts aborted by early stop back at the queue head.")
+    requeue_aborted: bool = Field(
+        True, description="Put prompts aborted by early stop back at the queue head."
+    )
     early_stop_order: EarlyStopOrder = Field(
         EarlyStopOrder.ANY,
         description="any: stop at B valid groups; fifo: also wait for prompts admitted before the B-th.",
@@ -161,7 +168,9 @@ class RolloutConfig(_Strict):
 class RewardConfig(_Strict):
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
     filter_groups: bool = Field(True, description="DAPO dynamic sampling: drop zero-variance groups.")
-    filter_metric: FilterMetric = Field(FilterMetric.ACC, description="Metric whose group std must exceed eps.")
+    filter_metric: FilterMetric = Field(
+        FilterMetric.ACC, description="Metric whose group std must exceed eps."
+    )
     filter_eps: float = Field(1e-6, ge=0.0, description="A group is valid when its std > eps.")
     verifier_timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="Per-item math-verify timeout.")
     verifier_batch_size: int = Field(32, ge=1, le=4096, description="Responses per /v1/score call.")
@@ -174,7 +183,9 @@ class AlgorithmConfig(_Strict):
     norm_adv_by_std: bool = Field(True, description="GRPO divides by the group std; false is Dr. GRPO.")
     clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO clip: 1 - low.")
     clip_ratio_high: float = Field(0.28, ge=0.0, le=10.0, description="DAPO clip-higher: 1 + high.")
-    clip_ratio_c: float = Field(10.0, gt=1.0, le=1000.0, description="Dual-clip bound for negative advantages.")
+    clip_ratio_c: float = Field(
+        10.0, gt=1.0, le=1000.0, description="Dual-clip bound for negative advantages."
+    )
     loss_agg_mode: LossAggMode = Field(LossAggMode.TOKEN_MEAN, description="Loss aggregation.")
     tis_cap: float | None = Field(
         None, gt=0.0, description="Truncated importance weight cap vs. behaviour log-probs (None: off)."

@@ -1,0 +1,1 @@
+"""Datasets: verl-layout loading and synthetic arithmetic problems."""

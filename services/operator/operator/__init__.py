@@ -1,0 +1,1 @@
+"""asyncdapo.operator — see README.md in services/operator."""

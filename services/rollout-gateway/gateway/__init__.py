@@ -1,0 +1,1 @@
+"""asyncdapo.gateway — see README.md in services/rollout-gateway."""

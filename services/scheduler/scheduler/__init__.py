@@ -1,0 +1,1 @@
+"""asyncdapo.scheduler — see README.md in services/scheduler."""

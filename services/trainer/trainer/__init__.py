@@ -1,0 +1,1 @@
+"""asyncdapo.trainer — see README.md in services/trainer."""

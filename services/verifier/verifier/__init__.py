@@ -1,0 +1,1 @@
+"""asyncdapo.verifier — see README.md in services/verifier."""
