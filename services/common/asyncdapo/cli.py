@@ -11,6 +11,8 @@ import importlib
 import importlib.util
 import sys
 
+from asyncdapo.errors import AsyncdapoError
+
 # name -> module with `register(subparsers)`; a module that is not part of this build is skipped.
 SUBCOMMANDS: dict[str, str] = {
     "config": "asyncdapo.config_cli",
@@ -52,7 +54,11 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = args.func(args)
+    try:
+        result = args.func(args)
+    except AsyncdapoError as err:
+        print(f"asyncdapo {args.command}: error: {err}", file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

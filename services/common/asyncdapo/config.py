@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from asyncdapo.errors import AsyncdapoError
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -269,7 +271,7 @@ class RunConfig(_Strict):
         return -min(max(length - expected, 0) / buf.len, 1.0) * buf.penalty_factor
 
 
-class ConfigError(ValueError):
+class ConfigError(AsyncdapoError, ValueError):
     """A configuration could not be loaded; the message names the file and each wrong field."""
 
 
