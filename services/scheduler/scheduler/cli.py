@@ -1,0 +1,103 @@
+"""`asyncdapo scheduler`: run the scheduler of one training run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "scheduler",
+        help="run the rollout scheduler of one run (gRPC asyncdapo.v1.Scheduler)",
+        description="Dispatches prompts to rollout gateways, scores responses with the verifier, "
+        "filters groups and early-stops at the staleness bound.",
+    )
+    p.add_argument("--config", required=True, help="run config YAML (RunConfig)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=50061, help="gRPC port")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    p.add_argument("--redis", required=True, help="redis URL, e.g. redis://127.0.0.1:6379/0")
+    p.add_argument("--verifier", required=True, help="verifier base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--gateways", required=True, help="host:port,host:port or dns:NAME:PORT (headless Service)"
+    )
+    p.add_argument("--token-file", help="bearer token for control RPCs (ours and the gateways')")
+    p.add_argument("--tokenizer", help="directory with tokenizer.json (default: the run's model.path)")
+    p.add_argument("--start", action="store_true", help="start the run at once (else wait for StartRun)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from asyncdapo.config import load_run_config
+    from asyncdapo.errors import AsyncdapoError
+    from asyncdapo.scheduler.pool import GatewaySpec, GatewaySpecError
+
+    cfg = load_run_config(args.config)
+    try:
+        spec = GatewaySpec.parse(args.gateways)
+    except GatewaySpecError as err:
+        raise AsyncdapoError(str(err)) from None
+    token = None
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as err:
+            raise AsyncdapoError(f"--token-file: cannot read {args.token_file}: {err.strerror}") from None
+    tok_dir = args.tokenizer or cfg.model.path
+    if not (Path(tok_dir) / "tokenizer.json").is_file():
+        raise AsyncdapoError(f"--tokenizer / model.path: no tokenizer.json in {tok_dir}")
+    asyncio.run(serve(cfg, spec, args, token, tok_dir))
+    return 0
+
+
+async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None, tok_dir: str) -> None:
+    import asyncio
+    import logging
+    import signal
+
+    import redis.asyncio as aioredis
+    from prometheus_client import start_http_server
+
+    from asyncdapo.scheduler.metrics import SchedulerMetrics
+    from asyncdapo.scheduler.pool import GatewayPool
+    from asyncdapo.scheduler.rollout import Rollout
+    from asyncdapo.scheduler.scoring import Detokenizer, HttpVerifier
+    from asyncdapo.scheduler.service import build_server
+
+    log = logging.getLogger("asyncdapo.scheduler")
+    metrics = SchedulerMetrics()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
+    r = aioredis.from_url(args.redis)
+    pool = GatewayPool(spec, token=token)
+    verifier = HttpVerifier(
+        args.verifier, Detokenizer(tok_dir), timeout_s=cfg.reward.verifier_timeout_s * 4 + 10
+    )
+    rollout = Rollout(cfg, r, pool, verifier, metrics)
+    await pool.start()
+    await rollout.open()
+    server, port, _ = await build_server(rollout, f"{args.host}:{args.port}", token)
+    log.info("scheduler of run %s on %s:%d (%d gateways)", cfg.name, args.host, port, len(pool.members))
+    if args.start:
+        rollout.start_run()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop(grace=2.0)
+    await rollout.flush_counters()
+    await rollout.close()
+    await pool.close()
+    await verifier.aclose()
+    await r.aclose()

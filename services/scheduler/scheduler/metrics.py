@@ -1,0 +1,80 @@
+"""Prometheus metrics of the scheduler (prefix `asyncdapo_scheduler_`), one registry per instance
+so that several schedulers can live in one test process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LAT = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        p = "asyncdapo_scheduler_"
+        r = self.registry
+        self.dispatch_latency = Histogram(
+            p + "dispatch_latency_seconds",
+            "Time from a request being dispatchable to its Generate call being issued.",
+            buckets=_LAT,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            p + "in_flight_requests", "Requests in flight per gateway.", ["gateway"], registry=r
+        )
+        self.in_flight_prompts = Gauge(
+            p + "in_flight_prompts", "Prompts admitted without an outcome.", registry=r
+        )
+        self.queue_depth = Gauge(p + "queue_depth", "Prompts waiting in the Redis queue.", registry=r)
+        self.dispatch_queue = Gauge(
+            p + "dispatch_queue_depth", "Requests waiting for a gateway slot.", registry=r
+        )
+        self.outcomes = Counter(
+            p + "outcomes_total", "Prompt attempt outcomes.", ["outcome", "reason"], registry=r
+        )
+        self.early_stops = Counter(
+            p + "early_stops_total", "Times the valid-group bound was reached.", registry=r
+        )
+        self.aborted_requests = Counter(
+            p + "aborted_requests_total", "Requests aborted (early stop, stop, drain).", registry=r
+        )
+        self.aborted_tokens = Counter(p + "aborted_tokens_total", "Tokens of aborted requests.", registry=r)
+        self.abort_fanout = Histogram(
+            p + "abort_fanout_seconds",
+            "Abort fan-out to every gateway, start to last reply.",
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.completions = Counter(p + "completions_total", "Responses scored.", registry=r)
+        self.generated_tokens = Counter(p + "generated_tokens_total", "Response tokens received.", registry=r)
+        self.verifier_latency = Histogram(
+            p + "verifier_latency_seconds", "Verifier call latency.", buckets=_SLOW, registry=r
+        )
+        self.verifier_errors = Counter(
+            p + "verifier_errors_total", "Failed verifier calls and items.", ["kind"], registry=r
+        )
+        self.gateway_errors = Counter(
+            p + "gateway_errors_total", "Generate calls that failed.", ["gateway", "code"], registry=r
+        )
+        self.redispatched = Counter(
+            p + "redispatched_requests_total", "Requests dispatched again.", ["why"], registry=r
+        )
+        self.groups = Counter(
+            p + "groups_total", "Valid groups produced per policy version.", ["version"], registry=r
+        )
+        self.staleness = Histogram(
+            p + "group_staleness_versions",
+            "Policy version at commit minus the oldest token version of the group.",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16),
+            registry=r,
+        )
+        self.policy_version = Gauge(p + "policy_version", "Current policy version.", registry=r)
+        self.valid_produced = Gauge(
+            p + "valid_groups_produced", "Valid groups produced in total.", registry=r
+        )
+        self.valid_bound = Gauge(p + "valid_groups_bound", "(v + s + 1) * B.", registry=r)
+        self.redis_round_trips = Counter(p + "redis_round_trips_total", "Redis round trips.", registry=r)
+        self.publish_seconds = Histogram(
+            p + "publish_weights_seconds", "PublishWeights fan-out duration.", buckets=_SLOW, registry=r
+        )

@@ -1,0 +1,276 @@
+"""The gateway pool: addresses (a static list or the DNS of a headless Service, re-resolved), one
+gRPC channel per gateway, live load from `WatchLoad`, up/down/draining state.
+
+A gateway is up once it has sent a `Load`; it goes down when its load stream breaks or stays
+silent past `stale_after_s`, or when a request to it fails at the transport level
+(`report_failure`). Going down cancels the calls the rollout has in flight there (`on_down`), so
+they are re-dispatched at once instead of waiting for a dead connection. The watcher keeps
+reconnecting with exponential backoff; the first `Load` brings the gateway back up.
+
+`Gateway` exposes the attributes of `dispatch.GatewayView`, so the pure dispatcher reads it
+directly without a copy per decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from asyncdapo.v1 import gateway_pb2, gateway_pb2_grpc, scheduler_pb2
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.enable_retries", 0),
+]
+
+
+class GatewaySpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """`host:port,host:port` (static) or `dns:NAME:PORT` (headless Service, re-resolved)."""
+
+    static: tuple[str, ...] = ()
+    dns_name: str = ""
+    dns_port: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> GatewaySpec:
+        text = text.strip()
+        if text.startswith("dns:"):
+            parts = text[4:].rsplit(":", 1)
+            if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
+                raise GatewaySpecError(f"--gateways: expected dns:NAME:PORT, got {text!r}")
+            return cls(dns_name=parts[0], dns_port=int(parts[1]))
+        addrs = tuple(a.strip() for a in text.split(",") if a.strip())
+        if not addrs:
+            raise GatewaySpecError("--gateways: no gateway address given")
+        for a in addrs:
+            host, _, port = a.rpartition(":")
+            if not host or not port.isdigit():
+                raise GatewaySpecError(f"--gateways: {a!r} is not host:port")
+        return cls(static=addrs)
+
+
+class Gateway:
+    """One gateway as the pool sees it (attributes double as a `dispatch.GatewayView`)."""
+
+    def __init__(self, address: str, token: str | None) -> None:
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
+        self.auth = (("authorization", f"Bearer {token}"),) if token else ()
+        self.up = False
+        self.draining = False
+        self.publishing = False  # weights are being loaded: dispatch holds its requests
+        self.load: gateway_pb2.Load = gateway_pb2.Load()
+        self.in_flight = 0  # requests this scheduler has in flight here
+        self.calls: dict[str, Any] = {}  # request id -> grpc call, for cancel on down
+        self.last_error = ""
+        self.last_load_at = 0.0
+        self.removed = False
+        self.watch_task: asyncio.Task[None] | None = None
+
+    # --- dispatch.GatewayView attributes ---
+    @property
+    def paused(self) -> bool:
+        return self.publishing or self.load.paused
+
+    @property
+    def pool(self) -> str:
+        return self.load.pool
+
+    @property
+    def running(self) -> int:
+        return self.load.running
+
+    @property
+    def waiting(self) -> int:
+        return self.load.waiting
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.load.kv_cache_usage
+
+    @property
+    def capacity(self) -> int:
+        return self.load.capacity
+
+    @property
+    def weight_version(self) -> int:
+        return self.load.weight_version
+
+    def state(self) -> int:
+        if not self.up:
+            return scheduler_pb2.GATEWAY_STATE_DOWN
+        if self.draining:
+            return scheduler_pb2.GATEWAY_STATE_DRAINING
+        return scheduler_pb2.GATEWAY_STATE_UP
+
+    def info(self) -> scheduler_pb2.GatewayInfo:
+        return scheduler_pb2.GatewayInfo(
+            address=self.address,
+            state=self.state(),  # type: ignore[arg-type]
+            load=self.load,
+            dispatched_in_flight=self.in_flight,
+            last_error=self.last_error,
+        )
+
+
+class GatewayPool:
+    def __init__(
+        self,
+        spec: GatewaySpec,
+        token: str | None = None,
+        watch_interval_ms: int = 200,
+        resolve_interval_s: float = 5.0,
+        stale_after_s: float | None = None,
+        on_up: Callable[[Gateway], None] | None = None,
+        on_down: Callable[[Gateway], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.token = token
+        self.watch_interval_ms = watch_interval_ms
+        self.resolve_interval_s = resolve_interval_s
+        self.stale_after_s = stale_after_s or max(3.0, 10 * watch_interval_ms / 1000)
+        self.on_up = on_up or (lambda gw: None)
+        self.on_down = on_down or (lambda gw: None)
+        self.gateways: dict[str, Gateway] = {}
+        self.members: list[Gateway] = []  # stable order for dispatch tie-breaks
+        self._resolver: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        self._apply(await self._resolve())
+        if self.spec.dns_name:
+            self._resolver = asyncio.create_task(self._resolve_loop())
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._resolver:
+            self._resolver.cancel()
+        for gw in list(self.gateways.values()):
+            await self._remove(gw)
+
+    def get(self, address: str) -> Gateway | None:
+        return self.gateways.get(address)
+
+    def up_gateways(self) -> list[Gateway]:
+        return [g for g in self.members if g.up]
+
+    async def wait_up(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.up_gateways()) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.up_gateways())}/{count} gateways up after {timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+
+    # --- membership ---
+    async def _resolve(self) -> list[str]:
+        if not self.spec.dns_name:
+            return list(self.spec.static)
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(self.spec.dns_name, self.spec.dns_port, type=socket.SOCK_STREAM)
+        addrs = sorted({f"{_host(info[4][0])}:{self.spec.dns_port}" for info in infos})
+        return addrs
+
+    async def _resolve_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.resolve_interval_s)
+            try:
+                addrs = await self._resolve()
+            except OSError as err:  # a DNS hiccup keeps the current members
+                log.warning("resolving %s failed: %s", self.spec.dns_name, err)
+                continue
+            gone = set(self.gateways) - set(addrs)
+            for a in gone:
+                await self._remove(self.gateways[a])
+            self._apply(addrs)
+
+    def _apply(self, addrs: Iterable[str]) -> None:
+        for a in addrs:
+            if a not in self.gateways:
+                gw = Gateway(a, self.token)
+                self.gateways[a] = gw
+                self.members.append(gw)
+                gw.watch_task = asyncio.create_task(self._watch(gw))
+
+    async def _remove(self, gw: Gateway) -> None:
+        gw.removed = True
+        self.gateways.pop(gw.address, None)
+        if gw in self.members:
+            self.members.remove(gw)
+        if gw.watch_task:
+            gw.watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gw.watch_task
+        self.mark_down(gw, "removed from the pool")
+        await gw.channel.close()
+
+    # --- health ---
+    def mark_down(self, gw: Gateway, error: str) -> None:
+        gw.last_error = error
+        if not gw.up and not gw.calls:
+            return
+        gw.up = False
+        log.warning("gateway %s down: %s", gw.address, error)
+        self.on_down(gw)
+
+    def report_failure(self, gw: Gateway, err: grpc.aio.AioRpcError) -> None:
+        """A request failed at the transport level: the gateway is presumed down until it sends a
+        fresh Load (the watcher reconnects on its own)."""
+        if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            self.mark_down(gw, f"{err.code().name}: {err.details()}")
+            if gw.watch_task and not gw.watch_task.done():
+                gw.watch_task.cancel()
+                gw.watch_task = asyncio.create_task(self._watch(gw, first_delay_s=0.05))
+
+    async def _watch(self, gw: Gateway, first_delay_s: float = 0.0) -> None:
+        backoff = 0.05
+        if first_delay_s:
+            await asyncio.sleep(first_delay_s)
+        while not gw.removed:
+            call = gw.stub.WatchLoad(gateway_pb2.WatchLoadRequest(interval_ms=self.watch_interval_ms))
+            try:
+                while True:
+                    load = await asyncio.wait_for(call.read(), self.stale_after_s)
+                    if load is grpc.aio.EOF:
+                        raise ConnectionError("load stream ended")
+                    gw.load = load
+                    gw.last_load_at = time.monotonic()
+                    backoff = 0.05
+                    if not gw.up:
+                        gw.up = True
+                        gw.last_error = ""
+                        log.info("gateway %s up (%s engine)", gw.address, load.engine or "?")
+                        self.on_up(gw)
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            except TimeoutError:
+                call.cancel()
+                self.mark_down(gw, f"no load report for {self.stale_after_s:.1f} s")
+            except grpc.aio.AioRpcError as err:
+                self.mark_down(gw, f"{err.code().name}: {err.details()}")
+            except ConnectionError as err:
+                self.mark_down(gw, str(err))
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, 2.0)
+
+
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip

@@ -1,0 +1,648 @@
+"""The run loop: admit prompts, dispatch their requests, score, record, commit or filter, early-stop.
+
+Flow of one prompt attempt:
+  claim (Lua) → `PromptTask` with n `Request`s at the tail of the dispatch queue → the
+  `Dispatcher` places them (prompt-level FIFO) → Generate → each finished response is batched to
+  the verifier → reward = score + overlong penalty → `record` (Lua, one round trip per batch) →
+  the response completing the group hands the task on: filtered, or ready in the commit ledger →
+  `finish` (Lua: XADD the whole group, or requeue past the bound).
+
+Concurrency model: one asyncio loop. The finisher is the only coroutine that plans commits and
+records outcomes, so the ledger and the bound accounting have a single writer. Invariants:
+- every claimed attempt gets exactly one outcome (Lua `finish` sets it once; a task leaves
+  `self.tasks` only through the finisher);
+- at most `bound` valid groups exist (checked again inside `finish`);
+- a cancelled task's late replies only count aborted tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import grpc
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from asyncdapo.config import EarlyStopOrder, FilterMetric, RolloutMode, RunConfig
+from asyncdapo.prompts import PromptRecord, PromptRecordError
+from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.admission import AdmissionState, make_policy
+from asyncdapo.scheduler.dispatch import DispatchPolicy
+from asyncdapo.scheduler.dispatcher import Dispatcher
+from asyncdapo.scheduler.group_state import (
+    DropReason,
+    FinishResult,
+    GroupStore,
+    Outcome,
+    RequeueReason,
+    ResponseScore,
+    RoundTrips,
+    ScriptRunner,
+    is_valid,
+)
+from asyncdapo.scheduler.ledger import CommitLedger, Plan
+from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.pool import Gateway, GatewayPool
+from asyncdapo.scheduler.queue import Claim, PromptQueue
+from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreJob, Scorer
+from asyncdapo.scheduler.tasks import Kind, PromptTask, Request, Score, build_group, version_range
+from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Phase:
+    IDLE = scheduler_pb2.RUN_PHASE_IDLE
+    ROLLING = scheduler_pb2.RUN_PHASE_ROLLING
+    BOUND = scheduler_pb2.RUN_PHASE_BOUND
+    STOPPING = scheduler_pb2.RUN_PHASE_STOPPING
+    STOPPED = scheduler_pb2.RUN_PHASE_STOPPED
+
+
+@dataclass
+class LengthStats:
+    """Response lengths of everything completed vs. of the groups committed for training (the
+    length bias of early stop)."""
+
+    completed_tokens: int = 0
+    completed: int = 0
+    committed_tokens: int = 0
+    committed: int = 0
+
+    @property
+    def completed_mean(self) -> float:
+        return self.completed_tokens / max(self.completed, 1)
+
+    @property
+    def committed_mean(self) -> float:
+        return self.committed_tokens / max(self.committed, 1)
+
+
+class Rollout:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        redis: Any,
+        pool: GatewayPool,
+        scorer: Scorer,
+        metrics: SchedulerMetrics | None = None,
+        owner: str | None = None,
+        claim_chunk: int = 64,
+        queue_poll_s: float = 0.05,
+    ) -> None:
+        self.cfg = cfg
+        self.redis = redis
+        self.pool = pool
+        self.metrics = metrics or SchedulerMetrics()
+        self.keys = RunKeys(cfg.name)
+        self.rtt = RoundTrips()
+        self.scripts = ScriptRunner(redis, self.rtt)
+        self.store = GroupStore(self.scripts, self.keys)
+        self.queue = PromptQueue(redis, self.keys, self.scripts, self.store, self.rtt, owner=owner)
+        self.claim_chunk = claim_chunk
+        self.queue_poll_s = queue_poll_s
+        ro = cfg.rollout
+        self.sync = ro.mode is RolloutMode.SYNC
+        self.policy = make_policy(cfg)
+        # sync mode (verl's loop) commits in batch order and never aborts the running batch
+        order = EarlyStopOrder.FIFO if self.sync else ro.early_stop_order
+        self.ledger = CommitLedger(order, abort_beyond_cutoff=not self.sync)
+        self.dispatcher = Dispatcher(
+            pool,
+            DispatchPolicy(max_in_flight=ro.max_concurrent_per_gateway),
+            self.metrics,
+            on_response=self._on_response,
+            on_give_up=self._on_give_up,
+            seed_base=ro.seed,
+        )
+        self.batcher = ScoreBatcher(
+            scorer,
+            BatcherConfig(
+                batch_size=cfg.reward.verifier_batch_size,
+                concurrency=cfg.reward.verifier_concurrency,
+                max_retries=cfg.reward.verifier_max_retries,
+            ),
+            on_scored=self._on_scored,
+            on_failed=self._on_score_failed,
+            on_call=self._on_verifier_call,
+        )
+        pool.on_down = self.dispatcher.cancel_calls
+        pool.on_up = self._on_gateway_up
+
+        self.phase = Phase.IDLE
+        self.version = 0
+        self.uri = ""
+        self.bound = cfg.valid_group_bound(0)
+        self.valid_produced = 0
+        self.tasks: dict[tuple[str, int], PromptTask] = {}  # train attempts without an outcome
+        self.seq = 0
+        self.finished_groups = 0  # complete groups judged, for the running valid rate
+        self.valid_groups = 0
+        self.batch_admitted = 0  # sync mode: prompts in the current generation batch
+        self.early_stops = 0
+        self.lengths = LengthStats()
+        self._to_finish: list[tuple[PromptTask, Outcome, str]] = []
+        self._wake_admission = asyncio.Event()
+        self._wake_finisher = asyncio.Event()
+        self._bg: list[asyncio.Task[Any]] = []
+        self._spawned: set[asyncio.Task[Any]] = set()
+        self._publish_lock = asyncio.Lock()
+        self._syncing: set[str] = set()
+        self._flushed = {"aborted_tokens": 0, "aborted_requests": 0}
+        self._rtt_reported = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def open(self) -> None:
+        """Load scripts, read the run's state from Redis, take the lease, recover dead claims."""
+        await self._redis(self.scripts.load)
+        w = _text_map(await self._redis(lambda: self.redis.hgetall(self.keys.weights)))
+        self.uri = w.get("uri", "")
+        self._set_version(int(w.get("version", "0") or 0))
+        produced = await self._redis(lambda: self.redis.hget(self.keys.counters, "valid_produced"))
+        self.valid_produced = int(produced or 0)
+        await self._redis(self.queue.refresh_lease)
+        recovered = await self._redis(self.queue.recover)
+        if recovered:
+            log.info("requeued %d prompts claimed by a scheduler that is gone", len(recovered))
+            self.metrics.outcomes.labels("requeued", RequeueReason.SCHEDULER_RESTART.value).inc(
+                len(recovered)
+            )
+        self._bg = [
+            asyncio.create_task(self._admission_loop(), name="admission"),
+            asyncio.create_task(self._finisher_loop(), name="finisher"),
+            asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+        ]
+        self._update_gauges()
+
+    def start_run(self) -> None:
+        if self.phase in (Phase.IDLE, Phase.STOPPED, Phase.STOPPING):
+            self.phase = Phase.ROLLING if self.valid_produced < self.bound else Phase.BOUND
+            self._wake_admission.set()
+
+    def stop_run(self, abort_in_flight: bool) -> None:
+        if self.phase in (Phase.IDLE, Phase.STOPPED):
+            self.phase = Phase.STOPPED
+            return
+        self.phase = Phase.STOPPING
+        if abort_in_flight:
+            self._cancel([t for t in self.tasks.values() if not t.closed], Outcome.REQUEUED, "stopped")
+        self._maybe_stopped()
+
+    async def close(self) -> None:
+        for t in self._bg:
+            t.cancel()
+        for t in self._bg:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self.dispatcher.close()
+
+    async def wait_idle(self, timeout_s: float) -> None:
+        """Until no prompt is in flight and every outcome is recorded."""
+        deadline = time.monotonic() + timeout_s
+        while self.tasks or self._to_finish or self.batcher.pending():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.tasks)} prompts still in flight after {timeout_s:.0f} s")
+            await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------------ weights
+    def _set_version(self, version: int) -> None:
+        self.version = version
+        self.bound = self.cfg.valid_group_bound(version)
+        # a gateway that missed a weight update must not serve this run until it caught up
+        self.dispatcher.set_min_weight_version(version if self.uri else 0)
+        self.metrics.policy_version.set(version)
+        self.metrics.valid_bound.set(self.bound)
+
+    async def publish_weights(
+        self, version: int, uri: str, mode: int
+    ) -> scheduler_pb2.PublishWeightsResponse:
+        """Pause → LoadWeights → Resume on every gateway in parallel, then raise the bound."""
+        from asyncdapo.scheduler.weights import PublishError, fan_out_weights
+
+        if mode == 0:
+            mode = {"keep": 1, "abort": 2, "wait": 3}[self.cfg.rollout.weight_update_mode.value]
+        async with self._publish_lock:
+            if version <= self.version:
+                raise PublishError(f"version {version} is not newer than the current version {self.version}")
+            t0 = time.perf_counter()
+            results = await fan_out_weights(self.pool.up_gateways(), version, uri, mode)
+            await self._redis(
+                lambda: self.redis.hset(self.keys.weights, mapping={"version": version, "uri": uri})
+            )
+            self.uri = uri
+            self._set_version(version)
+            dt = time.perf_counter() - t0
+            self.metrics.publish_seconds.observe(dt)
+        if self.phase == Phase.BOUND and self.valid_produced < self.bound:
+            self.phase = Phase.ROLLING
+        self._wake_admission.set()
+        self.dispatcher.pump()
+        return scheduler_pb2.PublishWeightsResponse(version=version, results=results, duration_s=dt)
+
+    def _on_gateway_up(self, gw: Gateway) -> None:
+        if self.uri and gw.weight_version < self.version and gw.address not in self._syncing:
+            self._spawn(self._resync(gw))
+        self.dispatcher.pump()
+
+    async def _resync(self, gw: Gateway) -> None:
+        """A gateway that came (back) up with old weights loads the current ones before serving."""
+        from asyncdapo.scheduler.weights import fan_out_weights
+
+        self._syncing.add(gw.address)
+        try:
+            async with self._publish_lock:
+                if gw.weight_version < self.version:
+                    (res,) = await fan_out_weights([gw], self.version, self.uri, common_pb2.PAUSE_MODE_KEEP)
+                    if not res.ok:
+                        log.warning("resync of %s failed: %s", gw.address, res.error)
+        finally:
+            self._syncing.discard(gw.address)
+        self.dispatcher.pump()
+
+    # ------------------------------------------------------------------ admission
+    def admission_state(self) -> AdmissionState:
+        return AdmissionState(
+            valid_produced=self.valid_produced,
+            bound=self.bound,
+            in_flight_prompts=len(self.tasks),
+            max_in_flight=self.cfg.rollout.max_concurrent_prompts,
+            finished_groups=self.finished_groups,
+            valid_groups=self.valid_groups,
+            batch_admitted=self.batch_admitted,
+            ready_valid=self.ledger.ready,
+        )
+
+    def admissible(self) -> int:
+        """How many prompts the policy admits right now."""
+        if self.phase != Phase.ROLLING:
+            return 0
+        s = self.admission_state()
+        k = 0
+        while k < s.max_in_flight:
+            d = self.policy.decide(
+                replace(s, in_flight_prompts=s.in_flight_prompts + k, batch_admitted=s.batch_admitted + k)
+            )
+            if not d.ok:
+                break
+            k += 1
+        return k
+
+    async def _admission_loop(self) -> None:
+        poll = self.queue_poll_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake_admission.wait(), poll)
+            self._wake_admission.clear()
+            k = self.admissible()
+            if k == 0:
+                continue
+            n = self.cfg.rollout.n
+            claims = await self._redis(lambda k=k, n=n: self.queue.claim(min(k, self.claim_chunk), n))
+            if not claims:
+                poll = min(poll * 2, 0.25)  # queue empty: poll, backing off
+                continue
+            poll = self.queue_poll_s
+            records = await self._redis(lambda c=claims: self.queue.load([x.pid for x in c]))
+            reqs: list[Request] = []
+            for claim, rec in zip(claims, records, strict=True):
+                reqs += self._admit(claim, rec)
+            self.dispatcher.submit(reqs)
+            self._wake_admission.set()  # more may be admissible
+
+    def _admit(self, claim: Claim, rec: PromptRecord | PromptRecordError) -> list[Request]:
+        ro = self.cfg.rollout
+        ok = isinstance(rec, PromptRecord)
+        task = PromptTask(
+            kind=Kind.TRAIN,
+            pid=claim.pid,
+            attempt=claim.attempt,
+            seq=self.seq,
+            n=ro.n,
+            prompt_token_ids=rec.prompt_token_ids if ok else [],
+            ground_truth=rec.ground_truth if ok else "",
+            data_source=rec.data_source if ok else "",
+            sampling=self.sampling(),
+            version_admitted=self.version,
+        )
+        self.seq += 1
+        self.tasks[task.key] = task
+        self.batch_admitted += 1
+        if not ok:
+            log.warning("dropping prompt %s: %s", claim.pid, rec)
+            self._finish(task, Outcome.DROPPED, DropReason.BAD_PROMPT.value)
+            return []
+        if not task.prompt_token_ids or len(task.prompt_token_ids) > self.cfg.data.max_prompt_length:
+            self._finish(task, Outcome.DROPPED, DropReason.PROMPT_TOO_LONG.value)
+            return []
+        self.ledger.admit(task.key)
+        return task.make_requests()
+
+    def sampling(self, temperature: float | None = None) -> common_pb2.SamplingParams:
+        ro = self.cfg.rollout
+        return common_pb2.SamplingParams(
+            max_tokens=self.cfg.data.max_response_length,
+            temperature=ro.temperature if temperature is None else temperature,
+            top_p=ro.top_p,
+            top_k=ro.top_k,
+        )
+
+    # ------------------------------------------------------------------ responses and scores
+    def _on_response(self, req: Request, gw: Gateway, resp: gateway_pb2.GenerateResponse) -> None:
+        task = req.task
+        task.responses[req.idx] = resp
+        task.response_gateway[req.idx] = gw.address
+        self.batcher.submit(ScoreJob(req.rid, resp.token_ids, task.ground_truth, (task, req.idx)))
+
+    def _on_give_up(self, req: Request, detail: str) -> None:
+        self._fail_task(req.task, DropReason.GATEWAY_ERROR.value, detail)
+
+    def _on_verifier_call(self, seconds: float, ok: bool) -> None:
+        self.metrics.verifier_latency.observe(seconds)
+        if not ok:
+            self.metrics.verifier_errors.labels("call").inc()
+
+    async def _on_scored(self, jobs: list[ScoreJob]) -> None:
+        cfg = self.cfg
+        use_acc = cfg.reward.filter_metric is FilterMetric.ACC
+        scores: list[ResponseScore] = []
+        owners: list[PromptTask] = []
+        tokens = 0
+        for job in jobs:
+            task, idx = job.ctx
+            if task.closed:
+                continue
+            resp = task.responses[idx]
+            res = job.result
+            length = len(resp.token_ids)
+            pen = cfg.overlong_penalty(length)
+            task.scores[idx] = Score(res.score, res.acc, res.pred, res.score + pen, pen)
+            if task.kind is Kind.EVAL:
+                if all(s is not None for s in task.scores) and not task.future.done():
+                    task.future.set_result(task)
+                continue
+            tokens += length
+            self.lengths.completed += 1
+            self.lengths.completed_tokens += length
+            vmin, vmax = version_range(resp, self.version)
+            metric = res.acc if use_acc else res.score
+            scores.append(ResponseScore(task.pid, task.attempt, idx, metric, res.score + pen, vmin, vmax))
+            owners.append(task)
+        if not scores:
+            return
+        self.metrics.completions.inc(len(scores))
+        self.metrics.generated_tokens.inc(tokens)
+        counters = self.keys.counters
+
+        def bump(pipe: Any) -> None:
+            pipe.hincrby(counters, "completions", len(scores))
+            pipe.hincrby(counters, "generated_tokens", tokens)
+
+        progress = await self._redis(lambda: self.store.record(scores, bump))
+        for task, p in zip(owners, progress, strict=True):
+            if p.complete and not task.group_complete and not task.closed:
+                task.group_complete = True
+                task.progress = p
+                self._on_group_complete(task)
+
+    async def _on_score_failed(self, jobs: list[ScoreJob], why: str) -> None:
+        self.metrics.verifier_errors.labels("gave_up").inc(len(jobs))
+        for job in jobs:
+            self._fail_task(job.ctx[0], DropReason.VERIFIER_ERROR.value, why)
+
+    def _on_group_complete(self, task: PromptTask) -> None:
+        r = self.cfg.reward
+        valid = is_valid(task.progress.metric_std, r.filter_eps) if r.filter_groups else True
+        self.finished_groups += 1
+        if valid:
+            self.valid_groups += 1
+            self.ledger.set_ready(task.key)
+            self._wake_finisher.set()
+        else:
+            self._finish(task, Outcome.FILTERED)
+
+    # ------------------------------------------------------------------ outcomes
+    def _finish(self, task: PromptTask, outcome: Outcome, reason: str = "") -> None:
+        """Queue an outcome for the finisher (the only writer of outcomes)."""
+        if task.closed:
+            return
+        task.closed = True
+        self.ledger.finish(task.key)
+        self._to_finish.append((task, outcome, reason))
+        self._wake_finisher.set()
+
+    def _fail_task(self, task: PromptTask, reason: str, detail: str) -> None:
+        if task.kind is Kind.EVAL:
+            if task.future is not None and not task.future.done():
+                task.future.set_exception(RuntimeError(f"{reason}: {detail}"))
+            return
+        if task.closed:
+            return
+        log.warning("dropping prompt %s attempt %d: %s (%s)", task.pid, task.attempt, reason, detail)
+        self._cancel([task], Outcome.DROPPED, reason)
+
+    def _cancel(self, tasks: list[PromptTask], outcome: Outcome, reason: str) -> None:
+        """Abort the requests of `tasks` everywhere (queued ones are skipped by the dispatcher)
+        and give each the outcome; requeues are queued latest-admitted first, so that after the
+        LPUSHes the earliest-admitted prompt is at the head."""
+        for t in sorted(tasks, key=lambda t: t.seq, reverse=True):
+            t.cancelled = True
+            self._finish(t, outcome, reason)
+        self._spawn(self.dispatcher.abort(tasks))
+
+    async def _finisher_loop(self) -> None:
+        while True:
+            await self._wake_finisher.wait()
+            self._wake_finisher.clear()
+            try:
+                await self._finish_round()
+            except Exception:
+                log.exception("finisher round failed; retrying")
+                await asyncio.sleep(0.5)
+                self._wake_finisher.set()
+
+    async def _finish_round(self) -> None:
+        plan = self.ledger.plan(self.bound - self.valid_produced) if len(self.ledger) else Plan()
+        if plan.abort:
+            aborted = [self.tasks[k] for k in plan.abort]
+            if self.cfg.rollout.requeue_aborted:
+                self._cancel(aborted, Outcome.REQUEUED, RequeueReason.EARLY_STOP.value)
+            else:
+                self._cancel(aborted, Outcome.DROPPED, DropReason.EARLY_STOP.value)
+        items = self._to_finish
+        self._to_finish = []
+        calls, owners = [], []
+        for task, outcome, reason in items:
+            calls.append(self.store.finish_call(task.pid, task.attempt, outcome, reason))
+            owners.append(task)
+        for key in plan.commit:
+            task = self.tasks[key]
+            task.closed = True
+            group = build_group(self.cfg.name, task).SerializeToString()
+            calls.append(
+                self.store.finish_call(
+                    task.pid, task.attempt, Outcome.VALID, bound=self.bound, group=group, version=self.version
+                )
+            )
+            owners.append(task)
+        for key in reversed(plan.requeue):
+            task = self.tasks[key]
+            task.closed = True
+            calls.append(
+                self.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
+            )
+            owners.append(task)
+        if calls:
+            results = await self._redis(lambda: self.store.finish_many(calls))
+            for task, res in zip(owners, results, strict=True):
+                self._apply_outcome(task, res)
+        if self.valid_produced >= self.bound and self.phase == Phase.ROLLING:
+            self.phase = Phase.BOUND
+            self.early_stops += 1
+            self.metrics.early_stops.inc()
+            await self._redis(lambda: self._incr_counters(early_stops=1))
+            rest = [t for t in self.tasks.values() if not t.closed]
+            if rest and not self.sync:
+                self._cancel(rest, Outcome.REQUEUED, RequeueReason.EARLY_STOP.value)
+        self._maybe_stopped()
+        self._update_gauges()
+        self._wake_admission.set()
+        if self._to_finish:
+            self._wake_finisher.set()
+
+    def _apply_outcome(self, task: PromptTask, res: FinishResult) -> None:
+        self.tasks.pop(task.key, None)
+        if res.label.startswith(("dup:", "stale")):
+            log.warning(
+                "outcome of %s attempt %d was already recorded: %s", task.pid, task.attempt, res.label
+            )
+            return
+        outcome, _, reason = res.label.partition(":")
+        self.metrics.outcomes.labels(outcome, reason).inc()
+        if outcome == Outcome.VALID:
+            self.valid_produced = max(self.valid_produced, res.valid_produced)
+            self.metrics.groups.labels(str(self.version)).inc()
+            self.metrics.staleness.observe(self.version - task.progress.min_version)
+            for resp in task.responses:
+                self.lengths.committed += 1
+                self.lengths.committed_tokens += len(resp.token_ids)
+        if not self.tasks and self.sync:
+            self.batch_admitted = 0  # the generation batch is done
+
+    def _maybe_stopped(self) -> None:
+        if self.phase == Phase.STOPPING and not self.tasks:
+            self.phase = Phase.STOPPED
+
+    # ------------------------------------------------------------------ drain
+    async def drain_gateway(self, gw: Gateway, abort_in_flight: bool) -> None:
+        """No new requests go to `gw`; with `abort_in_flight` its requests are aborted and continue
+        elsewhere from their partial tokens (an abort we did not ask for is re-dispatched)."""
+        gw.draining = True
+        if abort_in_flight and gw.calls:
+            try:
+                await gw.stub.Abort(
+                    gateway_pb2.AbortRequest(request_ids=list(gw.calls)), metadata=gw.auth, timeout=5.0
+                )
+            except grpc.aio.AioRpcError as err:
+                log.warning("drain abort on %s failed: %s", gw.address, err.code().name)
+
+    # ------------------------------------------------------------------ status
+    async def status(self) -> scheduler_pb2.RunStatus:
+        def read() -> Awaitable[list[Any]]:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(self.keys.counters)
+            pipe.llen(self.keys.prompts)
+            return pipe.execute()
+
+        counters, depth = await self._redis(read)
+        self.rtt.count += 1
+        c = {k: int(v) for k, v in _text_map(counters).items()}
+        return scheduler_pb2.RunStatus(
+            run=self.cfg.name,
+            phase=self.phase,  # type: ignore[arg-type]
+            policy_version=self.version,
+            valid_groups_produced=c.get("valid_produced", 0),
+            valid_groups_bound=self.bound,
+            in_flight_prompts=len(self.tasks),
+            queue_depth=int(depth),
+            outcomes={k[len("outcome:") :]: v for k, v in c.items() if k.startswith("outcome:")},
+            early_stops=c.get("early_stops", 0),
+            aborted_requests=c.get("aborted_requests", 0),
+            aborted_tokens=c.get("aborted_tokens", 0),
+            completions=c.get("completions", 0),
+            generated_tokens=c.get("generated_tokens", 0),
+            mode=self.cfg.rollout.mode.value,
+            max_staleness=self.cfg.rollout.max_staleness,
+        )
+
+    async def flush_counters(self) -> None:
+        """Write the abort counters kept in memory (they are batched, not written per reply)."""
+        d = self.dispatcher
+        now = {"aborted_tokens": d.aborted_tokens, "aborted_requests": d.aborted_requests}
+        deltas = {k: v - self._flushed[k] for k, v in now.items()}
+        await self._incr_counters(**deltas)
+        self._flushed = now
+
+    # ------------------------------------------------------------------ helpers
+    async def _incr_counters(self, **deltas: int) -> None:
+        deltas = {k: v for k, v in deltas.items() if v}
+        if not deltas:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for k, v in deltas.items():
+            pipe.hincrby(self.keys.counters, k, v)
+        await pipe.execute()
+        self.rtt.count += 1
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.queue.refresh_lease()
+                await self.flush_counters()
+                self.metrics.queue_depth.set(await self.queue.depth())
+            except (RedisConnectionError, RedisTimeoutError) as err:
+                log.warning("housekeeping: redis unavailable: %s", err)
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.in_flight_prompts.set(len(self.tasks))
+        m.valid_produced.set(self.valid_produced)
+        m.redis_round_trips.inc(self.rtt.count - self._rtt_reported)
+        self._rtt_reported = self.rtt.count
+        for gw in self.pool.members:
+            m.in_flight.labels(gw.address).set(gw.in_flight)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        t = asyncio.ensure_future(coro)
+        self._spawned.add(t)
+        t.add_done_callback(self._spawned.discard)
+
+    async def _redis(self, fn: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
+        """Run a Redis operation, retrying through a Redis restart. The scripts are idempotent
+        (attempt and response markers), so a retry after a lost reply cannot double-count."""
+        delay = 0.05
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await fn()
+            except (RedisConnectionError, RedisTimeoutError) as err:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("redis unavailable (%s); retrying in %.2f s", err, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+def _text_map(m: dict[Any, Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
+        for k, v in m.items()
+    }

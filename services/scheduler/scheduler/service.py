@@ -1,0 +1,123 @@
+"""The `asyncdapo.v1.Scheduler` gRPC service (grpc.aio), with reflection and health.
+
+Errors are caught here, at the boundary, and become status codes naming what was wrong:
+a run name that is not this scheduler's → NOT_FOUND; a stale weight version → FAILED_PRECONDITION;
+an unknown gateway → NOT_FOUND; bad eval input → INVALID_ARGUMENT; a missing or wrong bearer token
+on a control RPC → UNAUTHENTICATED; a verifier or gateways that stay down during Evaluate →
+UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from asyncdapo.scheduler.evaluate import EvalInputError, evaluate
+from asyncdapo.scheduler.rollout import Rollout
+from asyncdapo.scheduler.weights import PublishError
+from asyncdapo.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, rollout: Rollout, token: str | None = None) -> None:
+        self.rollout = rollout
+        self.token = token
+
+    async def _check_run(self, run: str, context: grpc.aio.ServicerContext) -> None:
+        if run and run != self.rollout.cfg.name:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"run {run!r}: this scheduler serves run {self.rollout.cfg.name!r}"
+            )
+
+    async def _check_auth(self, context: grpc.aio.ServicerContext) -> None:
+        if not self.token:
+            return
+        md = dict(context.invocation_metadata() or ())
+        got = md.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode()):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "authorization: a valid bearer token is required"
+            )
+
+    async def StartRun(self, request, context):
+        await self._check_run(request.run, context)
+        self.rollout.start_run()
+        return await self.rollout.status()
+
+    async def GetRun(self, request, context):
+        await self._check_run(request.run, context)
+        return await self.rollout.status()
+
+    async def StopRun(self, request, context):
+        await self._check_auth(context)
+        await self._check_run(request.run, context)
+        self.rollout.stop_run(request.abort_in_flight)
+        return await self.rollout.status()
+
+    async def WatchRun(self, request, context) -> AsyncIterator[scheduler_pb2.RunStatus]:
+        await self._check_run(request.run, context)
+        interval = (request.interval_ms or 500) / 1000
+        while True:
+            yield await self.rollout.status()
+            await asyncio.sleep(interval)
+
+    async def PublishWeights(self, request, context):
+        await self._check_auth(context)
+        if request.version <= 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "version must be > 0")
+        if not request.uri:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "uri is required")
+        try:
+            return await self.rollout.publish_weights(request.version, request.uri, int(request.mode))
+        except PublishError as err:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+
+    async def ListGateways(self, request, context):
+        return scheduler_pb2.ListGatewaysResponse(gateways=[g.info() for g in self.rollout.pool.members])
+
+    async def DrainGateway(self, request, context):
+        await self._check_auth(context)
+        gw = self.rollout.pool.get(request.address)
+        if gw is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"address {request.address!r} is not in the pool")
+        await self.rollout.drain_gateway(gw, request.abort_in_flight)
+        return scheduler_pb2.DrainGatewayResponse(gateway=gw.info())
+
+    async def Evaluate(self, request, context):
+        try:
+            return await evaluate(self.rollout, request)
+        except EvalInputError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except RuntimeError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+
+
+async def build_server(
+    rollout: Rollout, bind: str, token: str | None = None
+) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
+    """A started server on `bind` (host:port; port 0 picks one). Returns (server, port, health)."""
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    )
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerService(rollout, token), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    port = server.add_insecure_port(bind)
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, health_servicer

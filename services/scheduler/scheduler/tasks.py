@@ -1,0 +1,143 @@
+"""In-memory records of admitted prompts and their requests, and the Group record built from them.
+
+A `PromptTask` is one attempt of one prompt (train) or one evaluation prompt; it owns `n`
+`Request`s. A request is queued (no gateway), in flight (a gateway and a call) or finished (its
+response stored in the task). Request ids carry the attempt and the dispatch try, so a late reply
+of an aborted attempt or of a re-dispatched request can never be mistaken for a current one.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from asyncdapo.v1 import common_pb2, gateway_pb2, rollout_pb2
+
+
+class Kind(Enum):
+    TRAIN = 0
+    EVAL = 1
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    task: PromptTask
+    idx: int
+    tries: int = 0  # dispatches so far
+    continuation: gateway_pb2.GenerateResponse | None = None  # partial tokens to continue from
+    gateway: Any = None  # pool.Gateway while in flight
+    call: Any = None
+    rid: str = ""
+    t_ready: float = 0.0
+
+    def make_rid(self) -> str:
+        t = self.task
+        self.rid = f"{t.pid}:{t.attempt}:{self.idx}:{self.tries}"
+        return self.rid
+
+
+@dataclass(slots=True, eq=False)
+class Score:
+    score: float
+    acc: float
+    pred: str
+    reward: float
+    overlong_penalty: float
+
+
+@dataclass(slots=True, eq=False)
+class PromptTask:
+    kind: Kind
+    pid: str
+    attempt: int
+    seq: int
+    n: int
+    prompt_token_ids: list[int]
+    ground_truth: str
+    data_source: str = ""
+    prompt_text: str = ""
+    sampling: common_pb2.SamplingParams = field(default_factory=common_pb2.SamplingParams)
+    version_admitted: int = 0
+    responses: list[gateway_pb2.GenerateResponse | None] = field(default_factory=list)
+    response_gateway: list[str] = field(default_factory=list)
+    scores: list[Score | None] = field(default_factory=list)
+    live: dict[int, Request] = field(default_factory=dict)  # queued or in flight
+    gateways: set[str] = field(default_factory=set)  # where its requests went (prefix affinity)
+    cancelled: bool = False  # aborted (early stop, stop): replies are only counted
+    closed: bool = False  # an outcome is being or has been recorded
+    group_complete: bool = False
+    progress: Any = None  # group_state.GroupProgress of the completing response
+    admitted_at: float = field(default_factory=time.monotonic)
+    future: Any = None  # eval: resolved when every response is scored
+    base_msg: Any = None  # the GenerateRequest every request of this task starts from
+
+    def __post_init__(self) -> None:
+        self.responses = [None] * self.n
+        self.response_gateway = [""] * self.n
+        self.scores = [None] * self.n
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.pid, self.attempt)
+
+    def make_requests(self) -> list[Request]:
+        """The task's n requests, registered as live."""
+        reqs = [Request(self, i) for i in range(self.n)]
+        self.live = {r.idx: r for r in reqs}
+        return reqs
+
+    def base_request(self) -> gateway_pb2.GenerateRequest:
+        if self.prompt_token_ids:
+            return gateway_pb2.GenerateRequest(prompt_token_ids=self.prompt_token_ids, sampling=self.sampling)
+        return gateway_pb2.GenerateRequest(prompt=self.prompt_text, sampling=self.sampling)
+
+
+def request_seed(base: int | None, pid: str, idx: int) -> int | None:
+    """A reproducible per-response sampling seed when the run sets `rollout.seed`."""
+    if base is None:
+        return None
+    return zlib.crc32(f"{base}:{pid}:{idx}".encode()) & 0x7FFFFFFF
+
+
+def version_range(resp: gateway_pb2.GenerateResponse, default: int) -> tuple[int, int]:
+    versions = [r.version for r in resp.version_runs if r.num_tokens > 0]
+    if not versions:
+        return default, default
+    return min(versions), max(versions)
+
+
+def build_group(run: str, task: PromptTask) -> rollout_pb2.Group:
+    """The whole group as the trainer reads it from the stream (field `g`)."""
+    p = task.progress
+    g = rollout_pb2.Group(
+        run=run,
+        prompt_id=task.pid,
+        prompt_token_ids=task.prompt_token_ids,
+        ground_truth=task.ground_truth,
+        data_source=task.data_source,
+        min_version=p.min_version,
+        max_version=p.max_version,
+        reward_mean=p.reward_mean,
+        reward_std=p.metric_std,
+        created_unix_ms=int(time.time() * 1000),
+    )
+    for resp, gw, sc in zip(task.responses, task.response_gateway, task.scores, strict=True):
+        assert resp is not None and sc is not None, "a complete group has every response scored"
+        g.responses.append(
+            rollout_pb2.Response(
+                token_ids=resp.token_ids,
+                logprobs=resp.logprobs,
+                version_runs=resp.version_runs,
+                finish_reason=resp.finish_reason,
+                reward=sc.reward,
+                score=sc.score,
+                acc=sc.acc,
+                overlong_penalty=sc.overlong_penalty,
+                pred=sc.pred,
+                gateway=gw,
+            )
+        )
+    return g
