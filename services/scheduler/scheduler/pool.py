@@ -75,7 +75,7 @@ class Gateway:
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
         self.auth = (("authorization", f"Bearer {token}"),) if token else ()
         self.up = False
-        self.draining = False
+        self.drain_requested = False  # DrainGateway: no new requests from us
         self.publishing = False  # weights are being loaded: dispatch holds its requests
         self.load: gateway_pb2.Load = gateway_pb2.Load()
         self.in_flight = 0  # requests this scheduler has in flight here
@@ -86,6 +86,10 @@ class Gateway:
         self.watch_task: asyncio.Task[None] | None = None
 
     # --- dispatch.GatewayView attributes ---
+    @property
+    def draining(self) -> bool:
+        return self.drain_requested or self.load.draining
+
     @property
     def paused(self) -> bool:
         return self.publishing or self.load.paused

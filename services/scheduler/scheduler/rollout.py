@@ -157,6 +157,7 @@ class Rollout:
         self._syncing: set[str] = set()
         self._flushed = {"aborted_tokens": 0, "aborted_requests": 0}
         self._rtt_reported = 0
+        self._claiming = False
 
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
@@ -204,12 +205,23 @@ class Rollout:
         self.dispatcher.close()
 
     async def wait_idle(self, timeout_s: float) -> None:
-        """Until no prompt is in flight and every outcome is recorded."""
+        """Until no prompt is in flight, every outcome is recorded, every abort fan-out answered
+        and no call of ours is open on any gateway."""
         deadline = time.monotonic() + timeout_s
-        while self.tasks or self._to_finish or self.batcher.pending():
+        while self._busy():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(self.tasks)} prompts still in flight after {timeout_s:.0f} s")
             await asyncio.sleep(0.01)
+
+    def _busy(self) -> bool:
+        return bool(
+            self.tasks
+            or self._to_finish
+            or self.batcher.pending()
+            or self._claiming
+            or self._spawned
+            or any(gw.calls for gw in self.pool.members)
+        )
 
     # ------------------------------------------------------------------ weights
     def _set_version(self, version: int) -> None:
@@ -304,15 +316,24 @@ class Rollout:
             if k == 0:
                 continue
             n = self.cfg.rollout.n
-            claims = await self._redis(lambda k=k, n=n: self.queue.claim(min(k, self.claim_chunk), n))
-            if not claims:
-                poll = min(poll * 2, 0.25)  # queue empty: poll, backing off
+            self._claiming = True
+            try:
+                claims = await self._redis(lambda k=k, n=n: self.queue.claim(min(k, self.claim_chunk), n))
+                if not claims:
+                    poll = min(poll * 2, 0.25)  # queue empty: poll, backing off
+                    continue
+                poll = self.queue_poll_s
+                records = await self._redis(lambda c=claims: self.queue.load([x.pid for x in c]))
+                reqs: list[Request] = []
+                for claim, rec in zip(claims, records, strict=True):
+                    reqs += self._admit(claim, rec)
+            finally:
+                self._claiming = False
+            if self.phase != Phase.ROLLING:
+                # the bound was reached (or the run stopped) while these were being claimed
+                late = list({r.task.key: r.task for r in reqs}.values())
+                self._cancel(late, Outcome.REQUEUED, RequeueReason.EARLY_STOP.value)
                 continue
-            poll = self.queue_poll_s
-            records = await self._redis(lambda c=claims: self.queue.load([x.pid for x in c]))
-            reqs: list[Request] = []
-            for claim, rec in zip(claims, records, strict=True):
-                reqs += self._admit(claim, rec)
             self.dispatcher.submit(reqs)
             self._wake_admission.set()  # more may be admissible
 
@@ -543,7 +564,7 @@ class Rollout:
     async def drain_gateway(self, gw: Gateway, abort_in_flight: bool) -> None:
         """No new requests go to `gw`; with `abort_in_flight` its requests are aborted and continue
         elsewhere from their partial tokens (an abort we did not ask for is re-dispatched)."""
-        gw.draining = True
+        gw.drain_requested = True
         if abort_in_flight and gw.calls:
             try:
                 await gw.stub.Abort(

@@ -1,0 +1,193 @@
+"""Harness of the scheduler's integration tests (imported by name: tests are not a package): in-process sim gateways (the gateway's own
+server and its token-timing simulator), a scheduler `Rollout` on the real Redis, prompt loading,
+and a labelled verifier stand-in for the sim-engine logic tests.
+
+The helpers are async context managers used inside the tests (not async fixtures), so each test
+owns its gateways and event-loop resources and stops them, whatever the loop scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from asyncdapo.config import RunConfig
+from asyncdapo.prompts import PromptRecord, queue_prompts
+from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
+from asyncdapo.scheduler.rollout import Rollout
+from asyncdapo.scheduler.scoring import ItemScore
+from asyncdapo.v1 import rollout_pb2
+
+FAST_SIM = {
+    "base_step_s": 0.002,
+    "per_seq_step_s": 0.00002,
+    "prefill_s_per_token": 0.0,
+    "length_dist": "lognormal",
+    "length_mean": 24.0,
+    "length_sigma": 0.8,
+    "reload_s": 0.02,
+}
+
+
+class RuleScorer:
+    """TEST STAND-IN for the verifier, used only with the sim engine: the simulator emits random
+    token ids, which the real verifier would score 0 every time, so no group could ever be valid.
+    The ground truth names a rule instead: `mixed` (correct iff the response index is even: the
+    group always has variance), `all1` / `all0` (every response right / wrong: filtered)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[ItemScore]:
+        self.calls += 1
+        out = []
+        for item_id, _, rule in items:
+            idx = int(item_id.split(":")[2])
+            acc = {"mixed": float(idx % 2 == 0), "all1": 1.0, "all0": 0.0}[rule]
+            out.append(ItemScore("ok", acc, acc, str(int(acc))))
+        return out
+
+
+@dataclass
+class SimGateway:
+    server: Any
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+async def start_sim_gateway(
+    name: str, capacity: int = 64, model_dir: str | None = None, port: int = 0, **timing: Any
+) -> SimGateway:
+    from prometheus_client import CollectorRegistry
+
+    from asyncdapo.gateway.metrics import GatewayMetrics
+    from asyncdapo.gateway.server import GatewayServer, ServerSettings
+    from asyncdapo.gateway.service import GatewayOptions
+    from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+
+    engine = SimulatedEngine(
+        SimTiming(**{**FAST_SIM, **timing}), max_concurrency=capacity, model_dir=model_dir
+    )
+    server = GatewayServer(
+        engine,
+        GatewayOptions(gateway_id=name, capacity=capacity),
+        ServerSettings(port=port, drain_timeout_s=0.0),
+        GatewayMetrics(CollectorRegistry()),
+    )
+    return SimGateway(server, await server.start())
+
+
+@contextlib.asynccontextmanager
+async def sim_gateways(count: int, **kw: Any) -> AsyncIterator[list[SimGateway]]:
+    gws = [await start_sim_gateway(f"sim-{i}", **kw) for i in range(count)]
+    try:
+        yield gws
+    finally:
+        for g in gws:
+            await g.server.stop(0)
+
+
+def run_config(**over: Any) -> RunConfig:
+    base: dict[str, Any] = {
+        "name": "t",
+        "data": {"train_batch_size": 4, "max_response_length": 64, "max_prompt_length": 64},
+        "reward": {"overlong_buffer": {"len": 16}, "verifier_batch_size": 16},
+        "rollout": {"n": 4, "max_concurrent_prompts": 12, "seed": 7},
+        "trainer": {"ppo_mini_batch_size": 4},
+    }
+    for section, values in over.items():
+        if isinstance(values, dict):
+            base.setdefault(section, {})
+            for k, v in values.items():
+                if isinstance(v, dict):
+                    base[section].setdefault(k, {}).update(v)
+                else:
+                    base[section][k] = v
+        else:
+            base[section] = values
+    return RunConfig.model_validate(base)
+
+
+def load_prompts(redis_url: str, run: str, rules: Sequence[str], start: int = 0) -> list[str]:
+    """Queue one prompt per rule (the rule is its ground truth); returns the ids in queue order."""
+    r = redis.Redis.from_url(redis_url)
+    recs = [
+        PromptRecord(f"e0-{start + i}", [1 + (i % 7), 2, 3, 4], f"q{i}", rule, "test", 0, start + i)
+        for i, rule in enumerate(rules)
+    ]
+    pipe = r.pipeline()
+    queue_prompts(pipe, RunKeys(run), recs)
+    pipe.execute()
+    return [x.id for x in recs]
+
+
+@contextlib.asynccontextmanager
+async def scheduler(
+    cfg: RunConfig, redis_url: str, addresses: Sequence[str], scorer: Any, **kw: Any
+) -> AsyncIterator[Rollout]:
+    r = aioredis.from_url(redis_url)
+    pool = GatewayPool(GatewaySpec(static=tuple(addresses)), watch_interval_ms=50)
+    rollout = Rollout(cfg, r, pool, scorer, SchedulerMetrics(), queue_poll_s=0.01, **kw)
+    await pool.start()
+    await pool.wait_up(len(addresses), 10)
+    await rollout.open()
+    try:
+        yield rollout
+    finally:
+        await rollout.close()
+        await pool.close()
+        await r.aclose()
+
+
+async def wait_for(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"{what} not reached after {timeout_s} s")
+        await asyncio.sleep(0.01)
+
+
+def groups(redis_url: str, run: str) -> list[rollout_pb2.Group]:
+    r = redis.Redis.from_url(redis_url)
+    return [rollout_pb2.Group.FromString(f[b"g"]) for _, f in r.xrange(RunKeys(run).groups)]
+
+
+def outcome_ledger(redis_url: str, run: str) -> dict[str, list[str]]:
+    """prompt id -> the outcome of each of its attempts, in attempt order ('' = none yet)."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = RunKeys(run)
+    out = {}
+    for key in r.scan_iter(match=keys.prompt("*")):
+        if key.endswith(":data"):
+            continue
+        h = r.hgetall(key)
+        pid = key[len(keys.prompt("")) :]
+        out[pid] = [h.get(f"o:{a}", "") for a in range(1, int(h["attempt"]) + 1)]
+    return out
+
+
+def counters(redis_url: str, run: str) -> dict[str, int]:
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    return {k: int(v) for k, v in r.hgetall(RunKeys(run).counters).items()}
+
+
+def write_fake_snapshot(path: Path) -> str:
+    """A directory with one tiny safetensors file: what a sim gateway's LoadWeights accepts."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.zeros(2)}, str(path / "model.safetensors"))
+    return str(path)

@@ -1,0 +1,186 @@
+"""The rollout loop against in-process sim gateways and a real redis-server.
+
+The verifier is the labelled `RuleScorer` stand-in (see conftest): the simulator's random tokens
+cannot be judged by math-verify. Tests with the real verifier are in test_scheduler_verifier.py
+and test_scheduler_vllm.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import redis
+from scheduler_harness import (
+    RuleScorer,
+    counters,
+    groups,
+    load_prompts,
+    outcome_ledger,
+    run_config,
+    scheduler,
+    sim_gateways,
+    wait_for,
+    write_fake_snapshot,
+)
+
+from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.rollout import Phase
+from asyncdapo.v1 import gateway_pb2
+
+
+def _check_one_outcome_per_attempt(redis_url: str, run: str, all_ids: list[str]) -> dict[str, list[str]]:
+    """Every admitted attempt has exactly one outcome; every prompt is either queued or accounted."""
+    led = outcome_ledger(redis_url, run)
+    c = counters(redis_url, run)
+    assert sum(len(v) for v in led.values()) == c["admitted"]
+    for pid, outs in led.items():
+        assert all(outs), f"{pid}: an attempt without outcome: {outs}"
+        assert all(o.startswith("requeued") for o in outs[:-1]), f"{pid}: {outs}"
+    by_outcome = Counter(o for outs in led.values() for o in outs)
+    assert {f"outcome:{k}": v for k, v in by_outcome.items()} == {
+        k: v for k, v in c.items() if k.startswith("outcome:")
+    }
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = RunKeys(run)
+    queued = r.lrange(keys.prompts, 0, -1)
+    assert r.hlen(keys.prompts_claimed) == 0
+    assert len(queued) == len(set(queued))
+    # a prompt is lost when it is neither queued nor finished with a final outcome
+    for pid in all_ids:
+        outs = led.get(pid, [])
+        assert pid in queued or (outs and not outs[-1].startswith("requeued")), f"{pid} lost: {outs}"
+    return led
+
+
+async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: str, tmp_path: Path) -> None:
+    cfg = run_config(rollout={"admission": {"policy": "greedy"}})
+    ids = load_prompts(redis_url, "t", ["mixed", "all0", "mixed", "all1"] * 20)
+    async with (
+        sim_gateways(2) as gws,
+        scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer()) as ro,
+    ):
+        ro.start_run()
+        await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of version 0")
+        await ro.wait_idle(10)
+        assert ro.valid_produced == 4 and len(groups(redis_url, "t")) == 4
+        # the gateways confirmed the aborts, and nothing of ours is left running there
+        assert ro.dispatcher.aborted_requests > 0
+        aborted_by_rpc = sum(
+            g.server.metrics.registry.get_sample_value(
+                "asyncdapo_gateway_aborts_total", {"cause": "abort_rpc"}
+            )
+            or 0
+            for g in gws
+        )
+        assert aborted_by_rpc == ro.dispatcher.aborted_requests
+        for g in gws:
+            assert g.server.service.in_flight == 0
+        assert counters(redis_url, "t")["requeued:early_stop"] > 0
+
+        resp = await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), 0)
+        assert [r.ok for r in resp.results] == [True, True], resp
+        await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 8, 30, "bound of version 1")
+        await ro.wait_idle(10)
+        for g in gws:
+            load = await ro.pool.get(g.address).stub.GetLoad(gateway_pb2.GetLoadRequest())
+            assert load.weight_version == 1
+
+    gs = groups(redis_url, "t")
+    assert len(gs) == 8
+    # on-policy (s = 0): version-0 groups hold version-0 tokens only, version-1 groups version 1
+    assert [(g.min_version, g.max_version) for g in gs] == [(0, 0)] * 4 + [(1, 1)] * 4
+    for g in gs:
+        assert g.ground_truth == "mixed" and len(g.responses) == 4 and g.reward_std > 0
+        assert all(len(r.token_ids) == len(r.logprobs) > 0 for r in g.responses)
+    led = _check_one_outcome_per_attempt(redis_url, "t", ids)
+    # prompts requeued by the early stop of version 0 were served again under version 1
+    served_again = [p for p, outs in led.items() if outs[0] == "requeued" and len(outs) > 1]
+    assert served_again
+    # all-equal groups were filtered, never trained on
+    filtered = {p for p, outs in led.items() if outs[-1] == "filtered"}
+    assert filtered and all(int(p.split("-")[1]) % 2 == 1 for p in filtered)
+
+
+async def test_fifo_order_commits_in_admission_order(redis_url: str) -> None:
+    cfg = run_config(rollout={"early_stop_order": "fifo", "admission": {"policy": "greedy"}})
+    ids = load_prompts(redis_url, "t", ["mixed"] * 40)
+    async with (
+        sim_gateways(2) as gws,
+        scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer()) as ro,
+    ):
+        ro.start_run()
+        await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound")
+        await ro.wait_idle(10)
+    # every prompt is valid here, so fifo commits exactly the first four admitted
+    assert [g.prompt_id for g in groups(redis_url, "t")] == ids[:4]
+    _check_one_outcome_per_attempt(redis_url, "t", ids)
+
+
+async def test_sync_mode_waits_for_the_whole_batch_and_never_aborts(redis_url: str) -> None:
+    cfg = run_config(rollout={"mode": "sync", "max_concurrent_prompts": 6})
+    ids = load_prompts(redis_url, "t", ["mixed", "all0", "all0", "all0", "all0", "mixed"] + ["mixed"] * 12)
+    async with (
+        sim_gateways(2) as gws,
+        scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer()) as ro,
+    ):
+        ro.start_run()
+        await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound")
+        await ro.wait_idle(10)
+        assert ro.dispatcher.aborted_requests == 0
+    c = counters(redis_url, "t")
+    # batch 1 yields 2 valid groups, batch 2 six: 2 of them complete B, the other 4 are requeued
+    assert c["admitted"] == 12 and c["outcome:valid"] == 4 and c["requeued:over_bound"] == 4
+    assert [g.prompt_id for g in groups(redis_url, "t")] == [ids[0], ids[5], ids[6], ids[7]]
+    _check_one_outcome_per_attempt(redis_url, "t", ids)
+
+
+async def test_a_gateway_killed_mid_rollout_loses_no_prompt(redis_url: str) -> None:
+    cfg = run_config(data={"train_batch_size": 8}, trainer={"ppo_mini_batch_size": 8})
+    ids = load_prompts(redis_url, "t", ["mixed", "all1"] * 30)
+    slow = {"length_mean": 60.0, "length_sigma": 0.2, "base_step_s": 0.004}
+    async with (
+        sim_gateways(2, **slow) as gws,
+        scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer()) as ro,
+    ):
+        ro.start_run()
+        victim = gws[0]
+        await wait_for(lambda: ro.pool.get(victim.address).in_flight >= 4, 10, "requests on the victim")
+        await victim.server.stop(0)  # abrupt: in-flight calls fail
+        await wait_for(lambda: ro.phase == Phase.BOUND, 60, "bound with one gateway")
+        await ro.wait_idle(10)
+        assert not ro.pool.get(victim.address).up
+        redispatched = ro.metrics.registry.get_sample_value(
+            "asyncdapo_scheduler_redispatched_requests_total", {"why": "gateway_failure"}
+        )
+        assert redispatched and redispatched > 0
+    c = counters(redis_url, "t")
+    assert c["outcome:valid"] == 8 and not any(k.startswith("outcome:dropped") for k in c)
+    _check_one_outcome_per_attempt(redis_url, "t", ids)
+
+
+async def test_scheduler_crash_requeues_its_claims(redis_url: str) -> None:
+    cfg = run_config()
+    ids = load_prompts(redis_url, "t", ["mixed"] * 20)
+    slow = {"length_mean": 500.0, "length_sigma": 0.1, "base_step_s": 0.01}
+    async with sim_gateways(1, **slow) as gws:
+        async with scheduler(cfg, redis_url, [gws[0].address], RuleScorer(), owner="dead") as ro:
+            ro.queue.lease_ms = 300
+            await ro.queue.refresh_lease()
+            ro.start_run()
+            await wait_for(lambda: len(ro.tasks) >= 4, 10, "prompts in flight")
+            for t in ro._bg:  # simulate a crash: no outcome recorded, no lease refresh
+                t.cancel()
+        claimed = counters(redis_url, "t")["admitted"]
+        assert claimed >= 4
+        r = redis.Redis.from_url(redis_url)
+        assert r.hlen(RunKeys("t").prompts_claimed) == claimed
+        await wait_for(lambda: not r.exists(f"{RunKeys('t').prefix}scheduler:lease:dead"), 5, "lease expiry")
+        async with scheduler(cfg, redis_url, [gws[0].address], RuleScorer()) as ro2:
+            assert r.hlen(RunKeys("t").prompts_claimed) == 0
+            ro2.start_run()
+            await wait_for(lambda: ro2.phase == Phase.BOUND, 60, "bound after restart")
+            await ro2.wait_idle(10)
+    c = counters(redis_url, "t")
+    assert c["requeued:scheduler_restart"] == claimed and c["outcome:valid"] == 4
+    _check_one_outcome_per_attempt(redis_url, "t", ids)
