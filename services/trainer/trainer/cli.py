@@ -1,0 +1,64 @@
+"""`asyncdapo trainer --config RUN.yaml --model DIR --data PATH --redis URL [--scheduler ADDR] …`"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+TOKEN_ENV = "ASYNCDAPO_TOKEN"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trainer", help="run the DAPO trainer (reads groups from Redis, publishes weights)")
+    p.add_argument("--config", required=True, help="run config YAML (RunConfig)")
+    p.add_argument("--model", help="Hugging Face causal-LM directory (overrides model.path)")
+    p.add_argument("--data", nargs="+", help="training files, verl layout (override data.train_files)")
+    p.add_argument("--val-data", nargs="+", help="validation files (override data.val_files)")
+    p.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    p.add_argument("--scheduler", help="scheduler gRPC address host:port (PublishWeights, Evaluate)")
+    p.add_argument(
+        "--token", default=os.environ.get(TOKEN_ENV), help=f"scheduler bearer token (env {TOKEN_ENV})"
+    )
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--out", help="output directory: metrics, checkpoints, weights (overrides trainer.checkpoint_dir)"
+    )
+    p.add_argument("--max-steps", type=int, help="stop after this many steps in this process")
+    p.add_argument("--max-wait-s", type=float, help="fail when no group arrives for this long")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    from asyncdapo.config import load_run_config
+    from asyncdapo.trainer.launch import run_training
+    from asyncdapo.trainer.loop import TrainerOptions
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    cfg = load_run_config(args.config)
+    # validate_assignment=True: each override is validated like the YAML was
+    if args.model:
+        cfg.model.path = args.model
+    if args.data:
+        cfg.data.train_files = list(args.data)
+    if args.val_data:
+        cfg.data.val_files = list(args.val_data)
+    if args.out:
+        cfg.trainer.checkpoint_dir = args.out
+    out = Path(cfg.trainer.checkpoint_dir)
+    opts = TrainerOptions(
+        redis_url=args.redis,
+        out_dir=out,
+        scheduler=args.scheduler,
+        token=args.token,
+        metrics_port=args.metrics_port,
+        max_steps=args.max_steps,
+        max_wait_s=args.max_wait_s,
+    )
+    run_training(cfg, opts)
+    return 0

@@ -1,0 +1,155 @@
+"""Dataset → Redis prompt queue, kept at or above a watermark.
+
+Order: epoch e visits the training set in the permutation drawn from `(seed, e)` (identity when
+shuffle is off), so the whole order is a pure function of the cursor `(epoch, position)`.
+
+Crash safety: each refill is one MULTI/EXEC transaction that writes the prompts' data, queues
+their ids and moves the cursor stored in Redis (`feed_key`). The cursor in Redis therefore always
+matches what was queued, and a restarted trainer continues from it: no prompt is queued twice or
+skipped. The checkpoint keeps a copy, used only when Redis has no cursor (a fresh Redis).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from asyncdapo.data.verl_format import Example
+from asyncdapo.prompts import PromptRecord, prompt_id, queue_prompts
+from asyncdapo.redis_keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+COUNTER_TOO_LONG = "trainer:prompts_too_long"
+COUNTER_QUEUED = "trainer:prompts_queued"
+
+
+def feed_key(keys: RunKeys) -> str:
+    """HASH {epoch, position}: the data cursor of the prompt feed."""
+    return keys.prefix + "trainer:feed"
+
+
+@dataclass(frozen=True)
+class Cursor:
+    epoch: int = 0
+    position: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    @classmethod
+    def from_dict(cls, d: dict[Any, Any]) -> Cursor:
+        """From a dict with str or bytes keys/values (an HGETALL reply or a checkpoint)."""
+        norm = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in d.items()}
+        return cls(epoch=norm["epoch"], position=norm["position"])
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class PromptFeed:
+    """Feeds `examples` into the run's prompt queue; `encode(example) -> (token ids, text)`."""
+
+    def __init__(
+        self,
+        client: Any,
+        keys: RunKeys,
+        examples: Sequence[Example],
+        encode: Callable[[Example], tuple[list[int], str]],
+        *,
+        watermark: int,
+        max_prompt_length: int,
+        seed: int,
+        shuffle: bool,
+    ) -> None:
+        if not examples:
+            raise ValueError("the training set is empty (data.train_files)")
+        self.client = client
+        self.keys = keys
+        self.examples = examples
+        self.encode = encode
+        self.watermark = watermark
+        self.max_prompt_length = max_prompt_length
+        self.seed = seed
+        self.shuffle = shuffle
+        self.cursor = Cursor()
+        self._order_epoch = -1
+        self._order: np.ndarray = np.arange(0)
+
+    def restore(self, checkpoint_cursor: Cursor | None) -> Cursor:
+        """Continue from Redis' cursor if it has one, else from the checkpoint's, else the start."""
+        stored = self.client.hgetall(feed_key(self.keys))
+        if stored:
+            self.cursor = Cursor.from_dict(stored)
+        elif checkpoint_cursor is not None:
+            self.cursor = checkpoint_cursor
+        return self.cursor
+
+    def _next(self, cursor: Cursor) -> tuple[int, Cursor]:
+        """(dataset index at `cursor`, the cursor after it)."""
+        if cursor.epoch != self._order_epoch:
+            self._order = epoch_order(len(self.examples), self.seed, cursor.epoch, self.shuffle)
+            self._order_epoch = cursor.epoch
+        index = int(self._order[cursor.position])
+        nxt = Cursor(cursor.epoch, cursor.position + 1)
+        if nxt.position == len(self.examples):
+            nxt = Cursor(cursor.epoch + 1, 0)
+        return index, nxt
+
+    def refill(self) -> int:
+        """Queue prompts until the queue holds at least `watermark`; returns how many were queued."""
+        depth = int(self.client.llen(self.keys.prompts))
+        need = self.watermark - depth
+        if need <= 0:
+            return 0
+        records: list[PromptRecord] = []
+        too_long = 0
+        cursor = self.cursor
+        visited = 0
+        while len(records) < need:
+            index, nxt = self._next(cursor)
+            ex = self.examples[index]
+            ids, text = self.encode(ex)
+            if len(ids) > self.max_prompt_length:
+                too_long += 1
+            else:
+                records.append(PromptRecord(
+                    id=prompt_id(cursor.epoch, index), prompt_token_ids=ids, prompt_text=text,
+                    ground_truth=ex.ground_truth, data_source=ex.data_source,
+                    epoch=cursor.epoch, index=index,
+                ))  # fmt: skip
+            cursor = nxt
+            visited += 1
+            if visited >= len(self.examples) and not records:
+                raise ValueError(
+                    f"no training prompt fits data.max_prompt_length={self.max_prompt_length} tokens"
+                )
+        pipe = self.client.pipeline(transaction=True)
+        queue_prompts(pipe, self.keys, records)
+        pipe.hset(feed_key(self.keys), mapping=cursor.to_dict())
+        pipe.hincrby(self.keys.counters, COUNTER_QUEUED, len(records))
+        if too_long:
+            pipe.hincrby(self.keys.counters, COUNTER_TOO_LONG, too_long)
+        pipe.execute()
+        self.cursor = cursor
+        if too_long:
+            log.info("skipped %d prompt(s) longer than max_prompt_length", too_long)
+        return len(records)
+
+
+def make_encoder(tokenizer: Any, apply_chat_template: bool) -> Callable[[Example], tuple[list[int], str]]:
+    from asyncdapo.data.prompting import render_prompt
+
+    def encode(ex: Example) -> tuple[list[int], str]:
+        text = render_prompt(ex, tokenizer, apply_chat_template)
+        # as asyncdapo.data.prompting.prompt_token_ids: the template carries its special tokens
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), text
+
+    return encode

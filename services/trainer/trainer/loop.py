@@ -1,0 +1,410 @@
+"""The training loop, top to bottom: wait for B groups → batch → old log-probs → advantages →
+PPO update → record → checkpoint → publish → XACK → (validate).
+
+Policy version == completed training steps. Step t trains the weights of version t on groups
+whose tokens come from versions in [t - s, t] and produces version t + 1.
+
+Exactly-once training across crashes (see groups_reader): the groups of a step are acknowledged
+only after a checkpoint that includes the step is durable; the checkpoint lists them, a restart
+acknowledges them again and replays whatever is still pending. Rank 0 does all I/O (Redis, files,
+gRPC); other data-parallel ranks receive the groups by broadcast and only compute.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncdapo.config import RunConfig
+from asyncdapo.errors import AsyncdapoError
+from asyncdapo.redis_keys import RunKeys
+from asyncdapo.trainer.algos import grpo_advantages, masked_sum, tis_weights
+from asyncdapo.trainer.batch import TrainBatch, build_batch
+from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
+from asyncdapo.trainer.data_feed import Cursor, PromptFeed, make_encoder
+from asyncdapo.trainer.dist import DistContext
+from asyncdapo.trainer.faults import CrashPoint, maybe_crash
+from asyncdapo.trainer.groups_reader import DropReason, Entry, GroupsReader, classify, dropped_counter
+from asyncdapo.trainer.metrics import JsonlLog, MetricsSink
+from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
+from asyncdapo.trainer.publish import Notifier, publish
+from asyncdapo.trainer.update import UpdateSettings, ppo_update, rows_of_rank
+from asyncdapo.v1 import rollout_pb2
+
+log = logging.getLogger(__name__)
+
+
+class TrainerConfigError(AsyncdapoError, ValueError):
+    """The run config cannot work with this trainer setup; the message names the fields."""
+
+
+@dataclass
+class TrainerOptions:
+    redis_url: str
+    out_dir: Path  # metrics.jsonl, trained.jsonl; checkpoints go to cfg.trainer.checkpoint_dir
+    scheduler: str | None = None
+    token: str | None = None
+    metrics_port: int | None = None
+    consumer: str = "trainer-0"
+    poll_ms: int = 500
+    max_wait_s: float | None = None  # give up when no group arrives for this long (None: wait forever)
+    max_steps: int | None = None  # stop after this many steps in this process (None: until total_steps)
+
+
+def check_config(cfg: RunConfig) -> None:
+    t, s = cfg.trainer, cfg.rollout.max_staleness
+    if t.publish_every > 1 and s < t.publish_every - 1:
+        raise TrainerConfigError(
+            f"trainer.publish_every={t.publish_every} needs rollout.max_staleness >= {t.publish_every - 1}: "
+            "groups are produced by published versions only, so with less staleness the trainer waits forever"
+        )
+    rows = t.ppo_mini_batch_size * cfg.rollout.n
+    if t.workers > rows:
+        raise TrainerConfigError(
+            f"trainer.workers={t.workers} exceeds the {rows} responses of a mini-batch "
+            "(trainer.ppo_mini_batch_size x rollout.n)"
+        )
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, opts: TrainerOptions, dist: DistContext | None = None) -> None:
+        check_config(cfg)
+        self.cfg = cfg
+        self.opts = opts
+        self.dist = dist or DistContext(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        self.keys = RunKeys(cfg.name)
+        self.ckpt_dir = Path(cfg.trainer.checkpoint_dir)
+        self.state = TrainerState()
+        self.settings = UpdateSettings.from_config(cfg)
+        self.counters: Counter[str] = Counter()
+        self._setup()
+
+    # ------------------------------------------------------------------ setup and recovery
+
+    def _setup(self) -> None:
+        cfg, dev = self.cfg, self.dist.device
+        torch.manual_seed(cfg.trainer.seed)
+        self.precision = resolve_precision(cfg.model.dtype, dev)
+        model, self.tokenizer = load_policy(cfg.model.path, dev, cfg.model.trust_remote_code)
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.pad_id = pad_token_id(self.tokenizer)
+        self.ref_model = None
+        if cfg.algorithm.kl_coef > 0:
+            self.ref_model, _ = load_policy(cfg.model.path, dev, cfg.model.trust_remote_code)
+            self.ref_model.requires_grad_(False)
+        if self.dist.world > 1:
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[dev.index] if dev.type == "cuda" else None
+            )
+        self.model = model
+        t = cfg.trainer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
+        )
+        warmup = t.warmup_steps
+        # update k (0-based) uses lr * min(1, (k + 1) / warmup): the first update already moves
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self.store = CheckpointStore(self.ckpt_dir)
+        latest = self.store.latest()
+        if latest is not None:
+            self.state = self.store.load_into(
+                latest, unwrap(self.model), self.optimizer, self.lr_scheduler, dev
+            )
+            self.counters.update(self.state.counters)
+            log.info("resumed from %s (step %d)", latest, self.state.step)
+        if self.dist.is_main:
+            self._setup_io()
+
+    def _setup_io(self) -> None:
+        import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+
+        from asyncdapo.data.verl_format import load_examples
+
+        cfg = self.cfg
+        self.redis = redis.Redis.from_url(
+            self.opts.redis_url,
+            retry=Retry(ExponentialBackoff(cap=10.0, base=0.5), 8),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        )
+        self.encode = make_encoder(self.tokenizer, cfg.data.apply_chat_template)
+        examples = load_examples(cfg.data.train_files, cfg.data.prompt_key)
+        self.feed = PromptFeed(
+            self.redis, self.keys, examples, self.encode,
+            watermark=cfg.data.prompt_queue_watermark, max_prompt_length=cfg.data.max_prompt_length,
+            seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+        )  # fmt: skip
+        ckpt_cursor = Cursor.from_dict(self.state.feed_cursor) if self.state.feed_cursor else None
+        self.feed.restore(ckpt_cursor)
+        self.reader = GroupsReader(self.redis, self.keys, self.opts.consumer)
+        replay = self.reader.start(covered_by_checkpoint=self.state.covered_group_ids)
+        self.state.covered_group_ids = []
+        self.notifier = Notifier(self.redis, self.keys, self.opts.scheduler, self.opts.token)
+        out = Path(self.opts.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsSink(out / "metrics.jsonl", self.opts.metrics_port)
+        self.ledger = JsonlLog(out / "trained.jsonl")
+        self.metrics.truncate_after(self.state.step)
+        self.ledger.truncate_after(self.state.step)
+        self.val_examples = []
+        if cfg.trainer.val_every and cfg.data.val_files and self.opts.scheduler:
+            self.val_examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
+            if cfg.data.val_size:
+                self.val_examples = self.val_examples[: cfg.data.val_size]
+        if self.state.step > 0:
+            # the crash may have hit between checkpoint and publish: announce the restored version
+            self._publish()
+        log.info("trainer ready at version %d; %d pending group(s) to replay", self.state.step, replay)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> TrainerState:
+        total = self.cfg.trainer.total_steps
+        done_here = 0
+        try:
+            while self.state.step < total and (
+                self.opts.max_steps is None or done_here < self.opts.max_steps
+            ):
+                self.train_step()
+                done_here += 1
+        finally:
+            self.close()
+        return self.state
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, dist = self.cfg, self.dist
+        version = self.state.step
+        t_start = time.perf_counter()
+
+        # 1. wait for B trainable groups (rank 0 reads the stream; every rank gets them)
+        entries = dist.broadcast(self._wait_for_groups(version) if dist.is_main else None)
+        groups = [rollout_pb2.Group.FromString(raw) for _, raw in entries]
+        t_data = time.perf_counter()
+
+        # 2. batch, old log-probs (rows this rank trains), advantages, TIS weights
+        batch = build_batch(groups, self.pad_id)
+        dev_batch = batch.to(dist.device)
+        mine = rows_of_rank(batch, self.settings.groups_per_mini_batch, dist)
+        old_lp, entropy = self._log_probs(self.model, dev_batch, mine, with_entropy=True)
+        ref_lp = None
+        if self.ref_model is not None:
+            ref_lp, _ = self._log_probs(self.ref_model, dev_batch, mine, with_entropy=False)
+        adv = grpo_advantages(
+            dev_batch.rewards, dev_batch.group_ordinal, norm_by_std=cfg.algorithm.norm_adv_by_std
+        )
+        tis = None
+        if cfg.algorithm.tis_cap is not None:
+            known = dev_batch.rollout_logprob_mask.bool()
+            tis = torch.where(
+                known,
+                tis_weights(old_lp, dev_batch.rollout_log_probs, cfg.algorithm.tis_cap),
+                torch.ones_like(old_lp),
+            )
+
+        # 3. PPO update: mini-batches (optimizer steps) of micro-batches (gradient accumulation)
+        update = ppo_update(
+            self.model, self.optimizer, batch, adv, old_lp, self.settings, dist, self.precision,
+            tis_weight=tis, ref_log_prob=ref_lp,
+        )  # fmt: skip
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        self.state.step += 1
+        stats = self._batch_stats(batch, dev_batch, mine, old_lp, entropy, tis, version, groups)
+        t_compute = time.perf_counter()
+        maybe_crash(CrashPoint.AFTER_UPDATE, self.state.step)
+
+        # 4. commit (rank 0): ledger → checkpoint → publish → XACK
+        timing = {"timing/checkpoint_s": 0.0, "timing/publish_s": 0.0, "timing/snapshot_s": 0.0}
+        if dist.is_main:
+            timing = self._commit(entries)
+        t_end = time.perf_counter()
+        step_s = t_end - t_start
+        record: dict[str, Any] = {
+            "step": self.state.step,
+            "version": self.state.step,
+            "lr": lr,
+            **stats,
+            **update,
+            "timing/wait_s": t_data - t_start,
+            "timing/compute_s": t_compute - t_data,
+            **timing,
+            "timing/step_s": step_s,
+            "timing/wait_frac": (t_data - t_start) / step_s if step_s > 0 else 0.0,
+        }
+        if dist.is_main:
+            record.update(self._maybe_validate())
+            self.metrics.write(record)
+            log.info(
+                "step %d: reward %.3f acc %.3f loss %.4f grad %.3f | wait %.2fs compute %.2fs publish %.2fs",
+                self.state.step, record["reward/mean"], record["acc/mean"], record["actor/pg_loss"],
+                record["actor/grad_norm"], record["timing/wait_s"], record["timing/compute_s"],
+                record["timing/publish_s"],
+            )  # fmt: skip
+        return record
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def _wait_for_groups(self, version: int) -> list[tuple[str, bytes]]:
+        """B groups trainable at `version`; drops (XACK + count) everything else it reads."""
+        need = self.cfg.data.train_batch_size
+        s = self.cfg.rollout.max_staleness
+        got: list[Entry] = []
+        last_progress = time.monotonic()
+        while len(got) < need:
+            self.feed.refill()
+            entries = self.reader.read(need - len(got), block_ms=self.opts.poll_ms)
+            drops: list[tuple[Entry, DropReason]] = []
+            for e in entries:
+                reason, detail = (
+                    (e.error, e.detail)
+                    if e.group is None
+                    else classify(e.group, version, s, self.vocab_size, self.cfg.data.max_response_length)
+                )
+                if reason is None:
+                    got.append(e)
+                else:
+                    drops.append((e, reason))
+                    log.warning("dropping group %s (%s): %s", e.id, reason.value, detail)
+            self.reader.drop(drops)
+            for _, reason in drops:
+                self.counters[dropped_counter(reason)] += 1
+            if entries:
+                last_progress = time.monotonic()
+            elif self.opts.max_wait_s is not None and time.monotonic() - last_progress > self.opts.max_wait_s:
+                raise TimeoutError(
+                    f"no group arrived for {self.opts.max_wait_s:.0f}s at version {version} "
+                    f"({len(got)}/{need} groups)"
+                )
+        return [(e.id, e.group.SerializeToString()) for e in got]  # type: ignore[union-attr]
+
+    def _log_probs(
+        self, model: torch.nn.Module, batch: TrainBatch, rows: list[int], with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs (and entropy) for `rows`, scattered into full-size tensors (0 elsewhere)."""
+        full_lp = torch.zeros_like(batch.response_mask)
+        full_ent = torch.zeros_like(batch.response_mask)
+        if rows:
+            lp, ent = compute_log_probs(
+                unwrap(model), batch.select(rows), micro_batch_size=self.cfg.trainer.micro_batch_size,
+                temperature=self.settings.temperature, precision=self.precision, with_entropy=with_entropy,
+            )  # fmt: skip
+            idx = torch.as_tensor(rows, device=full_lp.device)
+            full_lp[idx] = lp
+            if ent is not None:
+                full_ent[idx] = ent
+        return full_lp, full_ent
+
+    def _batch_stats(
+        self,
+        batch: TrainBatch,
+        dev_batch: TrainBatch,
+        mine: list[int],
+        old_lp: torch.Tensor,
+        entropy: torch.Tensor,
+        tis: torch.Tensor | None,
+        version: int,
+        groups: list[rollout_pb2.Group],
+    ) -> dict[str, Any]:
+        lengths = batch.response_lengths
+        # per-rank sums over the rows this rank computed, then summed over ranks
+        own = torch.zeros_like(dev_batch.response_mask)
+        own[torch.as_tensor(mine, device=own.device)] = 1.0
+        mask = dev_batch.response_mask * own
+        known = mask * dev_batch.rollout_logprob_mask
+        sums = torch.stack([
+            masked_sum(entropy, mask), mask.sum(),
+            masked_sum(dev_batch.rollout_log_probs - old_lp, known), known.sum(),
+            masked_sum(tis, mask) if tis is not None else torch.zeros(()),
+            masked_sum((tis >= self.cfg.algorithm.tis_cap).float(), mask) if tis is not None else torch.zeros(()),
+        ]).double()  # fmt: skip
+        sums = self.dist.all_reduce_sum(sums).cpu()
+        tok, known_tok = max(float(sums[1]), 1.0), max(float(sums[3]), 1.0)
+        staleness = Counter(version - g.min_version for g in groups)
+        out: dict[str, Any] = {
+            "batch/groups": len(groups),
+            "batch/responses": batch.size,
+            "reward/mean": float(batch.rewards.mean()),
+            "reward/std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
+            "score/mean": float(batch.scores.mean()),
+            "acc/mean": float(batch.acc.mean()),
+            "response_length/mean": float(lengths.mean()),
+            "response_length/max": float(lengths.max()),
+            "response_length/clip_ratio": float(batch.truncated.float().mean()),
+            "prompt_length/mean": float(
+                batch.attention_mask[:, : batch.prompt_length].sum(-1).float().mean()
+            ),
+            "actor/entropy": float(sums[0]) / tok,
+            "rollout/kl": float(sums[2]) / known_tok,  # k1 estimate of KL(behaviour || pi_old)
+            "rollout/logprob_coverage": float(sums[3]) / tok,
+            **{f"staleness/{k}": v for k, v in sorted(staleness.items())},
+            "group_ids": [g.prompt_id for g in groups],
+        }
+        if tis is not None:
+            out["tis/mean_weight"] = float(sums[4]) / tok
+            out["tis/capped_frac"] = float(sums[5]) / tok
+        if self.dist.is_main:
+            for k, v in staleness.items():
+                self.metrics.staleness.labels(staleness=str(k)).inc(v)
+            for reason in DropReason:
+                out[f"dropped/{reason.value}"] = self.counters[dropped_counter(reason)]
+        return out
+
+    def _commit(self, entries: list[tuple[str, bytes]]) -> dict[str, float]:
+        """Durably record the step; returns its timings. Order matters: see the module docstring."""
+        t = self.cfg.trainer
+        step = self.state.step
+        ids = [eid for eid, _ in entries]
+        self.state.covered_group_ids.extend(ids)
+        self.state.last_stream_id = ids[-1] if ids else self.state.last_stream_id
+        self.ledger.write({"step": step, "stream_ids": ids,
+                           "group_ids": [rollout_pb2.Group.FromString(raw).prompt_id for _, raw in entries]})  # fmt: skip
+        timing = {"timing/checkpoint_s": 0.0, "timing/publish_s": 0.0, "timing/snapshot_s": 0.0}
+        checkpointed = step % t.checkpoint_every == 0 or step == t.total_steps
+        if checkpointed:
+            t0 = time.perf_counter()
+            self.state.feed_cursor = self.feed.cursor.to_dict()
+            self.state.counters = dict(self.counters)
+            self.store.save(self.state, unwrap(self.model), self.optimizer, self.lr_scheduler)
+            timing["timing/checkpoint_s"] = time.perf_counter() - t0
+            maybe_crash(CrashPoint.AFTER_CHECKPOINT, step)
+        if step % t.publish_every == 0 or step == t.total_steps:
+            res = self._publish()
+            timing["timing/publish_s"] = res.write_s + res.notify_s
+            timing["timing/snapshot_s"] = res.write_s
+            maybe_crash(CrashPoint.AFTER_PUBLISH, step)
+        if checkpointed:
+            self.reader.ack(self.state.covered_group_ids)
+            self.state.covered_group_ids = []
+            maybe_crash(CrashPoint.AFTER_ACK, step)
+        return timing
+
+    def _publish(self) -> Any:
+        dtype = self.precision.compute_dtype
+        res = publish(
+            unwrap(self.model), self.tokenizer, self.ckpt_dir, self.state.step, dtype, self.notifier
+        )
+        self.state.published_version = self.state.step
+        return res
+
+    def _maybe_validate(self) -> dict[str, float]:
+        every = self.cfg.trainer.val_every
+        if not (every and self.val_examples and self.state.step % every == 0):
+            return {}
+        from asyncdapo.trainer.validation import eval_request, evaluate
+
+        req = eval_request(self.cfg, self.val_examples, self.encode)
+        return evaluate(self.notifier._scheduler(), req, self.notifier.metadata())
+
+    def close(self) -> None:
+        if self.dist.is_main and hasattr(self, "metrics"):
+            self.metrics.close()
+            self.notifier.close()

@@ -1,0 +1,145 @@
+"""Prompt feed and groups reader against a real redis-server: resumable cursor, watermark,
+replay of pending groups, drops, and the checkpoint-then-ack contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncdapo.data.verl_format import Example
+from asyncdapo.prompts import PromptRecord
+from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
+from asyncdapo.trainer.data_feed import COUNTER_TOO_LONG, Cursor, PromptFeed, epoch_order, feed_key
+from asyncdapo.trainer.groups_reader import DropReason, GroupsReader, classify
+from asyncdapo.v1 import common_pb2, rollout_pb2
+
+KEYS = RunKeys("io-test")
+
+
+def _examples(n: int) -> list[Example]:
+    return [
+        Example(prompt=f"q{i} " + "x" * (i % 5), ground_truth=str(i), data_source="t", index=i)
+        for i in range(n)
+    ]
+
+
+def _encode(ex: Example) -> tuple[list[int], str]:
+    text = ex.prompt_text()
+    return [ord(c) for c in text], text
+
+
+def _feed(client: Any, n: int = 7, watermark: int = 4, max_len: int = 64, shuffle: bool = True) -> PromptFeed:
+    return PromptFeed(client, KEYS, _examples(n), _encode, watermark=watermark, max_prompt_length=max_len,
+                      seed=5, shuffle=shuffle)  # fmt: skip
+
+
+def _queued(client: Any) -> list[str]:
+    return [x.decode() for x in client.lrange(KEYS.prompts, 0, -1)]
+
+
+def test_feed_keeps_watermark_and_resumes_without_repeats(redis_client: Any) -> None:
+    feed = _feed(redis_client)
+    feed.restore(None)
+    assert feed.refill() == 4
+    assert feed.refill() == 0  # already at the watermark
+    popped = [redis_client.lpop(KEYS.prompts).decode() for _ in range(3)]
+    assert feed.refill() == 3
+    # a restarted trainer (new feed object) continues from the cursor stored in Redis
+    feed2 = _feed(redis_client)
+    assert feed2.restore(Cursor(0, 0)) == feed.cursor  # Redis wins over an older checkpoint copy
+    popped += [redis_client.lpop(KEYS.prompts).decode() for _ in range(4)]
+    feed2.refill()
+    popped += _queued(redis_client)
+    # epoch 0 is a permutation of all 7 rows, epoch 1 starts a new permutation
+    order0 = epoch_order(7, 5, 0, True).tolist()
+    order1 = epoch_order(7, 5, 1, True).tolist()
+    assert popped[:7] == [f"e0-{i}" for i in order0]
+    assert popped[7:] == [f"e1-{i}" for i in order1[: len(popped) - 7]]
+    assert sorted(order0) == list(range(7)) and order0 != order1
+    rec = PromptRecord.from_redis(redis_client.hgetall(KEYS.prompt_data(popped[0])))
+    assert rec.ground_truth == str(order0[0]) and rec.epoch == 0 and rec.prompt_token_ids
+
+
+def test_feed_falls_back_to_checkpoint_cursor_on_a_fresh_redis(redis_client: Any) -> None:
+    feed = _feed(redis_client, shuffle=False)
+    assert feed.restore(Cursor(2, 5)) == Cursor(2, 5)
+    feed.refill()
+    assert _queued(redis_client) == ["e2-5", "e2-6", "e3-0", "e3-1"]
+    assert Cursor.from_dict(redis_client.hgetall(feed_key(KEYS))) == Cursor(3, 2)
+
+
+def test_feed_skips_and_counts_too_long_prompts(redis_client: Any) -> None:
+    feed = _feed(
+        redis_client, n=5, watermark=3, max_len=4, shuffle=False
+    )  # "q0 " fits, "q1 x" fits, rest not
+    feed.refill()
+    assert _queued(redis_client) == ["e0-0", "e0-1", "e1-0"]
+    assert int(redis_client.hget(KEYS.counters, COUNTER_TOO_LONG)) == 3
+    with pytest.raises(ValueError, match="max_prompt_length"):
+        _feed(redis_client, n=5, watermark=50, max_len=1).refill()
+
+
+def _group(pid: str, vmin: int = 0, vmax: int = 0) -> bytes:
+    g = rollout_pb2.Group(
+        run="io-test", prompt_id=pid, prompt_token_ids=[1, 2], min_version=vmin, max_version=vmax
+    )
+    for toks in ([3, 4], [5]):
+        g.responses.add(
+            token_ids=toks,
+            version_runs=[common_pb2.VersionRun(version=vmin, num_tokens=len(toks))],
+            reward=float(len(toks)),
+        )
+    return g.SerializeToString()
+
+
+def test_classify_staleness_and_future() -> None:
+    g = rollout_pb2.Group.FromString(_group("a", vmin=3, vmax=4))
+    assert classify(g, 4, 1, 100, 8) == (None, "")
+    assert classify(g, 5, 2, 100, 8)[0] is None
+    assert classify(g, 5, 1, 100, 8)[0] is DropReason.STALE
+    assert classify(g, 3, 0, 100, 8)[0] is DropReason.FUTURE
+    assert classify(g, 4, 1, 4, 8)[0] is DropReason.MALFORMED
+
+
+def test_reader_replays_pending_then_reads_new_and_acks_checkpointed(redis_client: Any) -> None:
+    ids = [redis_client.xadd(KEYS.groups, {GROUP_FIELD: _group(f"p{i}")}).decode() for i in range(5)]
+    # a previous trainer (another consumer name) read 3 groups; its checkpoint covers the first one
+    old = GroupsReader(redis_client, KEYS, consumer="old-pod")
+    old.start([])
+    assert [e.id for e in old.read(3, block_ms=10)] == ids[:3]
+
+    new = GroupsReader(redis_client, KEYS, consumer="trainer-0")
+    assert new.start(covered_by_checkpoint=[ids[0]]) == 2  # ids[1], ids[2] still pending
+    got = new.read(1, block_ms=10) + new.read(5, block_ms=10)
+    assert [e.id for e in got] == ids[1:3]  # replay first, oldest first, nothing twice
+    fresh = new.read(5, block_ms=10)
+    assert [e.id for e in fresh] == ids[3:]
+    assert [e.group.prompt_id for e in fresh if e.group] == ["p3", "p4"]
+    assert new.read(5, block_ms=10) == []
+    assert new.pending_count() == 4
+    new.ack([e.id for e in got + fresh])
+    assert new.pending_count() == 0
+
+
+def test_reader_drops_missing_and_malformed_entries(redis_client: Any) -> None:
+    good = redis_client.xadd(KEYS.groups, {GROUP_FIELD: _group("ok")}).decode()
+    bad = redis_client.xadd(KEYS.groups, {GROUP_FIELD: b"\xff\xff not a proto"}).decode()
+    nofield = redis_client.xadd(KEYS.groups, {"x": b"1"}).decode()
+    reader = GroupsReader(redis_client, KEYS)
+    reader.start([])
+    entries = reader.read(10, block_ms=10)
+    redis_client.xdel(KEYS.groups, good)  # trimmed while pending: the replay sees no data
+    assert {e.id: e.error for e in entries} == {
+        good: None,
+        bad: DropReason.MALFORMED,
+        nofield: DropReason.MALFORMED,
+    }
+    reader.drop([(e, e.error) for e in entries if e.error])
+    restarted = GroupsReader(redis_client, KEYS)
+    restarted.start([])
+    replay = restarted.read(10, block_ms=10)
+    # XAUTOCLAIM removes deleted entries from the pending list, so nothing is left to replay
+    assert replay == [] and restarted.pending_count() == 0
+    assert int(redis_client.hget(KEYS.counters, "trainer:dropped:malformed")) == 2
+    assert redis_client.xpending(KEYS.groups, GROUPS_CONSUMER_GROUP)["pending"] == 0
