@@ -4,6 +4,12 @@ A random-weight model never answers correctly, so every group would have zero re
 DAPO would filter everything. The demo therefore warm-starts the tiny model on the synthetic
 format (`extra_info.solution`) until it is right *sometimes*; RL then has signal to work with.
 Loss is on response tokens only (prompt tokens are masked), as in SFT for chat models.
+
+`slip_fraction` makes the warm-start deliberately unreliable, like a base model with noisy habits:
+that fraction of demonstrations (drawn anew each time an example is sampled, seeded) states an
+answer off by one. The model
+learns both habits; only the reward can teach it which one pays, and since the habit is global the
+lesson carries over to held-out problems.
 """
 
 from __future__ import annotations
@@ -27,16 +33,30 @@ class SFTResult:
     out_dir: Path
 
 
-def _encode(examples: Sequence[Example], tokenizer, apply_chat_template: bool) -> list[tuple[list[int], int]]:
-    """(prompt + solution + eos token ids, prompt length) for each example."""
+def _slipped(solution: str, ground_truth: str) -> str:
+    """The demonstration with its answer off by one (only for integer answers)."""
+    try:
+        wrong = int(ground_truth) + 1
+    except ValueError:
+        return solution
+    return solution.replace(ground_truth, str(wrong))
+
+
+def _encode(
+    examples: Sequence[Example], tokenizer, apply_chat_template: bool
+) -> list[tuple[list[int], list[int], list[int]]]:
+    """(prompt, correct response, slipped response) token ids for each example."""
     encoded = []
     for e in examples:
         solution = e.extra_info.get("solution")
         if not isinstance(solution, str):
             raise DatasetError(f"example {e.index} has no extra_info.solution to warm-start on")
         prompt = prompt_token_ids(e, tokenizer, apply_chat_template)
-        response = tokenizer(solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        encoded.append((prompt + response, len(prompt)))
+        right, slipped = (
+            tokenizer(s, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            for s in (solution, _slipped(solution, e.ground_truth))
+        )
+        encoded.append((prompt, right, slipped))
     return encoded
 
 
@@ -49,6 +69,7 @@ def supervised_warm_start(
     batch_size: int = 32,
     lr: float = 3e-3,
     seed: int = 0,
+    slip_fraction: float = 0.0,
     apply_chat_template: bool = True,
 ) -> SFTResult:
     """Train `model_dir` on `examples`' solutions for `steps` AdamW steps and save to `out_dir`."""
@@ -60,6 +81,8 @@ def supervised_warm_start(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
+    if not 0.0 <= slip_fraction < 1.0:
+        raise ValueError("slip_fraction must be in [0, 1)")
     data = _encode(examples, tokenizer, apply_chat_template)
     if not data:
         raise DatasetError("no examples to warm-start on")
@@ -72,7 +95,10 @@ def supervised_warm_start(
     start = time.monotonic()
     loss_value = float("nan")
     for _ in range(steps):
-        batch = [data[rng.randrange(len(data))] for _ in range(batch_size)]
+        batch = []
+        for _ in range(batch_size):
+            prompt, right, slipped = data[rng.randrange(len(data))]
+            batch.append((prompt + (slipped if rng.random() < slip_fraction else right), len(prompt)))
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
