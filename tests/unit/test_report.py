@@ -6,8 +6,14 @@ from asyncdapo.local.report import read_metrics, write_report
 
 def test_report_from_partial_metrics(tmp_path: Path) -> None:
     rows = [
-        {"step": 1, "reward_mean": 0.1, "acc_mean": 0.2, "valid_group_ratio": 0.5, "aborted_tokens": 10},
-        {"step": 2, "reward_mean": 0.3, "acc_mean": 0.4, "val_acc": 0.35, "time_wait_s": 1.5},
+        {
+            "step": 1,
+            "reward/mean": 0.1,
+            "acc/mean": 0.2,
+            "rollout/valid_group_ratio": 0.5,
+            "rollout/aborted_tokens": 10,
+        },
+        {"step": 2, "reward/mean": 0.3, "acc/mean": 0.4, "val/accuracy": 0.35, "timing/wait_s": 1.5},
     ]
     text = "\n".join(json.dumps(r) for r in rows) + '\n{"step": 3, "rew'  # interrupted mid-line
     (tmp_path / "metrics.jsonl").write_text(text)

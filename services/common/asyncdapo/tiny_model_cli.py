@@ -26,6 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     sft.add_argument("--batch-size", type=int, default=32)
     sft.add_argument("--lr", type=float, default=3e-3)
     sft.add_argument("--seed", type=int, default=0)
+    sft.add_argument(
+        "--slip-fraction",
+        type=float,
+        default=0.0,
+        help="fraction of demonstrations made off by one (see asyncdapo.sft)",
+    )
     sft.set_defaults(func=_sft)
 
 
@@ -57,6 +63,7 @@ def _sft(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
+        slip_fraction=args.slip_fraction,
     )
     print(
         f"warm-started {result.steps} steps in {result.wall_s:.0f} s, final loss {result.final_loss:.3f}: {args.out}"

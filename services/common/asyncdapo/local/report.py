@@ -1,9 +1,10 @@
 """The run report: `metrics.jsonl` (one JSON object per trainer step) → `report.md` + `report.png`.
 
 Every key is optional per line, so a report can be drawn from a partial or interrupted run. Keys
-read (as the trainer writes them): `step`, `reward_mean`, `acc_mean`, `val_acc`,
-`response_length_mean`, `valid_group_ratio`, `aborted_tokens`, `time_wait_s`, `time_compute_s`,
-`time_publish_s`, `policy_version`.
+read: the trainer's step record (`step`, `reward/mean`, `acc/mean`, `val/accuracy`,
+`response_length/mean`, `timing/wait_s`, `timing/compute_s`, `timing/publish_s`) merged by
+`asyncdapo up` with the scheduler's run status (`rollout/valid_group_ratio`,
+`rollout/aborted_tokens`, `rollout/early_stops`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ from pathlib import Path
 from typing import Any
 
 PANELS: list[tuple[str, list[str]]] = [
-    ("reward / accuracy", ["reward_mean", "acc_mean"]),
-    ("validation accuracy", ["val_acc"]),
-    ("response length", ["response_length_mean"]),
-    ("valid-group ratio", ["valid_group_ratio"]),
-    ("aborted tokens", ["aborted_tokens"]),
-    ("time split (s)", ["time_wait_s", "time_compute_s", "time_publish_s"]),
+    ("reward / accuracy", ["reward/mean", "acc/mean"]),
+    ("validation accuracy", ["val/accuracy"]),
+    ("response length", ["response_length/mean"]),
+    ("valid-group ratio", ["rollout/valid_group_ratio"]),
+    ("aborted tokens (cumulative)", ["rollout/aborted_tokens"]),
+    ("time split (s)", ["timing/wait_s", "timing/compute_s", "timing/publish_s"]),
 ]
+TABLE_COLUMNS = [
+    "step", "reward/mean", "acc/mean", "val/accuracy", "response_length/mean",
+    "rollout/valid_group_ratio", "rollout/aborted_tokens",
+]  # fmt: skip
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -86,15 +91,7 @@ def write_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, An
     lines = [f"# Run report: {summary.get('run', run_dir.name)}", "", "| figure | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in summary.items()]
     lines += ["", f"![metrics]({png.name})", "", "## Steps", ""]
-    cols = [
-        "step",
-        "reward_mean",
-        "acc_mean",
-        "val_acc",
-        "response_length_mean",
-        "valid_group_ratio",
-        "aborted_tokens",
-    ]
+    cols = TABLE_COLUMNS
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
     md = run_dir / "report.md"

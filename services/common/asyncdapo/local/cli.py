@@ -1,0 +1,42 @@
+"""`asyncdapo up RUN.yaml`: the whole loop on this machine, with live progress and a report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "up", help="run a whole training run locally (Redis, verifier, gateways, scheduler, trainer)"
+    )
+    p.add_argument("config", help="run config YAML")
+    p.add_argument("--gateways", type=int, default=2, help="rollout gateways (vLLM engines), one core each")
+    p.add_argument("--verifier-workers", type=int, default=1)
+    p.add_argument("--run-dir", help="output directory (default runs/NAME)")
+    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="use this Redis (env REDIS_URL)")
+    p.add_argument("--engine", choices=("vllm", "sim"), default="vllm", help="sim: token-timing SIMULATOR")
+    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="stop the run after this long")
+    p.add_argument("--quiet", action="store_true", help="one line per step instead of a live bar")
+    p.set_defaults(func=_up)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from asyncdapo.config import load_run_config
+    from asyncdapo.local.run import run_local
+    from asyncdapo.local.stack import StackOptions
+
+    cfg = load_run_config(args.config)
+    run_dir = Path(args.run_dir or Path("runs") / cfg.name)
+    opts = StackOptions(
+        config_path=Path(args.config),
+        run_dir=run_dir,
+        gateways=args.gateways,
+        verifier_workers=args.verifier_workers,
+        redis_url=args.redis_url,
+        engine=args.engine,
+        max_model_len=args.max_model_len,
+    )
+    return run_local(cfg, opts, timeout_s=args.timeout_s, live=not args.quiet)

@@ -1,0 +1,156 @@
+"""One local run from start to report: start the stack, measure validation accuracy before training,
+start rollout, follow progress, stop everything, write `runs/NAME/{metrics.jsonl,report.md,report.png}`.
+
+The last line printed is machine-readable:
+`RESULT val_acc_before=… val_acc_after=… steps=… early_stops=… aborted_tokens=… wall_s=…`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncdapo.config import RunConfig
+from asyncdapo.errors import AsyncdapoError
+from asyncdapo.local.progress import Progress
+from asyncdapo.local.report import read_metrics, write_report
+from asyncdapo.local.stack import LocalStack, StackOptions
+
+
+class RunTimeout(AsyncdapoError):
+    pass
+
+
+def _scheduler_stub(address: str):
+    import grpc
+
+    from asyncdapo.v1 import scheduler_pb2_grpc
+
+    channel = grpc.insecure_channel(address)
+    return channel, scheduler_pb2_grpc.SchedulerStub(channel)
+
+
+def run_status(stub, run: str) -> dict[str, Any]:
+    from asyncdapo.v1 import scheduler_pb2
+
+    st = stub.GetRun(scheduler_pb2.GetRunRequest(run=run), timeout=5.0)
+    outcomes = dict(st.outcomes)
+    finished = sum(outcomes.values())
+    return {
+        "rollout/policy_version": st.policy_version,
+        "rollout/valid_groups": st.valid_groups_produced,
+        "rollout/valid_group_ratio": (outcomes.get("valid", 0) / finished) if finished else 0.0,
+        "rollout/early_stops": st.early_stops,
+        "rollout/aborted_requests": st.aborted_requests,
+        "rollout/aborted_tokens": st.aborted_tokens,
+        "rollout/generated_tokens": st.generated_tokens,
+        "rollout/completions": st.completions,
+        "rollout/queue_depth": st.queue_depth,
+        "rollout/outcomes": outcomes,
+    }
+
+
+def validate(cfg: RunConfig, stub) -> float | None:
+    """Accuracy of the current policy on the validation files through Scheduler.Evaluate."""
+    if not cfg.data.val_files:
+        return None
+    from transformers import AutoTokenizer
+
+    from asyncdapo.data.prompting import prompt_token_ids, render_prompt
+    from asyncdapo.data.verl_format import load_examples
+    from asyncdapo.v1 import common_pb2, scheduler_pb2
+
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
+    if cfg.data.val_size:
+        examples = examples[: cfg.data.val_size]
+    prompts = [
+        scheduler_pb2.EvalPrompt(
+            id=f"val-{e.index}",
+            prompt_token_ids=prompt_token_ids(e, tok, cfg.data.apply_chat_template),
+            prompt=render_prompt(e, tok, cfg.data.apply_chat_template),
+            ground_truth=e.ground_truth,
+        )
+        for e in examples
+    ]
+    sampling = common_pb2.SamplingParams(
+        max_tokens=cfg.data.max_response_length,
+        temperature=cfg.rollout.val_temperature,
+        top_p=cfg.rollout.top_p,
+    )
+    req = scheduler_pb2.EvaluateRequest(prompts=prompts, n=cfg.rollout.val_n, sampling=sampling)
+    return stub.Evaluate(req, timeout=600.0).accuracy
+
+
+def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: bool) -> int:
+    start = time.monotonic()
+    run_dir = Path(opts.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    merged_path = run_dir / "metrics.jsonl"
+    merged_path.write_text("")
+    trainer_metrics = run_dir / "trainer" / "metrics.jsonl"
+    progress = Progress(cfg, live=live)
+    stack = LocalStack(cfg, opts)
+    val_before: float | None = None
+    status: dict[str, Any] = {}
+    interrupted = False
+    try:
+        ep = stack.start(on_stage=progress.stage)
+        channel, stub = _scheduler_stub(ep.scheduler)
+        progress.note(f"services up in {time.monotonic() - start:.0f} s; logs in {stack.logs}")
+        progress.stage("validation before training")
+        val_before = validate(cfg, stub)
+        if val_before is not None:
+            progress.note(f"validation accuracy before training: {val_before:.3f}")
+        progress.stage("trainer")
+        stack.start_trainer()
+        seen = 0
+        while True:
+            stack.check()
+            status = run_status(stub, cfg.name)
+            rows = read_metrics(trainer_metrics)
+            for row in rows[seen:]:
+                row.update({k: v for k, v in status.items() if k != "rollout/outcomes"})
+                with merged_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                progress.step(row)
+            seen = len(rows)
+            progress.tick(status, time.monotonic() - start)
+            if stack.trainer_finished():
+                break
+            if time.monotonic() - start > timeout_s:
+                raise RunTimeout(f"run did not finish within {timeout_s:.0f} s (see {stack.logs})")
+            time.sleep(1.0)
+        channel.close()
+    except KeyboardInterrupt:
+        interrupted = True
+        progress.note("interrupted: stopping every service")
+    finally:
+        progress.close()
+        stack.stop()
+
+    rows = read_metrics(merged_path)
+    val_rows = [r["val/accuracy"] for r in rows if isinstance(r.get("val/accuracy"), int | float)]
+    summary = {
+        "run": cfg.name,
+        "val_acc_before": val_before,
+        "val_acc_after": val_rows[-1] if val_rows else None,
+        "steps": rows[-1]["step"] if rows else 0,
+        "early_stops": status.get("rollout/early_stops", 0),
+        "aborted_tokens": status.get("rollout/aborted_tokens", 0),
+        "outcomes": status.get("rollout/outcomes", {}),
+        "wall_s": round(time.monotonic() - start, 1),
+    }
+    report = write_report(run_dir, summary, rows)
+    print(f"\nreport: {report} (plots: {run_dir / 'report.png'}); logs: {stack.logs}")
+
+    def fmt(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    keys = ("val_acc_before", "val_acc_after", "steps", "early_stops", "aborted_tokens", "wall_s")
+    print("RESULT " + " ".join(f"{k}={fmt(summary[k])}" for k in keys))
+    sys.stdout.flush()
+    return 130 if interrupted else 0

@@ -1,0 +1,229 @@
+"""The whole loop on one machine: Redis, verifier, G gateways (vLLM), scheduler and trainer as
+supervised subprocesses on 127.0.0.1 with free ports.
+
+Start order follows the dependencies (Redis → verifier → gateways → scheduler → trainer); each
+waits for the previous to be ready. The trainer is the only child allowed to exit (0 = all steps
+done); any other exit stops the stack with a message naming the service and its log.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asyncdapo.config import RunConfig
+from asyncdapo.local.ports import free_port
+from asyncdapo.local.redis_server import RedisServer
+from asyncdapo.local.supervisor import ServiceSpec, Supervisor
+
+
+@dataclass
+class StackOptions:
+    config_path: Path
+    run_dir: Path
+    gateways: int = 2
+    verifier_workers: int = 1
+    redis_url: str | None = None  # use this Redis instead of launching one
+    engine: str = "vllm"
+    max_model_len: int = 512
+    gateway_ready_timeout_s: float = 300.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StackEndpoints:
+    redis_url: str = ""
+    verifier_url: str = ""
+    gateways: list[str] = field(default_factory=list)
+    scheduler: str = ""
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "asyncdapo.cli", *args]
+
+
+def http_ready(url: str) -> bool:
+    import httpx
+
+    return httpx.get(url, timeout=1.0).status_code == 200
+
+
+def grpc_ready(address: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+class LocalStack:
+    """Starts and owns the local services; use as a context manager so everything stops."""
+
+    def __init__(self, cfg: RunConfig, opts: StackOptions) -> None:
+        self.cfg = cfg
+        self.opts = opts
+        self.run_dir = Path(opts.run_dir)
+        self.logs = self.run_dir / "logs"
+        self.sup = Supervisor(self.logs)
+        self.redis: RedisServer | None = None
+        self.ep = StackEndpoints()
+
+    # --- lifecycle ---
+
+    def start(self, on_stage=lambda stage: None) -> StackEndpoints:
+        """Everything but the trainer; the trainer (which feeds the prompt queue) starts with
+        `start_trainer`, so the policy can be measured before any update."""
+        on_stage("redis")
+        self._start_redis()
+        on_stage("verifier")
+        self._start_verifier()
+        on_stage(f"{self.opts.gateways} gateway(s) ({self.opts.engine})")
+        self._start_gateways()
+        on_stage("scheduler")
+        self._start_scheduler()
+        return self.ep
+
+    def start_trainer(self) -> None:
+        self._start_trainer()
+
+    def stop(self) -> None:
+        self.sup.stop_all()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def __enter__(self) -> LocalStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- services ---
+
+    def _start_redis(self) -> None:
+        if self.opts.redis_url:
+            self.ep.redis_url = self.opts.redis_url
+            return
+        self.redis = RedisServer(self.run_dir / "redis").start()
+        self.ep.redis_url = self.redis.url
+
+    def _start_verifier(self) -> None:
+        port = free_port()
+        self.ep.verifier_url = f"http://127.0.0.1:{port}"
+        self.ep.metrics_ports["verifier"] = port
+        self.sup.start(
+            ServiceSpec(
+                "verifier",
+                _cli(
+                    "verifier",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    str(self.opts.verifier_workers),
+                ),
+                ready=lambda: http_ready(f"{self.ep.verifier_url}/readyz"),
+                ready_timeout_s=120,
+            )
+        )
+
+    def _start_gateways(self) -> None:
+        cores = os.cpu_count() or 1
+        for i in range(self.opts.gateways):
+            port, mport = free_port(), free_port()
+            address = f"127.0.0.1:{port}"
+            self.ep.gateways.append(address)
+            self.ep.metrics_ports[f"gateway-{i}"] = mport
+            argv = _cli(
+                "gateway", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(mport),
+                "--engine", self.opts.engine, "--gateway-id", f"gateway-{i}",
+            )  # fmt: skip
+            if self.opts.engine == "vllm":
+                argv += ["--model", self.cfg.model.path, "--max-model-len", str(self.opts.max_model_len)]
+                argv += [
+                    "--enforce-eager",
+                    "--dtype",
+                    "float32" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype,
+                ]
+            # One core per engine: two engines side by side run well only when pinned apart.
+            env = {
+                "VLLM_CPU_OMP_THREADS_BIND": str(i % cores),
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                **self.opts.extra_env,
+            }
+            self.sup.start(
+                ServiceSpec(
+                    f"gateway-{i}",
+                    argv,
+                    ready=lambda a=address: grpc_ready(a),
+                    ready_timeout_s=self.opts.gateway_ready_timeout_s,
+                    env=env,
+                )
+            )
+
+    def _start_scheduler(self) -> None:
+        port, mport = free_port(), free_port()
+        self.ep.scheduler = f"127.0.0.1:{port}"
+        self.ep.metrics_ports["scheduler"] = mport
+        self.sup.start(
+            ServiceSpec(
+                "scheduler",
+                _cli(
+                    "scheduler",
+                    "--config",
+                    str(self.opts.config_path),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--metrics-port",
+                    str(mport),
+                    "--redis",
+                    self.ep.redis_url,
+                    "--verifier",
+                    self.ep.verifier_url,
+                    "--gateways",
+                    ",".join(self.ep.gateways),
+                    "--start",
+                ),
+                ready=lambda: grpc_ready(self.ep.scheduler),
+                ready_timeout_s=120,
+            )
+        )
+
+    def _start_trainer(self) -> None:
+        mport = free_port()
+        self.ep.metrics_ports["trainer"] = mport
+        self.sup.start(
+            ServiceSpec(
+                "trainer",
+                _cli(
+                    "trainer",
+                    "--config",
+                    str(self.opts.config_path),
+                    "--redis",
+                    self.ep.redis_url,
+                    "--scheduler",
+                    self.ep.scheduler,
+                    "--metrics-port",
+                    str(mport),
+                    "--out",
+                    str(self.run_dir / "trainer"),
+                ),
+                may_exit=True,
+                env={"OMP_NUM_THREADS": "1"},
+            )
+        )
+
+    # --- state ---
+
+    def trainer_finished(self) -> bool:
+        return self.sup.get("trainer").exited() == 0
+
+    def check(self) -> None:
+        self.sup.check()
