@@ -1,0 +1,58 @@
+"""Wire schemas of `POST /v1/score`, shared by the service and its client.
+
+Invariants (checked by the service, relied on by the client):
+- `results` has exactly one entry per request item, in request order, with the same `id`.
+- `status == ok`  ⇔ `score` and `acc` are set (`score == 1.0` ⇔ `acc`); `pred` is the extracted answer
+  ("" when the response holds no parsable answer, a legitimate wrong answer).
+- `status in (timeout, error)` ⇒ `score`, `acc` are null and `error` says why; a failure is never
+  reported as a zero score.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class ItemStatus(StrEnum):
+    OK = "ok"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+class ScoreItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=256, description="Caller's id, echoed in the result.")
+    response: str = Field(description="The model's full response; the answer is extracted from it.")
+    ground_truth: str = Field(min_length=1, description="Reference answer, e.g. `18` or `\\frac{1}{2}`.")
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[ScoreItem] = Field(min_length=1, description="Items to score; ids must be unique.")
+
+    @field_validator("items")
+    @classmethod
+    def _unique_ids(cls, items: list[ScoreItem]) -> list[ScoreItem]:
+        seen: set[str] = set()
+        for index, item in enumerate(items):
+            if item.id in seen:
+                raise ValueError(f"items[{index}].id {item.id!r} repeats an earlier id; ids must be unique")
+            seen.add(item.id)
+        return items
+
+
+class ItemResult(BaseModel):
+    id: str
+    status: ItemStatus
+    score: float | None = Field(default=None, description="1.0 if correct, 0.0 if not; null unless ok.")
+    acc: bool | None = Field(default=None, description="Correctness; null unless ok.")
+    pred: str | None = Field(default=None, description="Extracted answer (truncated); null unless ok.")
+    error: str | None = Field(default=None, description="Why the item is not ok.")
+
+
+class ScoreResponse(BaseModel):
+    results: list[ItemResult]

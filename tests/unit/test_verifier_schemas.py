@@ -1,0 +1,128 @@
+"""Verifier request validation, limits, settings, and the verdict → wire-result mapping."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from asyncdapo.verifier.config import VerifierSettings
+from asyncdapo.verifier.limits import check_body_size, check_request
+from asyncdapo.verifier.protocol import Verdict, decode, encode, result_fields
+from asyncdapo.verifier.schemas import ItemResult, ItemStatus, ScoreRequest
+
+
+def _request(n: int, response: str = "A: 1", ground_truth: str = "1") -> ScoreRequest:
+    return ScoreRequest.model_validate(
+        {"items": [{"id": f"i{k}", "response": response, "ground_truth": ground_truth} for k in range(n)]}
+    )
+
+
+def test_request_rejects_duplicate_ids_naming_the_item() -> None:
+    body = {"items": [{"id": "a", "response": "1", "ground_truth": "1"}] * 2}
+    with pytest.raises(ValidationError, match=r"items\[1\]\.id 'a' repeats"):
+        ScoreRequest.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"items": []}, "items"),
+        ({"items": [{"id": "a", "response": "1"}]}, "ground_truth"),
+        ({"items": [{"id": "", "response": "1", "ground_truth": "1"}]}, "id"),
+        ({"items": [{"id": "a", "response": "1", "ground_truth": "1", "extra": 1}]}, "extra"),
+        ({"items": [{"id": "a", "response": "1", "ground_truth": ""}]}, "ground_truth"),
+    ],
+)
+def test_request_errors_name_the_field(body: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        ScoreRequest.model_validate(body)
+    assert field in str(info.value)
+
+
+def test_item_count_limit_is_413_and_named() -> None:
+    settings = VerifierSettings(max_items_per_request=3)
+    assert check_request(_request(3), settings) is None
+    violation = check_request(_request(4), settings)
+    assert violation is not None
+    assert (violation.status_code, violation.limit, violation.maximum, violation.actual) == (
+        413,
+        "max_items_per_request",
+        3,
+        4,
+    )
+    assert "max_items_per_request=3" in violation.body()["detail"]
+
+
+def test_response_bytes_limit_is_422_and_names_item_and_limit() -> None:
+    settings = VerifierSettings(max_response_bytes=10)
+    assert check_request(_request(2, response="x" * 10), settings) is None
+    # 4 characters but 12 UTF-8 bytes: the limit is on bytes.
+    violation = check_request(_request(2, response="€€€€"), settings)
+    assert violation is not None
+    assert (violation.status_code, violation.limit, violation.actual) == (422, "max_response_bytes", 12)
+    assert "items[0].response" in violation.message and "'i0'" in violation.message
+
+
+def test_ground_truth_bytes_limit() -> None:
+    violation = check_request(_request(1, ground_truth="9" * 11), VerifierSettings(max_ground_truth_bytes=10))
+    assert violation is not None and violation.limit == "max_ground_truth_bytes"
+
+
+def test_body_size_limit() -> None:
+    settings = VerifierSettings(max_request_bytes=100)
+    assert check_body_size(100, settings) is None
+    violation = check_body_size(101, settings)
+    assert violation is not None and (violation.status_code, violation.limit) == (413, "max_request_bytes")
+
+
+def test_settings_from_environment_and_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCDAPO_VERIFIER_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("ASYNCDAPO_VERIFIER_WORKERS", "3")
+    settings = VerifierSettings()
+    assert (settings.timeout_s, settings.workers) == (2.5, 3)
+    assert settings.soft_timeout_s == pytest.approx(2.25)
+    assert VerifierSettings(cooperative_timeout=False).soft_timeout_s is None
+    with pytest.raises(ValidationError, match="timeout_s"):
+        VerifierSettings(timeout_s=0)
+    with pytest.raises(ValidationError, match="workers"):
+        VerifierSettings(workers=0)
+
+
+def to_result(item_id: str, verdict: Verdict) -> ItemResult:
+    # The service writes result_fields as JSON: it must be a valid ItemResult.
+    return ItemResult.model_validate(result_fields(item_id, verdict))
+
+
+def test_ok_verdict_maps_to_score_and_acc() -> None:
+    right = to_result("a", Verdict(ItemStatus.OK, acc=True, pred="18"))
+    wrong = to_result("b", Verdict(ItemStatus.OK, acc=False, pred=""))
+    assert (right.status, right.score, right.acc, right.pred, right.error) == ("ok", 1.0, True, "18", None)
+    assert (wrong.status, wrong.score, wrong.acc, wrong.pred) == ("ok", 0.0, False, "")
+
+
+@pytest.mark.parametrize("status", [ItemStatus.TIMEOUT, ItemStatus.ERROR])
+def test_failures_never_carry_a_score(status: ItemStatus) -> None:
+    result = to_result("a", Verdict(status, error="why"))
+    assert result.status is status
+    assert result.score is None and result.acc is None and result.pred is None
+    assert result.error == "why"
+    assert result.model_dump(mode="json")["status"] == status.value
+
+
+def test_ok_verdict_without_acc_is_a_bug() -> None:
+    with pytest.raises(ValueError, match="must carry acc"):
+        result_fields("a", Verdict(ItemStatus.OK))
+
+
+@pytest.mark.parametrize(
+    "verdict",
+    [
+        Verdict(ItemStatus.OK, True, "18"),
+        Verdict(ItemStatus.TIMEOUT, error="slow"),
+        Verdict(ItemStatus.ERROR),
+    ],
+)
+def test_worker_records_round_trip(verdict: Verdict) -> None:
+    record = encode(7, verdict, 0.25)
+    assert all(type(v) in (int, str, bool, float, type(None)) for v in record)  # cheap to pickle
+    assert decode(record) == (7, verdict, 0.25)
