@@ -118,12 +118,12 @@ def test_health_readiness_metrics_and_docs(verifier: VerifierServer) -> None:
     ready = httpx.get(f"{verifier.url}/readyz")
     assert ready.status_code == 200 and ready.json() == {"ready": True, "workers_ready": 2, "workers": 2}
     httpx.post(f"{verifier.url}/v1/score", json={"items": [_item("m", "A: 1", "1")]})
-    assert _metric(verifier.url, "verifier_requests_total", code="200") >= 1
-    assert _metric(verifier.url, "verifier_items_total", status="ok") >= 1
-    assert _metric(verifier.url, "verifier_request_latency_seconds_count") >= 1
-    assert _metric(verifier.url, "verifier_item_seconds_count") >= 1
-    assert _metric(verifier.url, "verifier_worker_restarts_total", reason="timeout") >= 0
-    assert _metric(verifier.url, "verifier_workers_ready") == 2
+    assert _metric(verifier.url, "asyncdapo_verifier_requests_total", code="200") >= 1
+    assert _metric(verifier.url, "asyncdapo_verifier_items_total", status="ok") >= 1
+    assert _metric(verifier.url, "asyncdapo_verifier_request_seconds_count") >= 1
+    assert _metric(verifier.url, "asyncdapo_verifier_item_seconds_count") >= 1
+    assert _metric(verifier.url, "asyncdapo_verifier_worker_restarts_total", reason="timeout") >= 0
+    assert _metric(verifier.url, "asyncdapo_verifier_workers_ready") == 2
     openapi = httpx.get(f"{verifier.url}/openapi.json").json()
     assert {"/v1/score", "/healthz", "/readyz", "/metrics"} <= set(openapi["paths"])
     assert httpx.get(f"{verifier.url}/docs").status_code == 200
@@ -136,7 +136,7 @@ async def test_pathological_item_times_out_while_others_are_scored(
     server: VerifierServer = request.getfixturevalue(
         "verifier" if mode == "in-worker alarm" else "killing_verifier"
     )
-    restarts_before = _metric(server.url, "verifier_worker_restarts_total", reason="timeout")
+    restarts_before = _metric(server.url, "asyncdapo_verifier_worker_restarts_total", reason="timeout")
     batch = [
         _item("stuck", NESTED_FRAC, "2"),
         _item("right", "A: 18", "18"),
@@ -173,13 +173,17 @@ async def test_pathological_item_times_out_while_others_are_scored(
         f"concurrent request {other_s * 1000:.0f} ms; next request {after_s * 1000:.0f} ms"
     )
 
-    restarts = _metric(server.url, "verifier_worker_restarts_total", reason="timeout") - restarts_before
+    restarts = (
+        _metric(server.url, "asyncdapo_verifier_worker_restarts_total", reason="timeout") - restarts_before
+    )
     if mode == "worker killed":
         assert restarts == 1
         assert "worker process killed" in got["stuck"]["error"]
         # The replacement warms up and the pool is back at full strength.
-        wait_until(lambda: _metric(server.url, "verifier_workers_ready") == 2, 30, "replacement worker")
+        wait_until(
+            lambda: _metric(server.url, "asyncdapo_verifier_workers_ready") == 2, 30, "replacement worker"
+        )
     else:
         assert restarts == 0
         assert "in-worker alarm" in got["stuck"]["error"]
-    assert _metric(server.url, "verifier_items_total", status="timeout") >= 1
+    assert _metric(server.url, "asyncdapo_verifier_items_total", status="timeout") >= 1

@@ -1,4 +1,7 @@
-"""Prometheus metrics of one verifier instance (own registry, so several apps can share a process)."""
+"""Prometheus metrics of one verifier instance (own registry, so several apps can share a process).
+
+Names follow deploy/METRICS.md (`asyncdapo_verifier_`), which the dashboards and alerts read.
+"""
 
 from __future__ import annotations
 
@@ -16,35 +19,37 @@ class VerifierMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
-            "verifier_requests",
+            "asyncdapo_verifier_requests",
             "Score requests by HTTP status code.",
             ["code"],
             registry=self.registry,
         )
-        self.items = Counter("verifier_items", "Scored items by outcome.", ["status"], registry=self.registry)
+        self.items = Counter(
+            "asyncdapo_verifier_items", "Scored items by outcome.", ["status"], registry=self.registry
+        )
         self.request_latency = Histogram(
-            "verifier_request_latency_seconds",
+            "asyncdapo_verifier_request_seconds",
             "Time from a valid score request's arrival to its response.",
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.item_seconds = Histogram(
-            "verifier_item_seconds",
+            "asyncdapo_verifier_item_seconds",
             "Time one item spent in math-verify inside a worker.",
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.worker_restarts = Counter(
-            "verifier_worker_restarts",
+            "asyncdapo_verifier_worker_restarts",
             "Worker processes replaced, by reason (timeout: killed by the watchdog; crash: died).",
             ["reason"],
             registry=self.registry,
         )
         self.workers_ready = Gauge(
-            "verifier_workers_ready", "Worker processes warmed and serving.", registry=self.registry
+            "asyncdapo_verifier_workers_ready", "Worker processes warmed and serving.", registry=self.registry
         )
         self.queued_items = Gauge(
-            "verifier_queued_items", "Items waiting for a worker.", registry=self.registry
+            "asyncdapo_verifier_queued_items", "Items waiting for a worker.", registry=self.registry
         )
         for status in ItemStatus:
             self.items.labels(status=status.value)
