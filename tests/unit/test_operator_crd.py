@@ -1,0 +1,234 @@
+"""The TrainingRun CRD: generated from RunConfig, structural, fresh in the chart, and its OpenAPI
+schema and CEL rules accept the examples and reject what they should (evaluated with a real
+OpenAPI 3.0 validator and a real CEL interpreter)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+from openapi_schema_validator import OAS30Validator
+
+from asyncdapo.config import run_config_json_schema
+from asyncdapo.operator.crd import IMMUTABLE_PATHS, crd, crd_yaml, openapi_schema
+from asyncdapo.operator.openapi import SchemaConversionError, check_structural, to_structural
+
+REPO = Path(__file__).resolve().parents[2]
+CHART_CRD = REPO / "deploy" / "helm" / "asyncdapo" / "crds" / "trainingruns.yaml"
+EXAMPLES = sorted((REPO / "deploy" / "k8s" / "examples").glob("*.yaml"))
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """Reject unknown fields like the API server's strict field validation does."""
+    s = copy.deepcopy(schema)
+
+    def walk(node: dict[str, Any]) -> None:
+        closed = "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields")
+        if node.get("type") == "object" and "properties" in node and closed:
+            node["additionalProperties"] = False
+        for sub in node.get("properties", {}).values():
+            walk(sub)
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key])
+
+    walk(s)
+    s["properties"]["metadata"] = {"type": "object"}
+    return s
+
+
+VALIDATOR = OAS30Validator(_strict(openapi_schema()))
+
+
+def schema_errors(obj: dict[str, Any]) -> list[str]:
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in VALIDATOR.iter_errors(obj)]
+
+
+_CEL = celpy.Environment()
+
+
+def cel_errors(schema: dict[str, Any], new: Any, old: Any = None) -> list[str]:
+    """Evaluate every x-kubernetes-validations rule where the object has a value (transition rules,
+    those using oldSelf, only where the old object has one too) — as the API server does."""
+    errors: list[str] = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        transition = "oldSelf" in rule["rule"]
+        if transition and old is None:
+            continue
+        act = {"self": celpy.json_to_cel(new)}
+        if transition:
+            act["oldSelf"] = celpy.json_to_cel(old)
+        if not bool(_CEL.program(_CEL.compile(rule["rule"])).evaluate(act)):
+            errors.append(rule["message"])
+    if isinstance(new, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in new:
+                o = old.get(key) if isinstance(old, dict) else None
+                errors += cel_errors(sub, new[key], o)
+        if isinstance(schema.get("additionalProperties"), dict):
+            for key, value in new.items():
+                o = old.get(key) if isinstance(old, dict) else None
+                errors += cel_errors(schema["additionalProperties"], value, o)
+    if isinstance(new, list) and isinstance(schema.get("items"), dict):
+        for item in new:
+            errors += cel_errors(schema["items"], item, None)
+    return errors
+
+
+def _example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((REPO / "deploy" / "k8s" / "examples" / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return openapi_schema()
+
+
+def test_committed_crd_is_fresh() -> None:
+    assert CHART_CRD.read_text() == crd_yaml(), "run `make deploy-manifests` (asyncdapo operator crd)"
+
+
+def test_crd_is_structural_and_spec_run_is_runconfig(schema: dict[str, Any]) -> None:
+    check_structural(schema)
+    run = schema["properties"]["spec"]["properties"]["run"]
+    expected = to_structural(run_config_json_schema())
+
+    def names(node: dict[str, Any], prefix: str = "") -> set[str]:
+        out = set()
+        for k, v in node.get("properties", {}).items():
+            out.add(prefix + k)
+            out |= names(v, f"{prefix}{k}.")
+        return out
+
+    assert names(run) == names(expected)
+    assert run["properties"]["rollout"]["properties"]["mode"]["enum"] == ["async", "sync"]
+    tis = run["properties"]["algorithm"]["properties"]["tis_cap"]
+    assert tis["nullable"] is True and tis["exclusiveMinimum"] is True and tis["minimum"] == 0
+    betas = run["properties"]["trainer"]["properties"]["betas"]
+    assert betas["items"] == {"type": "number"} and betas["minItems"] == betas["maxItems"] == 2
+
+
+def test_crd_shape() -> None:
+    c = crd()
+    version = c["spec"]["versions"][0]
+    assert c["metadata"]["name"] == "trainingruns.asyncdapo.io" and version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    cols = {col["name"]: col["jsonPath"] for col in version["additionalPrinterColumns"]}
+    assert cols["Phase"] == ".status.phase" and cols["Step"] == ".status.step"
+    assert cols["Version"] == ".status.policyVersion" and cols["Reward"] == ".status.reward"
+    assert cols["Age"] == ".metadata.creationTimestamp"
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for field in ("observedGeneration", "phase", "reason", "message", "conditions", "step", "policyVersion",
+                  "lastCheckpoint", "startTime", "completionTime"):  # fmt: skip
+        assert field in status
+    assert status["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_converter_rejects_what_kubernetes_cannot_express() -> None:
+    with pytest.raises(SchemaConversionError, match=r"\$\.x: a union"):
+        to_structural(
+            {"type": "object", "properties": {"x": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}}}
+        )
+    with pytest.raises(SchemaConversionError, match="unsupported JSON-schema keyword 'oneOf'"):
+        to_structural({"type": "object", "properties": {"y": {"oneOf": [{"type": "integer"}]}}})
+    with pytest.raises(SchemaConversionError, match="no type"):
+        check_structural({"type": "object", "properties": {"z": {"description": "untyped"}}})
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate_against_the_crd(path: Path, schema: dict[str, Any]) -> None:
+    obj = yaml.safe_load(path.read_text())
+    assert obj["apiVersion"] == "asyncdapo.io/v1alpha1" and obj["kind"] == "TrainingRun"
+    assert schema_errors(obj) == []
+    assert cel_errors(schema, obj) == []
+
+
+def test_schema_rejects_wrong_fields(schema: dict[str, Any]) -> None:
+    obj = _example("tiny-math-cpu.yaml")
+    bad = copy.deepcopy(obj)
+    bad["spec"]["run"]["rollout"]["mode"] = "turbo"
+    bad["spec"]["run"]["data"]["train_batch_size"] = 0
+    bad["spec"]["gateway"]["replicas"] = "two"
+    bad["spec"]["run"]["trainer"]["lr_typo"] = 1.0
+    bad["spec"]["storage"]["size"] = "lots"
+    errors = "\n".join(schema_errors(bad))
+    for where in ("spec.run.rollout.mode", "spec.run.data.train_batch_size", "spec.gateway.replicas",
+                  "spec.run.trainer", "spec.storage.size"):  # fmt: skip
+        assert where in errors
+    missing = copy.deepcopy(obj)
+    del missing["spec"]["storage"]
+    assert any("'storage' is a required property" in e for e in schema_errors(missing))
+
+
+def test_cel_rules_on_create(schema: dict[str, Any]) -> None:
+    obj = _example("tiny-math-cpu.yaml")
+    named = copy.deepcopy(obj)
+    named["spec"]["run"]["name"] = "other"
+    assert "spec.run.name must equal metadata.name (or be left out)" in cel_errors(schema, named)
+    long = copy.deepcopy(obj)
+    long["metadata"]["name"] = "x" * 54
+    assert any("at most 53" in e for e in cel_errors(schema, long))
+    both = copy.deepcopy(obj)
+    both["spec"]["redis"] = {"url": "redis://r:6379/0", "managed": {"size": "1Gi"}}
+    assert "set redis.url or redis.managed" in cel_errors(schema, both)
+    neither = copy.deepcopy(obj)
+    neither["spec"]["storage"] = {"accessModes": ["ReadWriteMany"]}
+    assert any("storage.claimName" in e for e in cel_errors(schema, neither))
+    scaling = copy.deepcopy(obj)
+    scaling["spec"]["verifier"]["autoscaling"] = {"enabled": True, "minReplicas": 4, "maxReplicas": 2}
+    assert any("maxReplicas must be >= minReplicas" in e for e in cel_errors(schema, scaling))
+
+
+def test_cel_immutability_on_update(schema: dict[str, Any]) -> None:
+    old = _example("qwen3-8b-dapo-gpu.yaml")
+    mutable = copy.deepcopy(old)
+    mutable["spec"]["gateway"]["replicas"] = 16
+    mutable["spec"]["suspend"] = True
+    mutable["spec"]["run"]["trainer"]["total_steps"] = 800
+    mutable["spec"]["run"]["rollout"]["temperature"] = 0.9
+    assert cel_errors(schema, mutable, old) == []
+
+    changes = {
+        ("run", "model", "path"): "models/other",
+        ("run", "data", "train_batch_size"): 256,
+        ("run", "rollout", "max_staleness"): 2,
+        ("run", "trainer", "workers"): 4,
+        ("storage", "claimName"): "elsewhere",
+        ("redis", "managed", "size"): "60Gi",
+    }
+    for path, value in changes.items():
+        new = copy.deepcopy(old)
+        node = new["spec"]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        errors = cel_errors(schema, new, old)
+        assert any("is immutable" in e for e in errors), path
+
+    removed = copy.deepcopy(old)
+    del removed["spec"]["run"]["data"]["val_files"]
+    assert "spec.run.data.val_files is immutable: it cannot be added or removed" in cel_errors(
+        schema, removed, old
+    )
+    assert all(p.split(".")[0] in ("run", "storage", "redis") for p in IMMUTABLE_PATHS)
+
+
+def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
+    rules = []
+
+    def walk(node: dict[str, Any]) -> None:
+        rules.extend(r["rule"] for r in node.get("x-kubernetes-validations", []))
+        for sub in node.get("properties", {}).values():
+            walk(sub)
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key])
+
+    walk(schema)
+    assert len(rules) >= len(IMMUTABLE_PATHS) + 5
+    for rule in rules:
+        _CEL.compile(rule)
