@@ -1,0 +1,171 @@
+"""`asyncdapo operator run|crd|dashboards|manifests|render`.
+
+- `run`: the kopf operator (in-cluster config, else ~/.kube/config). Defaults for specs that leave
+  them out come from flags or ASYNCDAPO_OPERATOR_* env vars (the Helm chart sets the env).
+- `crd`: print the TrainingRun CRD generated from RunConfig (the chart's copy is this output).
+- `dashboards`, `manifests`: regenerate deploy/dashboards/*.json and deploy/k8s/asyncdapo.yaml.
+- `render FILE`: print the manifests the operator would apply for a TrainingRun file (offline;
+  review them or `kubectl apply` without an operator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"ASYNCDAPO_OPERATOR_{name}", default)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("operator", help="the TrainingRun operator (Kubernetes)")
+    osub = p.add_subparsers(dest="operator_command", required=True)
+
+    run = osub.add_parser("run", help="run the kopf operator")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", action="append", default=None, help="watch this namespace (repeatable)")
+    scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (default)")
+    _default_args(run)
+    run.add_argument("--health-port", type=int, default=int(_env("HEALTH_PORT", "8080")))
+    run.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "9090")))
+    run.set_defaults(func=_run)
+
+    crd = osub.add_parser("crd", help="print the TrainingRun CustomResourceDefinition (YAML)")
+    crd.add_argument("--output", "-o", help="write to this file instead of stdout")
+    crd.set_defaults(func=_crd)
+
+    dash = osub.add_parser("dashboards", help="write the Grafana dashboards JSON (deploy/dashboards)")
+    dash.add_argument("--out", default="deploy/dashboards")
+    dash.set_defaults(func=_dashboards)
+
+    man = osub.add_parser("manifests", help="render the Helm chart into plain manifests (deploy/k8s)")
+    man.add_argument("--out", default="deploy/k8s/asyncdapo.yaml")
+    man.set_defaults(func=_manifests)
+
+    render = osub.add_parser("render", help="print the manifests for a TrainingRun file (offline)")
+    render.add_argument("file", help="a TrainingRun YAML")
+    render.add_argument("--namespace", default="default", help="namespace when the file has none")
+    render.add_argument(
+        "--lifecycle", default="running", choices=["preparing", "running", "suspended", "succeeded", "failed"]
+    )
+    render.add_argument("--kuberay", action="store_true", help="render a RayJob for trainer.workers > 1")
+    _default_args(render)
+    render.set_defaults(func=_render)
+
+
+def _default_args(p: argparse.ArgumentParser) -> None:
+    from .desired import OperatorDefaults
+
+    d = OperatorDefaults()
+    p.add_argument("--cpu-image", default=_env("CPU_IMAGE", d.cpu_image))
+    p.add_argument("--gpu-image", default=_env("GPU_IMAGE", d.gpu_image))
+    p.add_argument("--redis-image", default=_env("REDIS_IMAGE", d.redis_image))
+    p.add_argument("--pull-policy", default=_env("PULL_POLICY", d.pull_policy))
+    p.add_argument("--redis-url", default=_env("REDIS_URL"), help="Redis of runs that set no spec.redis")
+
+
+def _defaults(args: argparse.Namespace, kuberay: bool):  # -> OperatorDefaults
+    from .desired import OperatorDefaults
+
+    return OperatorDefaults(
+        cpu_image=args.cpu_image,
+        gpu_image=args.gpu_image,
+        redis_image=args.redis_image,
+        pull_policy=args.pull_policy,
+        redis_url=args.redis_url or None,
+        kuberay=kuberay,
+    )
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from .crd import crd_yaml
+
+    text = crd_yaml()
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _dashboards(args: argparse.Namespace) -> int:
+    from .dashboards import write_all
+
+    for path in write_all(args.out):
+        print(path)
+    return 0
+
+
+def _manifests(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .chart import write_plain_manifests
+
+    print(write_plain_manifests(Path(args.out)))
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    import yaml
+    from pydantic import ValidationError
+
+    from .desired import DesiredStateError, Lifecycle, RunRef, desired_state
+    from .spec import parse_spec
+
+    with open(args.file) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "TrainingRun"]
+    if not docs:
+        print(f"{args.file}: no TrainingRun in the file", file=sys.stderr)
+        return 1
+    out = []
+    for doc in docs:
+        meta = doc.get("metadata") or {}
+        name = meta.get("name", "")
+        try:
+            spec = parse_spec(doc.get("spec") or {}, name)
+            ref = RunRef(name, meta.get("namespace", args.namespace), meta.get("uid", "00000000-render"))
+            out += desired_state(spec, ref, _defaults(args, args.kuberay), Lifecycle(args.lifecycle))
+        except (ValidationError, DesiredStateError, ValueError) as err:
+            print(f"{args.file}: TrainingRun {name!r}: {err}", file=sys.stderr)
+            return 1
+    sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    import kopf
+    from kubernetes.config import ConfigException
+    from prometheus_client import start_http_server
+
+    from . import handlers  # noqa: F401  (registers the handlers)
+    from .kube import KubeCluster
+    from .progress import read_progress
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cluster = KubeCluster()
+    except ConfigException as err:
+        print(
+            f"asyncdapo operator: no Kubernetes API to talk to (in-cluster or ~/.kube/config): {err}",
+            file=sys.stderr,
+        )
+        return 2
+    defaults = _defaults(args, kuberay=cluster.serves("ray.io/v1", "RayJob"))
+    start_http_server(args.metrics_port)
+    memo = kopf.Memo(cluster=cluster, defaults=defaults, read_progress=read_progress)
+    asyncio.run(
+        kopf.operator(
+            standalone=True,  # one replica (Recreate); no kopf peering CRDs needed
+            clusterwide=not args.namespace,
+            namespaces=args.namespace or (),
+            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+            memo=memo,
+        )
+    )
+    return 0

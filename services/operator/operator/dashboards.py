@@ -1,0 +1,390 @@
+"""Grafana dashboards (rollout, verifier, trainer, gateways), defined as data and written as JSON to
+deploy/dashboards/ (`asyncdapo operator dashboards`); the chart ships them as ConfigMaps labelled
+`grafana_dashboard: "1"`. A test keeps the JSON fresh and runs every query through a real Prometheus.
+
+Queries use the metric names of deploy/METRICS.md. `$run` filters by the `run` target label;
+`$__rate_interval` is Grafana's. Panels marked `core` must be non-empty once a local stack runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RUN = 'run=~"$run"'
+RATE = "[$__rate_interval]"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    queries: tuple[Query, ...]
+    unit: str = "short"
+    description: str = ""
+    stacked: bool = False
+    core: bool = False
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    panels: tuple[Panel, ...]
+    run_variable_metric: str | None = "asyncdapo_scheduler_outcomes_total"
+    tags: tuple[str, ...] = field(default=("asyncdapo",))
+
+
+def _q(expr: str, legend: str = "") -> Query:
+    return Query(expr, legend)
+
+
+ROLLOUT = Dashboard(
+    uid="asyncdapo-rollout",
+    title="asyncdapo / rollout",
+    panels=(
+        Panel(
+            "Tokens/s",
+            (
+                _q(
+                    f"sum by (run) (rate(asyncdapo_scheduler_generated_tokens_total{{{RUN}}}{RATE}))",
+                    "{{run}}",
+                ),
+            ),
+            unit="short",
+            description="Response tokens received by the scheduler per second.",
+            core=True,
+        ),
+        Panel(
+            "In-flight requests per gateway",
+            (_q(f"sum by (gateway) (asyncdapo_scheduler_in_flight_requests{{{RUN}}})", "{{gateway}}"),),
+            stacked=True,
+        ),
+        Panel(
+            "Prompt queue depth and in-flight prompts",
+            (
+                _q(f"sum by (run) (asyncdapo_scheduler_queue_depth{{{RUN}}})", "queued {{run}}"),
+                _q(f"sum by (run) (asyncdapo_scheduler_in_flight_prompts{{{RUN}}})", "in flight {{run}}"),
+            ),
+            core=True,
+        ),
+        Panel(
+            "Early stops",
+            (
+                _q(
+                    f"sum by (run) (increase(asyncdapo_scheduler_early_stops_total{{{RUN}}}{RATE}))",
+                    "{{run}}",
+                ),
+            ),
+            description="Early stops (valid-group bound reached, in-flight requests aborted).",
+        ),
+        Panel(
+            "Aborted tokens/s",
+            (
+                _q(
+                    f"sum by (run) (rate(asyncdapo_scheduler_aborted_tokens_total{{{RUN}}}{RATE}))",
+                    "tokens {{run}}",
+                ),
+                _q(
+                    f"sum by (run) (rate(asyncdapo_scheduler_aborted_requests_total{{{RUN}}}{RATE}))",
+                    "requests {{run}}",
+                ),
+            ),
+            description="Work thrown away by early stop and weight updates.",
+        ),
+        Panel(
+            "Valid-group ratio",
+            (
+                _q(
+                    f'sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome="valid"}}{RATE}))'
+                    f' / sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome=~"valid|filtered"}}'
+                    f"{RATE}))",
+                    "{{run}}",
+                ),
+            ),
+            unit="percentunit",
+            description="valid / (valid + filtered): the share of groups with reward variance.",
+        ),
+        Panel(
+            "Outcomes/s",
+            (
+                _q(
+                    f"sum by (outcome) (rate(asyncdapo_scheduler_outcomes_total{{{RUN}}}{RATE}))",
+                    "{{outcome}}",
+                ),
+            ),
+            stacked=True,
+            core=True,
+        ),
+        Panel(
+            "Policy version and gateways",
+            (
+                _q(f"max by (run) (asyncdapo_scheduler_policy_version{{{RUN}}})", "version {{run}}"),
+                _q(f"sum by (state) (asyncdapo_scheduler_gateways{{{RUN}}})", "gateways {{state}}"),
+            ),
+        ),
+    ),
+)
+
+VERIFIER = Dashboard(
+    uid="asyncdapo-verifier",
+    title="asyncdapo / verifier",
+    run_variable_metric=None,  # the shared verifier serves every run
+    panels=(
+        Panel(
+            "Items/s by status",
+            (_q(f"sum by (status) (rate(asyncdapo_verifier_items_total{RATE}))", "{{status}}"),),
+            stacked=True,
+            core=True,
+        ),
+        Panel(
+            "Request latency",
+            (
+                _q(
+                    f"histogram_quantile(0.99, sum by (le) (rate(asyncdapo_verifier_request_seconds_bucket{RATE})))",
+                    "p99",
+                ),
+                _q(
+                    f"histogram_quantile(0.5, sum by (le) (rate(asyncdapo_verifier_request_seconds_bucket{RATE})))",
+                    "p50",
+                ),
+            ),
+            unit="s",
+            core=True,
+        ),
+        Panel(
+            "Timeout and error ratio",
+            (
+                _q(
+                    f'sum(rate(asyncdapo_verifier_items_total{{status="timeout"}}{RATE}))'
+                    f" / sum(rate(asyncdapo_verifier_items_total{RATE}))",
+                    "timeout",
+                ),
+                _q(
+                    f'sum(rate(asyncdapo_verifier_items_total{{status="error"}}{RATE}))'
+                    f" / sum(rate(asyncdapo_verifier_items_total{RATE}))",
+                    "error",
+                ),
+            ),
+            unit="percentunit",
+        ),
+        Panel(
+            "Worker restarts",
+            (
+                _q(
+                    f"sum by (instance) (increase(asyncdapo_verifier_worker_restarts_total{RATE}))",
+                    "{{instance}}",
+                ),
+            ),
+        ),
+    ),
+)
+
+TRAINER = Dashboard(
+    uid="asyncdapo-trainer",
+    title="asyncdapo / trainer",
+    panels=(
+        Panel(
+            "Step-time split",
+            (
+                _q(
+                    f"sum by (phase) (rate(asyncdapo_trainer_phase_seconds_total{{{RUN}}}{RATE}))",
+                    "{{phase}}",
+                ),
+            ),
+            unit="percentunit",
+            stacked=True,
+            description="Share of wall time per phase of the step loop (waiting for groups, old log-probs, …).",
+            core=True,
+        ),
+        Panel(
+            "Reward and accuracy",
+            (
+                _q(f"avg by (run) (asyncdapo_trainer_reward_mean{{{RUN}}})", "reward {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_accuracy_mean{{{RUN}}})", "accuracy {{run}}"),
+            ),
+            core=True,
+        ),
+        Panel(
+            "Response length",
+            (
+                _q(f"avg by (run) (asyncdapo_trainer_response_length_mean{{{RUN}}})", "mean {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_response_clip_ratio{{{RUN}}})", "clipped {{run}}"),
+            ),
+        ),
+        Panel(
+            "Staleness (t − v)",
+            (
+                _q(f"max by (run) (asyncdapo_trainer_staleness_max{{{RUN}}})", "max {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_staleness_mean{{{RUN}}})", "mean {{run}}"),
+                _q(
+                    f"sum by (run) (increase(asyncdapo_trainer_stale_groups_dropped_total{{{RUN}}}{RATE}))",
+                    "dropped {{run}}",
+                ),
+            ),
+        ),
+        Panel(
+            "KL and clip fractions",
+            (
+                _q(f"avg by (run) (asyncdapo_trainer_kl{{{RUN}}})", "kl {{run}}"),
+                _q(f"avg by (run, kind) (asyncdapo_trainer_clip_fraction{{{RUN}}})", "clip {{kind}} {{run}}"),
+            ),
+        ),
+        Panel(
+            "Step, version, entropy",
+            (
+                _q(f"max by (run) (asyncdapo_trainer_step{{{RUN}}})", "step {{run}}"),
+                _q(f"max by (run) (asyncdapo_trainer_policy_version{{{RUN}}})", "version {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_entropy{{{RUN}}})", "entropy {{run}}"),
+            ),
+        ),
+    ),
+)
+
+GATEWAYS = Dashboard(
+    uid="asyncdapo-gateways",
+    title="asyncdapo / gateways",
+    panels=(
+        Panel(
+            "KV-cache usage",
+            (_q(f"max by (instance) (asyncdapo_gateway_kv_cache_usage_ratio{{{RUN}}})", "{{instance}}"),),
+            unit="percentunit",
+            core=True,
+        ),
+        Panel(
+            "Running requests",
+            (_q(f"sum by (instance) (asyncdapo_gateway_running_requests{{{RUN}}})", "{{instance}}"),),
+            stacked=True,
+            core=True,
+        ),
+        Panel(
+            "Waiting requests",
+            (_q(f"sum by (instance) (asyncdapo_gateway_waiting_requests{{{RUN}}})", "{{instance}}"),),
+            stacked=True,
+        ),
+        Panel(
+            "Tokens/s per gateway",
+            (
+                _q(
+                    f"sum by (instance) (rate(asyncdapo_gateway_generated_tokens_total{{{RUN}}}{RATE}))",
+                    "{{instance}}",
+                ),
+            ),
+            stacked=True,
+        ),
+        Panel(
+            "Weight load p99 and policy version",
+            (
+                _q(
+                    "histogram_quantile(0.99, sum by (le) "
+                    f"(rate(asyncdapo_gateway_weight_load_seconds_bucket{{{RUN}}}{RATE})))",
+                    "load p99 (s)",
+                ),
+                _q(f"max by (instance) (asyncdapo_gateway_policy_version{{{RUN}}})", "version {{instance}}"),
+            ),
+        ),
+    ),
+)
+
+DASHBOARDS: tuple[Dashboard, ...] = (ROLLOUT, VERIFIER, TRAINER, GATEWAYS)
+
+
+def _panel_json(panel: Panel, panel_id: int) -> dict[str, Any]:
+    x, y = (panel_id - 1) % 2 * 12, (panel_id - 1) // 2 * 8
+    return {
+        "id": panel_id,
+        "type": "timeseries",
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+        "fieldConfig": {
+            "defaults": {
+                "unit": panel.unit,
+                "custom": {"stacking": {"mode": "normal" if panel.stacked else "none"}, "fillOpacity": 10},
+            },
+            "overrides": [],
+        },
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+        "targets": [
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "expr": q.expr,
+                "legendFormat": q.legend,
+            }
+            for i, q in enumerate(panel.queries)
+        ],
+    }
+
+
+def dashboard_json(d: Dashboard) -> dict[str, Any]:
+    variables: list[dict[str, Any]] = [
+        {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source", "hide": 0}
+    ]
+    if d.run_variable_metric:
+        variables.append(
+            {
+                "name": "run",
+                "label": "Run",
+                "type": "query",
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "query": {"query": f"label_values({d.run_variable_metric}, run)", "refId": "run"},
+                "definition": f"label_values({d.run_variable_metric}, run)",
+                "refresh": 2,
+                "includeAll": True,
+                "allValue": ".*",
+                "multi": True,
+                "current": {"text": "All", "value": "$__all"},
+                "hide": 0,
+            }
+        )
+    return {
+        "uid": d.uid,
+        "title": d.title,
+        "tags": list(d.tags),
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": variables},
+        "annotations": {"list": []},
+        "panels": [_panel_json(p, i + 1) for i, p in enumerate(d.panels)],
+    }
+
+
+def file_name(d: Dashboard) -> str:
+    return f"{d.uid.removeprefix('asyncdapo-')}.json"
+
+
+def render_all() -> dict[str, str]:
+    """file name → JSON text of every dashboard."""
+    return {
+        file_name(d): json.dumps(dashboard_json(d), indent=2, ensure_ascii=False) + "\n" for d in DASHBOARDS
+    }
+
+
+def write_all(out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render_all().items():
+        path = out / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def all_queries(d: Dashboard | None = None) -> list[tuple[str, str, str, bool]]:
+    """(dashboard uid, panel title, expr, core) of every query, for tests and tooling."""
+    boards = DASHBOARDS if d is None else (d,)
+    return [(b.uid, p.title, q.expr, p.core) for b in boards for p in b.panels for q in p.queries]

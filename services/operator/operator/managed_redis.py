@@ -1,0 +1,78 @@
+"""A per-run Redis (`spec.redis.managed`): StatefulSet with AOF on a PVC and a Service (its
+NetworkPolicy is in network.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .objects import CPU_DEFAULTS, OperatorDefaults, RunRef, meta, pull_policy, service
+from .pods import REDIS_PORT, UID, container_security, labels, resources, selector
+from .spec import Resources, TrainingRunSpec
+
+
+def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults) -> list[dict[str, Any]]:
+    managed = spec.redis.managed
+    if managed is None:
+        return []
+    args = [
+        "redis-server",
+        "--port", str(REDIS_PORT),
+        "--dir", "/data",
+        "--appendonly", "yes",
+        "--appendfsync", "everysec",
+        "--save", "",
+        # No password: only this run's scheduler and trainer reach it (NetworkPolicy below).
+        "--protected-mode", "no",
+    ]  # fmt: skip
+    tcp = {"tcpSocket": {"port": REDIS_PORT}}
+    container = {
+        "name": "redis",
+        "image": managed.image or defaults.redis_image,
+        "imagePullPolicy": pull_policy(spec, defaults),
+        "command": args[:1],
+        "args": args[1:],
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
+        "resources": resources(Resources(), CPU_DEFAULTS["redis"]),
+        "securityContext": container_security(),
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "readinessProbe": {**tcp, "periodSeconds": 5},
+        "livenessProbe": {**tcp, "periodSeconds": 20, "failureThreshold": 6},
+    }
+    pvc_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": managed.size}},
+    }
+    if managed.storage_class_name:
+        pvc_spec["storageClassName"] = managed.storage_class_name
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta(ref, f"{ref.name}-redis", "redis"),
+        "spec": {
+            "replicas": 1,
+            "serviceName": f"{ref.name}-redis",
+            "selector": {"matchLabels": selector(ref.name, "redis")},
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
+            "template": {
+                "metadata": {"labels": labels(ref.name, "redis")},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": UID,
+                        "runAsGroup": UID,
+                        "fsGroup": UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                },
+            },
+            "volumeClaimTemplates": [
+                {"metadata": {"name": "data", "labels": labels(ref.name, "redis")}, "spec": pvc_spec}
+            ],
+        },
+    }
+    svc = service(ref, "redis", [("redis", REDIS_PORT, REDIS_PORT)])
+    return [sts, svc]

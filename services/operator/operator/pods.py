@@ -1,0 +1,168 @@
+"""Pod-template building blocks shared by every workload of a run: restricted security, the standard
+volumes (config, workspace, writable caches on a read-only root), labels, placement, resources.
+
+Every pod satisfies the `restricted` Pod Security Standard: non-root, no privilege escalation, all
+capabilities dropped, RuntimeDefault seccomp, read-only root filesystem (writable paths are
+emptyDirs: /tmp, /cache, and /dev/shm where NCCL/vLLM need shared memory), no service-account token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .spec import EnvVar, Placement, Resources, Toleration, TrainingRunSpec
+
+APP = "asyncdapo"
+RUN_LABEL = "asyncdapo.io/run"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+CONFIG_HASH_ANNOTATION = "asyncdapo.io/config-hash"
+MANAGED_BY = "asyncdapo-operator"
+
+UID = 10001
+CONFIG_DIR = "/etc/asyncdapo"
+CONFIG_FILE = f"{CONFIG_DIR}/run.yaml"
+TOKEN_DIR = "/var/run/asyncdapo/token"
+TOKEN_FILE = f"{TOKEN_DIR}/token"
+CACHE_DIR = "/cache"
+
+GRPC_PORT = 50051
+METRICS_PORT = 9090
+VERIFIER_PORT = 8080
+REDIS_PORT = 6379
+
+
+def labels(run: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": APP,
+        "app.kubernetes.io/instance": run,
+        "app.kubernetes.io/part-of": APP,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        COMPONENT_LABEL: component,
+        RUN_LABEL: run,
+    }
+
+
+def selector(run: str, component: str) -> dict[str, str]:
+    return {RUN_LABEL: run, COMPONENT_LABEL: component}
+
+
+def pod_security(uid: int = UID) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security(uid: int = UID) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def env(run: str, extra: list[EnvVar] = ()) -> list[dict[str, Any]]:
+    """Caches point into the /cache emptyDir (the root filesystem is read-only); HF_HUB_OFFLINE
+    because models and data come from the workspace volume, never from a download at runtime."""
+    base = [
+        {"name": "ASYNCDAPO_RUN", "value": run},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_DIR}/triton"},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{CACHE_DIR}/inductor"},
+        {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},
+        {"name": "RAY_TMPDIR", "value": "/tmp/ray"},
+    ]
+    names = {e.name for e in extra}
+    return [e for e in base if e["name"] not in names] + [{"name": e.name, "value": e.value} for e in extra]
+
+
+def volumes(
+    spec: TrainingRunSpec, run: str, *, config: bool = True, token: bool = False, shm: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container volumeMounts) for a run pod."""
+    claim = spec.storage.claim_name or f"{run}-workspace"
+    vols: list[dict[str, Any]] = [
+        {"name": "workspace", "persistentVolumeClaim": {"claimName": claim}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
+        {"name": "cache", "emptyDir": {"sizeLimit": "32Gi"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "workspace", "mountPath": spec.storage.mount_path},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": CACHE_DIR},
+    ]
+    if config:
+        vols.append({"name": "config", "configMap": {"name": f"{run}-config"}})
+        mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+    if token:
+        vols.append({"name": "token", "secret": {"secretName": f"{run}-token", "defaultMode": 0o440}})
+        mounts.append({"name": "token", "mountPath": TOKEN_DIR, "readOnly": True})
+    if shm:
+        vols.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return vols, mounts
+
+
+def resources(user: Resources, defaults: dict[str, dict[str, str]], gpus: int = 0) -> dict[str, Any]:
+    """User requests/limits over the component's defaults; GPUs are requested and limited alike."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind in ("requests", "limits"):
+        merged: dict[str, Any] = dict(defaults.get(kind, {}))
+        merged.update({k: v for k, v in getattr(user, kind).items()})
+        if gpus:
+            merged["nvidia.com/gpu"] = gpus
+        out[kind] = dict(sorted(merged.items()))
+    return out
+
+
+def placement(spec: TrainingRunSpec, component: Placement | None = None) -> dict[str, Any]:
+    node_selector = dict(spec.node_selector)
+    tolerations: list[Toleration] = list(spec.tolerations)
+    if component is not None:
+        node_selector.update(component.node_selector)
+        tolerations.extend(component.tolerations)
+    out: dict[str, Any] = {}
+    if node_selector:
+        out["nodeSelector"] = dict(sorted(node_selector.items()))
+    if tolerations:
+        out["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in tolerations]
+    return out
+
+
+def pod_spec(
+    spec: TrainingRunSpec,
+    *,
+    containers: list[dict[str, Any]],
+    vols: list[dict[str, Any]],
+    component: Placement | None = None,
+    restart_policy: str | None = None,
+    uid: int = UID,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security(uid),
+        "containers": containers,
+        "volumes": vols,
+        **placement(spec, component),
+    }
+    if restart_policy:
+        out["restartPolicy"] = restart_policy
+    if spec.images.pull_secrets:
+        out["imagePullSecrets"] = [{"name": n} for n in spec.images.pull_secrets]
+    return out

@@ -1,0 +1,173 @@
+"""One reconcile pass of a TrainingRun: apply the desired state, prune what is no longer desired,
+observe the children, compute the new status. Idempotent: a second pass over an unchanged run
+applies identical manifests (server-side apply makes that a no-op) and returns the same status.
+
+I/O goes through the narrow `Cluster` protocol (kube.py) and a progress callable, so the whole
+pass runs in unit tests against an in-memory fake.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from .desired import DesiredStateError, Lifecycle, OperatorDefaults, RunRef, desired_state, object_key
+from .kube import CHILD_KINDS, Cluster, ImmutableFieldError, owned_by, run_selector
+from .objects import meta
+from .spec import TrainingRunSpec, TrainingRunStatus, parse_spec, parse_status
+from .status import JobState, Observation, Progress, Readiness, lifecycle, next_status
+
+log = logging.getLogger(__name__)
+
+ProgressReader = Callable[[str, str], Progress]
+
+
+def token_secret(ref: RunRef) -> dict[str, Any]:
+    """The bearer token of the gateways' control RPCs; created once, never rotated under a run."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": meta(ref, f"{ref.name}-token", "token"),
+        "stringData": {"token": secrets.token_urlsafe(32)},
+    }
+
+
+def _format_validation(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        parts.append(f"spec.{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def _job_state(obj: dict[str, Any] | None) -> JobState | None:
+    if obj is None:
+        return None
+    st = obj.get("status") or {}
+    if obj["kind"] == "RayJob":
+        deploy, job = st.get("jobDeploymentStatus", ""), st.get("jobStatus", "")
+        if job == "SUCCEEDED" and deploy in ("Complete", ""):
+            return JobState(succeeded=True)
+        if deploy == "Failed" or job == "FAILED":
+            return JobState(
+                failed=True, reason=st.get("reason") or "RayJobFailed", message=st.get("message", "")
+            )
+        return JobState(active=1 if deploy == "Running" else 0)
+    for cond in st.get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            return JobState(succeeded=True)
+        if cond.get("type") == "Failed":
+            return JobState(
+                failed=True, reason=cond.get("reason") or "JobFailed", message=cond.get("message", "")
+            )
+    return JobState(active=int(st.get("active") or 0))
+
+
+def _readiness(obj: dict[str, Any] | None, at_least_one: bool = False) -> Readiness | None:
+    if obj is None:
+        return None
+    desired = (obj.get("spec") or {}).get("replicas", 1)
+    ready = int((obj.get("status") or {}).get("readyReplicas") or 0)
+    return Readiness(ready=ready, desired=min(desired, 1) if at_least_one else desired)
+
+
+def observe(
+    cluster: Cluster, spec: TrainingRunSpec, ref: RunRef, applied: dict[tuple[str, str, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """Children states keyed like Observation's fields (objects not applied are None)."""
+
+    def child(kind: str, component: str) -> dict[str, Any] | None:
+        for (api, k, name), _obj in applied.items():
+            if k == kind and name == f"{ref.name}-{component}":
+                return cluster.get(api, k, ref.namespace, name)
+        return None
+
+    trainer = child("Job", "trainer") or child("RayJob", "trainer")
+    return {
+        "prepare": _job_state(child("Job", "prepare")) if spec.prepare is not None else None,
+        "scheduler": _readiness(child("Deployment", "scheduler")),
+        "gateways": _readiness(child("StatefulSet", "gateway")),
+        "verifier": None
+        if spec.verifier.url
+        else _readiness(child("Deployment", "verifier"), at_least_one=True),
+        "redis": _readiness(child("StatefulSet", "redis")) if spec.redis.managed else None,
+        "trainer": _job_state(trainer),
+    }
+
+
+def _apply_all(cluster: Cluster, manifests: list[dict[str, Any]]) -> None:
+    for obj in manifests:
+        try:
+            cluster.apply(obj)
+        except ImmutableFieldError as err:
+            # A Job's pod template cannot change: replace the Job; the trainer resumes from checkpoint.
+            if obj["kind"] not in ("Job", "RayJob"):
+                raise
+            log.warning("replacing %s: %s", object_key(obj), err)
+            api, kind, name = object_key(obj)
+            cluster.delete(api, kind, obj["metadata"]["namespace"], name)
+
+
+def _prune(cluster: Cluster, ref: RunRef, keep: set[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    pruned = []
+    for api, kind in CHILD_KINDS:
+        if not cluster.serves(api, kind):
+            continue
+        for obj in cluster.list_labelled(api, kind, ref.namespace, run_selector(ref.name)):
+            key = (api, kind, obj["metadata"]["name"])
+            if key not in keep and owned_by(obj, ref.uid):
+                cluster.delete(api, kind, ref.namespace, key[2])
+                pruned.append(key)
+    return pruned
+
+
+def reconcile(
+    body: dict[str, Any],
+    cluster: Cluster,
+    defaults: OperatorDefaults,
+    read_progress: ProgressReader,
+    now: datetime,
+) -> TrainingRunStatus:
+    """Drive the run's children towards its spec and return the new status (not yet written)."""
+    meta_ = body["metadata"]
+    ref = RunRef(name=meta_["name"], namespace=meta_["namespace"], uid=meta_["uid"])
+    generation = int(meta_.get("generation") or 0)
+    prev = parse_status(body.get("status"))
+    try:
+        spec = parse_spec(body.get("spec") or {}, ref.name)
+    except ValidationError as err:
+        return next_status(prev, Observation(generation, None, ("InvalidSpec", _format_validation(err))), now)
+    except ValueError as err:
+        return next_status(prev, Observation(generation, None, ("InvalidSpec", str(err))), now)
+
+    status = prev
+    seen: set[Lifecycle] = set()
+    # A transition (Prepared, Succeeded, suspend) changes the shape of the children: re-apply
+    # in the same pass so that GPUs are released or rollout starts without waiting a timer tick.
+    while (cycle := lifecycle(spec, status)) not in seen:
+        seen.add(cycle)
+        try:
+            manifests = desired_state(spec, ref, defaults, cycle)
+        except DesiredStateError as err:
+            return next_status(prev, Observation(generation, spec, (err.reason, str(err))), now)
+        cluster.create_if_absent(token_secret(ref))
+        _apply_all(cluster, manifests)
+        applied = {object_key(m): m for m in manifests}
+        _prune(cluster, ref, set(applied))
+        progress = read_progress(ref.name, ref.namespace) if cycle is Lifecycle.RUNNING else Progress()
+        obs = Observation(generation, spec, None, progress=progress, **observe(cluster, spec, ref, applied))
+        status = next_status(prev, obs, now)
+    return status
+
+
+def status_patch(status: TrainingRunStatus) -> dict[str, Any]:
+    """The status as a JSON merge patch body (camelCase, RFC 3339 times)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)

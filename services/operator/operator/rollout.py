@@ -1,0 +1,223 @@
+"""Rollout workloads of a run: scheduler (Deployment + Service), gateways (StatefulSet + headless
+Service + NetworkPolicy guarding the control port), dedicated verifier (Deployment + Service + HPA).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .objects import (
+    CPU_DEFAULTS,
+    CPU_POD_DEFAULTS,
+    GPU_POD_DEFAULTS,
+    OperatorDefaults,
+    RunRef,
+    client_env,
+    config_hash,
+    grpc_probe,
+    image,
+    make_container,
+    meta,
+    pull_policy,
+    redis_url,
+    service,
+    svc_host,
+    verifier_url,
+)
+from .pods import (
+    CONFIG_FILE,
+    CONFIG_HASH_ANNOTATION,
+    GRPC_PORT,
+    METRICS_PORT,
+    TOKEN_FILE,
+    VERIFIER_PORT,
+    env,
+    labels,
+    pod_spec,
+    resources,
+    selector,
+    volumes,
+)
+from .spec import GatewayEngine, TrainingRunSpec
+
+
+def scheduler(
+    spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults, active: bool
+) -> list[dict[str, Any]]:
+    vols, mounts = volumes(spec, ref.name, token=True)
+    args = [
+        "scheduler",
+        "--config", CONFIG_FILE,
+        "--port", str(GRPC_PORT),
+        "--metrics-port", str(METRICS_PORT),
+        "--redis", redis_url(spec, ref, defaults),
+        "--verifier", verifier_url(spec, ref),
+        "--gateways", f"dns:{svc_host(ref, 'gateway')}:{GRPC_PORT}",
+    ]  # fmt: skip
+    container = make_container(
+        "scheduler",
+        image(spec, defaults, gpu=False),
+        pull_policy(spec, defaults),
+        args,
+        env_vars=[*env(ref.name, spec.scheduler.env), *client_env(spec)],
+        mounts=mounts,
+        res=resources(spec.scheduler.resources, CPU_DEFAULTS["scheduler"]),
+        working_dir=spec.storage.mount_path,
+        ports=[("grpc", GRPC_PORT), ("metrics", METRICS_PORT)],
+        readinessProbe=grpc_probe(periodSeconds=5),
+        livenessProbe=grpc_probe(periodSeconds=20, failureThreshold=6),
+    )
+    deploy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(ref, f"{ref.name}-scheduler", "scheduler"),
+        "spec": {
+            # One scheduler per run: two would both admit prompts and early-stop against each other.
+            "replicas": 1 if active else 0,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector(ref.name, "scheduler")},
+            "template": {
+                "metadata": {
+                    "labels": labels(ref.name, "scheduler"),
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(spec)},
+                },
+                "spec": pod_spec(spec, containers=[container], vols=vols),
+            },
+        },
+    }
+    svc = service(ref, "scheduler", [("grpc", GRPC_PORT, GRPC_PORT), ("metrics", METRICS_PORT, METRICS_PORT)])
+    return [deploy, svc]
+
+
+def gateway(
+    spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults, active: bool
+) -> list[dict[str, Any]]:
+    gw = spec.gateway
+    gpu = gw.gpus_per_pod > 0
+    vols, mounts = volumes(spec, ref.name, config=False, token=True, shm=True)
+    args = [
+        "gateway",
+        "--model", spec.run.model.path,
+        "--host", "0.0.0.0",
+        "--port", str(GRPC_PORT),
+        "--metrics-port", str(METRICS_PORT),
+        "--engine", gw.engine.value,
+        "--token-file", TOKEN_FILE,
+    ]  # fmt: skip
+    container = make_container(
+        "gateway",
+        image(spec, defaults, gpu=gpu and gw.engine is GatewayEngine.VLLM),
+        pull_policy(spec, defaults),
+        args,
+        env_vars=env(ref.name, gw.env),
+        mounts=mounts,
+        res=resources(gw.resources, GPU_POD_DEFAULTS if gpu else CPU_POD_DEFAULTS, gw.gpus_per_pod),
+        working_dir=spec.storage.mount_path,
+        ports=[("grpc", GRPC_PORT), ("metrics", METRICS_PORT)],
+        # Loading a large model takes minutes: the startup probe allows up to an hour.
+        startupProbe=grpc_probe(periodSeconds=10, failureThreshold=360),
+        readinessProbe=grpc_probe(periodSeconds=5),
+        livenessProbe=grpc_probe(periodSeconds=20, failureThreshold=6),
+    )
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta(ref, f"{ref.name}-gateway", "gateway"),
+        "spec": {
+            "replicas": gw.replicas if active else 0,
+            "serviceName": f"{ref.name}-gateway",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector(ref.name, "gateway")},
+            "template": {
+                "metadata": {"labels": labels(ref.name, "gateway")},
+                "spec": {
+                    **pod_spec(spec, containers=[container], vols=vols, component=gw),
+                    "terminationGracePeriodSeconds": 60,
+                },
+            },
+        },
+    }
+    svc = service(
+        ref,
+        "gateway",
+        [("grpc", GRPC_PORT, GRPC_PORT), ("metrics", METRICS_PORT, METRICS_PORT)],
+        headless=True,
+    )
+    return [sts, svc]
+
+
+def verifier(
+    spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults, active: bool
+) -> list[dict[str, Any]]:
+    v = spec.verifier
+    if v.url:
+        return []
+    vols, mounts = volumes(spec, ref.name, config=False)
+    http = {"port": VERIFIER_PORT}
+    container = make_container(
+        "verifier",
+        image(spec, defaults, gpu=False),
+        pull_policy(spec, defaults),
+        ["verifier", "--host", "0.0.0.0", "--port", str(VERIFIER_PORT), "--workers", str(v.workers)],
+        env_vars=env(ref.name),
+        mounts=mounts,
+        res=resources(v.resources, CPU_DEFAULTS["verifier"]),
+        working_dir="/tmp",
+        ports=[("http", VERIFIER_PORT)],
+        readinessProbe={"httpGet": {**http, "path": "/readyz"}, "periodSeconds": 5},
+        livenessProbe={"httpGet": {**http, "path": "/healthz"}, "periodSeconds": 20, "failureThreshold": 6},
+    )
+    autoscale = v.autoscaling.enabled and active
+    deploy_spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector(ref.name, "verifier")},
+        "template": {
+            "metadata": {"labels": labels(ref.name, "verifier")},
+            "spec": pod_spec(spec, containers=[container], vols=vols),
+        },
+    }
+    if not autoscale:  # with an HPA, replicas belong to the HPA (not to this apply)
+        deploy_spec = {"replicas": v.replicas if active else 0, **deploy_spec}
+    objs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta(ref, f"{ref.name}-verifier", "verifier"),
+            "spec": deploy_spec,
+        },
+        service(
+            ref,
+            "verifier",
+            [("http", VERIFIER_PORT, VERIFIER_PORT), ("metrics", METRICS_PORT, VERIFIER_PORT)],
+        ),
+    ]
+    if autoscale:
+        a = v.autoscaling
+        objs.append(
+            {
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": meta(ref, f"{ref.name}-verifier", "verifier"),
+                "spec": {
+                    "scaleTargetRef": {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": f"{ref.name}-verifier",
+                    },
+                    "minReplicas": a.min_replicas,
+                    "maxReplicas": a.max_replicas,
+                    "metrics": [
+                        {
+                            "type": "Resource",
+                            "resource": {
+                                "name": "cpu",
+                                "target": {
+                                    "type": "Utilization",
+                                    "averageUtilization": a.target_cpu_utilization_percentage,
+                                },
+                            },
+                        }
+                    ],
+                },
+            }
+        )
+    return objs

