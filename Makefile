@@ -68,7 +68,7 @@ proto-check: $(STAMP)
 
 # Kubernetes artefacts generated from code, committed, and checked fresh by the tests: the CRD (from
 # RunConfig), the Grafana dashboards, and the Helm chart rendered into plain manifests.
-deploy-manifests: $(STAMP)
+deploy-manifests: | $(STAMP)
 	$(BIN)/asyncdapo operator crd -o deploy/helm/asyncdapo/crds/trainingruns.yaml
 	$(BIN)/asyncdapo operator dashboards --out deploy/dashboards
 	$(BIN)/asyncdapo operator manifests --out deploy/k8s/asyncdapo.yaml
