@@ -79,7 +79,13 @@ class VerifierClient:
         if not items:
             return []
         batches = [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
-        answers = await asyncio.gather(*(self._score_batch(batch) for batch in batches))
+        tasks = [asyncio.ensure_future(self._score_batch(batch)) for batch in batches]
+        try:
+            answers = await asyncio.gather(*tasks)
+        except BaseException:  # one batch failed for good: the others' results are useless
+            for task in tasks:
+                task.cancel()
+            raise
         return [result for answer in answers for result in answer]
 
     async def ready(self) -> bool:
