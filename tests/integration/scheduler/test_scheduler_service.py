@@ -64,29 +64,29 @@ async def test_grpcurl_lists_describes_and_gets_the_run(redis_url: str) -> None:
     async with (
         sim_gateways(1) as gws,
         scheduler(run_config(), redis_url, [gws[0].address], RuleScorer()) as ro,
+        served(ro) as (port, _),
     ):
-        async with served(ro) as (port, _):
-            target = f"127.0.0.1:{port}"
-            listed = await _run(grpcurl, "-plaintext", target, "list")
-            assert "asyncdapo.v1.Scheduler" in listed.split() and "grpc.health.v1.Health" in listed.split()
-            described = await _run(grpcurl, "-plaintext", target, "describe", "asyncdapo.v1.Scheduler")
-            for rpc in ("StartRun", "GetRun", "PublishWeights", "Evaluate", "WatchRun"):
-                assert f"rpc {rpc}" in described
-            got = json.loads(
-                await _run(
-                    grpcurl,
-                    "-plaintext",
-                    "-emit-defaults",
-                    "-d",
-                    '{"run": "t"}',
-                    target,
-                    "asyncdapo.v1.Scheduler/GetRun",
-                )
+        target = f"127.0.0.1:{port}"
+        listed = await _run(grpcurl, "-plaintext", target, "list")
+        assert "asyncdapo.v1.Scheduler" in listed.split() and "grpc.health.v1.Health" in listed.split()
+        described = await _run(grpcurl, "-plaintext", target, "describe", "asyncdapo.v1.Scheduler")
+        for rpc in ("StartRun", "GetRun", "PublishWeights", "Evaluate", "WatchRun"):
+            assert f"rpc {rpc}" in described
+        got = json.loads(
+            await _run(
+                grpcurl,
+                "-plaintext",
+                "-emit-defaults",
+                "-d",
+                '{"run": "t"}',
+                target,
+                "asyncdapo.v1.Scheduler/GetRun",
             )
-            assert got["run"] == "t" and got["phase"] == "RUN_PHASE_IDLE" and got["valid_groups_bound"] == "4"
-            assert got["queue_depth"] == "8" and got["mode"] == "async"
-            health = json.loads(await _run(grpcurl, "-plaintext", target, "grpc.health.v1.Health/Check"))
-            assert health["status"] == "SERVING"
+        )
+        assert got["run"] == "t" and got["phase"] == "RUN_PHASE_IDLE" and got["valid_groups_bound"] == "4"
+        assert got["queue_depth"] == "8" and got["mode"] == "async"
+        health = json.loads(await _run(grpcurl, "-plaintext", target, "grpc.health.v1.Health/Check"))
+        assert health["status"] == "SERVING"
 
 
 async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> None:
@@ -95,68 +95,64 @@ async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> Non
     async with (
         sim_gateways(2) as gws,
         scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer()) as ro,
+        served(ro) as (_, stub),
     ):
-        async with served(ro) as (_, stub):
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await stub.GetRun(scheduler_pb2.GetRunRequest(run="other"))
-            assert e.value.code() is grpc.StatusCode.NOT_FOUND and "'t'" in e.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.GetRun(scheduler_pb2.GetRunRequest(run="other"))
+        assert e.value.code() is grpc.StatusCode.NOT_FOUND and "'t'" in e.value.details()
 
-            st = await stub.StartRun(scheduler_pb2.StartRunRequest(run="t"))
-            assert st.phase == scheduler_pb2.RUN_PHASE_ROLLING
-            watch = stub.WatchRun(scheduler_pb2.WatchRunRequest(run="t", interval_ms=20))
-            async for st in watch:
-                if st.phase == scheduler_pb2.RUN_PHASE_BOUND:
-                    break
-            watch.cancel()
-            assert st.valid_groups_produced == 4 and st.outcomes["valid"] == 4
-            await ro.wait_idle(10)
+        st = await stub.StartRun(scheduler_pb2.StartRunRequest(run="t"))
+        assert st.phase == scheduler_pb2.RUN_PHASE_ROLLING
+        watch = stub.WatchRun(scheduler_pb2.WatchRunRequest(run="t", interval_ms=20))
+        async for st in watch:
+            if st.phase == scheduler_pb2.RUN_PHASE_BOUND:
+                break
+        watch.cancel()
+        assert st.valid_groups_produced == 4 and st.outcomes["valid"] == 4
+        await ro.wait_idle(10)
 
-            gwl = await stub.ListGateways(scheduler_pb2.ListGatewaysRequest())
-            assert [g.state for g in gwl.gateways] == [scheduler_pb2.GATEWAY_STATE_UP] * 2
-            assert all(g.load.engine == "sim" for g in gwl.gateways)
+        gwl = await stub.ListGateways(scheduler_pb2.ListGatewaysRequest())
+        assert [g.state for g in gwl.gateways] == [scheduler_pb2.GATEWAY_STATE_UP] * 2
+        assert all(g.load.engine == "sim" for g in gwl.gateways)
 
-            snap = write_fake_snapshot(tmp_path / "v1")
-            req = scheduler_pb2.PublishWeightsRequest(version=1, uri=snap, mode=common_pb2.PAUSE_MODE_KEEP)
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await stub.PublishWeights(req)
-            assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
-            pub = await stub.PublishWeights(req, metadata=AUTH)
-            assert sorted(r.gateway for r in pub.results) == sorted(g.address for g in gws)
-            assert all(r.ok for r in pub.results)
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await stub.PublishWeights(req, metadata=AUTH)
-            assert e.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        snap = write_fake_snapshot(tmp_path / "v1")
+        req = scheduler_pb2.PublishWeightsRequest(version=1, uri=snap, mode=common_pb2.PAUSE_MODE_KEEP)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.PublishWeights(req)
+        assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        pub = await stub.PublishWeights(req, metadata=AUTH)
+        assert sorted(r.gateway for r in pub.results) == sorted(g.address for g in gws)
+        assert all(r.ok for r in pub.results)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.PublishWeights(req, metadata=AUTH)
+        assert e.value.code() is grpc.StatusCode.FAILED_PRECONDITION
 
-            # drain one gateway with abort: its requests continue on the other from partial tokens
-            await wait_for(lambda: ro.pool.get(gws[0].address).in_flight > 0, 10, "work on gateway 0")
-            dr = await stub.DrainGateway(
-                scheduler_pb2.DrainGatewayRequest(address=gws[0].address, abort_in_flight=True), metadata=AUTH
+        # drain one gateway with abort: its requests continue on the other from partial tokens
+        await wait_for(lambda: ro.pool.get(gws[0].address).in_flight > 0, 10, "work on gateway 0")
+        dr = await stub.DrainGateway(
+            scheduler_pb2.DrainGatewayRequest(address=gws[0].address, abort_in_flight=True), metadata=AUTH
+        )
+        assert dr.gateway.state == scheduler_pb2.GATEWAY_STATE_DRAINING
+        await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 8, 30, "bound v1")
+        await ro.wait_idle(10)
+        assert ro.pool.get(gws[0].address).in_flight == 0
+        cont = ro.metrics.registry.get_sample_value(
+            "asyncdapo_scheduler_redispatched_requests_total", {"why": "aborted_by_gateway"}
+        )
+        assert cont and cont > 0
+
+        ev = await stub.Evaluate(
+            scheduler_pb2.EvaluateRequest(
+                prompts=[scheduler_pb2.EvalPrompt(id="a", prompt_token_ids=[5, 6, 7], ground_truth="mixed")],
+                n=4,
             )
-            assert dr.gateway.state == scheduler_pb2.GATEWAY_STATE_DRAINING
-            await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 8, 30, "bound v1")
-            await ro.wait_idle(10)
-            assert ro.pool.get(gws[0].address).in_flight == 0
-            cont = ro.metrics.registry.get_sample_value(
-                "asyncdapo_scheduler_redispatched_requests_total", {"why": "aborted_by_gateway"}
-            )
-            assert cont and cont > 0
+        )
+        assert list(ev.results[0].acc) == [1.0, 0.0, 1.0, 0.0] and ev.accuracy == 0.5
+        assert ev.policy_version == 1 and ev.mean_response_length > 0
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.Evaluate(scheduler_pb2.EvaluateRequest(prompts=[scheduler_pb2.EvalPrompt(id="x")]))
+        assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "prompts[0]" in e.value.details()
 
-            ev = await stub.Evaluate(
-                scheduler_pb2.EvaluateRequest(
-                    prompts=[
-                        scheduler_pb2.EvalPrompt(id="a", prompt_token_ids=[5, 6, 7], ground_truth="mixed")
-                    ],
-                    n=4,
-                )
-            )
-            assert list(ev.results[0].acc) == [1.0, 0.0, 1.0, 0.0] and ev.accuracy == 0.5
-            assert ev.policy_version == 1 and ev.mean_response_length > 0
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await stub.Evaluate(scheduler_pb2.EvaluateRequest(prompts=[scheduler_pb2.EvalPrompt(id="x")]))
-            assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "prompts[0]" in e.value.details()
-
-            st = await stub.StopRun(
-                scheduler_pb2.StopRunRequest(run="t", abort_in_flight=True), metadata=AUTH
-            )
-            assert st.phase == scheduler_pb2.RUN_PHASE_STOPPED
+        st = await stub.StopRun(scheduler_pb2.StopRunRequest(run="t", abort_in_flight=True), metadata=AUTH)
+        assert st.phase == scheduler_pb2.RUN_PHASE_STOPPED
     assert len(groups(redis_url, "t")) == 8
