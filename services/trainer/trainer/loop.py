@@ -6,7 +6,9 @@ whose tokens come from versions in [t - s, t] and produces version t + 1.
 
 Exactly-once training across crashes (see groups_reader): the groups of a step are acknowledged
 only after a checkpoint that includes the step is durable; the checkpoint lists them, a restart
-acknowledges them again and replays whatever is still pending. Rank 0 does all I/O (Redis, files,
+acknowledges them again and replays whatever is still pending. Every published version is
+checkpointed before it is published (`checkpoint_every` only adds checkpoints in between), so a
+restart resumes at or after the version rollout runs, never behind it. Rank 0 does all I/O (Redis, files,
 gRPC); other data-parallel ranks receive the groups by broadcast and only compute.
 """
 
@@ -42,6 +44,10 @@ log = logging.getLogger(__name__)
 
 class TrainerConfigError(AsyncdapoError, ValueError):
     """The run config cannot work with this trainer setup; the message names the fields."""
+
+
+class TrainerStateError(AsyncdapoError, RuntimeError):
+    """Durable state (checkpoints, Redis, scheduler) is inconsistent; the message says how."""
 
 
 @dataclass
@@ -160,9 +166,16 @@ class Trainer:
             self.val_examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
             if cfg.data.val_size:
                 self.val_examples = self.val_examples[: cfg.data.val_size]
-        if self.state.step > 0:
-            # the crash may have hit between checkpoint and publish: announce the restored version
+        announced = self.notifier.current_version(cfg.name)
+        if announced > self.state.step:
+            raise TrainerStateError(
+                f"rollout is at policy version {announced} but the newest checkpoint under "
+                f"{self.store.root} is step {self.state.step}; published versions are always checkpointed, "
+                "so that checkpoint is missing: restore it, or start a new run name"
+            )
+        if announced < self.state.step:  # the crash hit between checkpoint and publish
             self._publish()
+        self.state.published_version = self.state.step
         log.info("trainer ready at version %d; %d pending group(s) to replay", self.state.step, replay)
 
     # ------------------------------------------------------------------ the loop
@@ -232,6 +245,7 @@ class Trainer:
             "step": self.state.step,
             "version": self.state.step,
             "lr": lr,
+            "workers": dist.world,
             **stats,
             **update,
             "timing/wait_s": t_data - t_start,
@@ -368,7 +382,10 @@ class Trainer:
         self.ledger.write({"step": step, "stream_ids": ids,
                            "group_ids": [rollout_pb2.Group.FromString(raw).prompt_id for _, raw in entries]})  # fmt: skip
         timing = {"timing/checkpoint_s": 0.0, "timing/publish_s": 0.0, "timing/snapshot_s": 0.0}
-        checkpointed = step % t.checkpoint_every == 0 or step == t.total_steps
+        publishing = step % t.publish_every == 0 or step == t.total_steps
+        # a published version is always durable first: a restart never rolls the policy back
+        # behind what rollout already runs (the scheduler only accepts newer versions)
+        checkpointed = publishing or step % t.checkpoint_every == 0
         if checkpointed:
             t0 = time.perf_counter()
             self.state.feed_cursor = self.feed.cursor.to_dict()
@@ -376,7 +393,7 @@ class Trainer:
             self.store.save(self.state, unwrap(self.model), self.optimizer, self.lr_scheduler)
             timing["timing/checkpoint_s"] = time.perf_counter() - t0
             maybe_crash(CrashPoint.AFTER_CHECKPOINT, step)
-        if step % t.publish_every == 0 or step == t.total_steps:
+        if publishing:
             res = self._publish()
             timing["timing/publish_s"] = res.write_s + res.notify_s
             timing["timing/snapshot_s"] = res.write_s

@@ -115,34 +115,51 @@ class Notifier:
     def metadata(self) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {self.token}")] if self.token else []
 
+    def _call(self, what: str, fn: Any) -> Any:
+        """fn() with exponential backoff on transient gRPC errors; PublishError after the last try."""
+        import grpc
+
+        delay = 0.5
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except grpc.RpcError as err:
+                code = err.code().name if err.code() else "UNKNOWN"
+                if code not in _RETRYABLE or attempt == self.attempts:
+                    raise PublishError(
+                        f"{what} to {self.scheduler_addr} failed: {code}: {err.details()}"
+                    ) from None
+                log.warning("%s attempt %d: %s; retrying in %.1fs", what, attempt, code, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
+        raise AssertionError("unreachable")
+
+    def current_version(self, run: str) -> int:
+        """The policy version the rollout side was last told about (0: none yet)."""
+        if not self.scheduler_addr:
+            raw = self.client.hget(self.keys.weights, "version")
+            return int(raw) if raw is not None else 0
+        from asyncdapo.v1 import scheduler_pb2
+
+        req = scheduler_pb2.GetRunRequest(run=run)
+        resp = self._call(
+            "GetRun", lambda: self._scheduler().GetRun(req, metadata=self.metadata(), timeout=60.0)
+        )
+        return int(resp.policy_version)
+
     def notify(self, version: int, uri: str) -> list[str]:
         """Announce `version`; returns per-gateway errors the scheduler reported (empty: all ok)."""
         if not self.scheduler_addr:
             self.client.hset(self.keys.weights, mapping={"version": version, "uri": uri})
             return []
-        import grpc
-
         from asyncdapo.v1 import scheduler_pb2
 
         req = scheduler_pb2.PublishWeightsRequest(version=version, uri=uri)
-        delay = 0.5
-        for attempt in range(1, self.attempts + 1):
-            try:
-                resp = self._scheduler().PublishWeights(req, metadata=self.metadata(), timeout=self.timeout_s)
-                return [f"{r.gateway}: {r.error}" for r in resp.results if not r.ok]
-            except grpc.RpcError as err:
-                code = err.code().name if err.code() else "UNKNOWN"
-                if code not in _RETRYABLE or attempt == self.attempts:
-                    raise PublishError(
-                        f"PublishWeights(version={version}) to {self.scheduler_addr} failed: "
-                        f"{code}: {err.details()}"
-                    ) from None
-                log.warning(
-                    "PublishWeights v%d attempt %d: %s; retrying in %.1fs", version, attempt, code, delay
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 15.0)
-        raise AssertionError("unreachable")
+        resp = self._call(
+            f"PublishWeights(version={version})",
+            lambda: self._scheduler().PublishWeights(req, metadata=self.metadata(), timeout=self.timeout_s),
+        )
+        return [f"{r.gateway}: {r.error}" for r in resp.results if not r.ok]
 
     def close(self) -> None:
         if self._channel is not None:
