@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import os
-
-TOKEN_ENV = "ASYNCDAPO_TOKEN"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trainer", help="run the DAPO trainer (reads groups from Redis, publishes weights)")
     p.add_argument("--config", required=True, help="run config YAML (RunConfig)")
     p.add_argument("--model", help="Hugging Face causal-LM directory (overrides model.path)")
-    p.add_argument("--data", nargs="+", help="training files, verl layout (override data.train_files)")
-    p.add_argument("--val-data", nargs="+", help="validation files (override data.val_files)")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        help="training files, verl layout; space- or comma-separated (override data.train_files)",
+    )
+    p.add_argument("--val-data", nargs="+", help="validation files, likewise (override data.val_files)")
     p.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--scheduler", help="scheduler gRPC address host:port (PublishWeights, Evaluate)")
-    p.add_argument(
-        "--token", default=os.environ.get(TOKEN_ENV), help=f"scheduler bearer token (env {TOKEN_ENV})"
-    )
+    p.add_argument("--token-file", help="file holding the bearer token for the scheduler's control RPCs")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument(
         "--out", help="output directory: metrics, checkpoints, weights (overrides trainer.checkpoint_dir)"
@@ -34,6 +33,7 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from asyncdapo.config import load_run_config
+    from asyncdapo.errors import AsyncdapoError
     from asyncdapo.trainer.launch import run_training
     from asyncdapo.trainer.loop import TrainerOptions
 
@@ -45,9 +45,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.model:
         cfg.model.path = args.model
     if args.data:
-        cfg.data.train_files = list(args.data)
+        cfg.data.train_files = _paths(args.data)
     if args.val_data:
-        cfg.data.val_files = list(args.val_data)
+        cfg.data.val_files = _paths(args.val_data)
+    token = None
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as err:
+            raise AsyncdapoError(f"--token-file {args.token_file!r}: {err.strerror}") from None
     if args.out:
         cfg.trainer.checkpoint_dir = args.out
     out = Path(cfg.trainer.checkpoint_dir)
@@ -55,10 +61,14 @@ def _run(args: argparse.Namespace) -> int:
         redis_url=args.redis,
         out_dir=out,
         scheduler=args.scheduler,
-        token=args.token,
+        token=token,
         metrics_port=args.metrics_port,
         max_steps=args.max_steps,
         max_wait_s=args.max_wait_s,
     )
     run_training(cfg, opts)
     return 0
+
+
+def _paths(values: list[str]) -> list[str]:
+    return [p for v in values for p in v.split(",") if p]

@@ -1,0 +1,134 @@
+"""The trainer's side of the Scheduler gRPC contract: GetRun at start, PublishWeights after each
+published step (bearer token, retries on UNAVAILABLE, errors reported), Evaluate every val_every.
+
+`RecordingScheduler` is a TEST DOUBLE of the scheduler's gRPC surface (real grpc server, in
+process), answering like asyncdapo.scheduler does (versions must increase, token required); the
+scheduler's own behaviour is tested in tests/integration/scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from asyncdapo.local.ports import free_port
+from asyncdapo.redis_keys import RunKeys
+from asyncdapo.trainer.loop import Trainer, TrainerOptions, TrainerStateError
+from asyncdapo.trainer.publish import Notifier, PublishError
+from asyncdapo.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+TOKEN = "s3cret"
+
+
+class RecordingScheduler(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, version: int = 0, unavailable_first: int = 0) -> None:
+        self.version = version
+        self.unavailable_left = unavailable_first
+        self.published: list[tuple[int, str]] = []
+        self.evaluated: list[scheduler_pb2.EvaluateRequest] = []
+        self.lock = threading.Lock()
+
+    def _auth(self, context: grpc.ServicerContext) -> None:
+        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {TOKEN}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+
+    def GetRun(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return scheduler_pb2.RunStatus(run=request.run, policy_version=self.version)
+
+    def PublishWeights(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._auth(context)
+        with self.lock:
+            if self.unavailable_left:
+                self.unavailable_left -= 1
+                context.abort(grpc.StatusCode.UNAVAILABLE, "gateways restarting")
+            if request.version <= self.version:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"version {request.version} is not newer")
+            self.version = request.version
+            self.published.append((request.version, request.uri))
+        return scheduler_pb2.PublishWeightsResponse(
+            version=request.version,
+            results=[scheduler_pb2.GatewayResult(gateway="gw-0", ok=True), scheduler_pb2.GatewayResult(
+                gateway="gw-1", ok=False, error="LoadWeights: UNAVAILABLE")],
+        )  # fmt: skip
+
+    def Evaluate(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.evaluated.append(request)
+        results = [scheduler_pb2.EvalResult(id=p.id, acc=[1.0, 0.0][: request.n], response_length=[3, 5][: request.n])
+                   for p in request.prompts]  # fmt: skip
+        return scheduler_pb2.EvaluateResponse(
+            results=results, accuracy=0.5, mean_response_length=4.0, policy_version=self.version
+        )
+
+
+@pytest.fixture()
+def scheduler() -> Iterator[tuple[RecordingScheduler, str]]:
+    servicer = RecordingScheduler(unavailable_first=1)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(grace=None)
+
+
+def test_publish_and_validate_through_the_scheduler(
+    tmp_path: Path,
+    make_config: Any,
+    rollout: Any,
+    redis_url: str,
+    redis_client: Any,
+    scheduler: Any,
+    train_file: Path,
+) -> None:
+    servicer, addr = scheduler
+    cfg = make_config(tmp_path / "out", trainer__total_steps=2, trainer__val_every=2, rollout__max_staleness=1,
+                      data__val_files=[str(train_file)], data__val_size=3, rollout__val_n=2)  # fmt: skip
+    rollout.produce(redis_client, RunKeys(cfg.name), iter(rollout.records(40, epoch=31)), 4)
+    opts = TrainerOptions(redis_url, tmp_path / "out", scheduler=addr, token=TOKEN, max_wait_s=30)
+    Trainer(cfg, opts).run()
+
+    weights = tmp_path / "out" / "weights"
+    assert servicer.published == [(1, str((weights / "v1").resolve())), (2, str((weights / "v2").resolve()))]
+    assert servicer.unavailable_left == 0  # the first attempt failed and was retried
+    assert redis_client.hgetall(RunKeys(cfg.name).weights) == {}  # the scheduler owns the weights hash
+    (req,) = servicer.evaluated  # val_every 2: once, after step 2
+    assert len(req.prompts) == 3 and req.n == 2
+    assert req.sampling.max_tokens == cfg.data.max_response_length and req.sampling.temperature == 0.0
+    assert all(p.prompt_token_ids and p.ground_truth for p in req.prompts)
+    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert "val/accuracy" not in lines[0]
+    assert lines[1]["val/accuracy"] == 0.5 and lines[1]["val/policy_version"] == 2
+
+    # a restart with the scheduler already at the checkpointed version publishes nothing again
+    Trainer(cfg, opts).run()
+    assert len(servicer.published) == 2
+    # a scheduler ahead of every checkpoint means checkpoints were lost: refuse, say why
+    servicer.version = 5
+    with pytest.raises(TrainerStateError, match="rollout is at policy version 5"):
+        Trainer(cfg, opts)
+
+
+def test_publish_errors_are_reported_not_swallowed(scheduler: Any, redis_client: Any) -> None:
+    servicer, addr = scheduler
+    servicer.unavailable_left = 0
+    servicer.version = 3
+    notifier = Notifier(redis_client, RunKeys("x"), addr, token=TOKEN, attempts=2)
+    with pytest.raises(PublishError, match="FAILED_PRECONDITION"):
+        notifier.notify(3, "/w/v3")
+    assert notifier.notify(4, "/w/v4") == ["gw-1: LoadWeights: UNAVAILABLE"]
+    bad = Notifier(redis_client, RunKeys("x"), addr, token="wrong", attempts=2)
+    with pytest.raises(PublishError, match="UNAUTHENTICATED"):
+        bad.notify(5, "/w/v5")
+    servicer.unavailable_left = 5
+    with pytest.raises(PublishError, match="UNAVAILABLE"):
+        notifier.notify(5, "/w/v5")  # retried, then reported
+    notifier.close()
+    bad.close()
