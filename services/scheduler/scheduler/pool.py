@@ -267,7 +267,12 @@ class GatewayPool:
                 raise
             except TimeoutError:
                 call.cancel()
-                self.mark_down(gw, f"no load report for {self.stale_after_s:.1f} s")
+                # a silent stream may also be our own loop stalling: ask once before giving up
+                try:
+                    gw.load = await gw.stub.GetLoad(gateway_pb2.GetLoadRequest(), timeout=1.0)
+                    continue
+                except grpc.aio.AioRpcError:
+                    self.mark_down(gw, f"no load report for {self.stale_after_s:.1f} s")
             except grpc.aio.AioRpcError as err:
                 self.mark_down(gw, f"{err.code().name}: {err.details()}")
             except ConnectionError as err:

@@ -154,6 +154,7 @@ class Rollout:
         self._bg: list[asyncio.Task[Any]] = []
         self._spawned: set[asyncio.Task[Any]] = set()
         self._publish_lock = asyncio.Lock()
+        self._outcome_lock = asyncio.Lock()
         self._syncing: set[str] = set()
         self._flushed = {"aborted_tokens": 0, "aborted_requests": 0}
         self._rtt_reported = 0
@@ -519,12 +520,15 @@ class Rollout:
                 self.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
             )
             owners.append(task)
-        if calls:
-            results = await self._redis(lambda: self.store.finish_many(calls))
-            for task, res in zip(owners, results, strict=True):
-                self._apply_outcome(task, res)
-        if self.valid_produced >= self.bound and self.phase == Phase.ROLLING:
-            self.phase = Phase.BOUND
+        async with self._outcome_lock:  # status() never sees Redis and memory disagree
+            if calls:
+                results = await self._redis(lambda: self.store.finish_many(calls))
+                for task, res in zip(owners, results, strict=True):
+                    self._apply_outcome(task, res)
+            reached = self.valid_produced >= self.bound and self.phase == Phase.ROLLING
+            if reached:
+                self.phase = Phase.BOUND
+        if reached:
             self.early_stops += 1
             self.metrics.early_stops.inc()
             await self._redis(lambda: self._incr_counters(early_stops=1))
@@ -581,16 +585,18 @@ class Rollout:
             pipe.llen(self.keys.prompts)
             return pipe.execute()
 
-        counters, depth = await self._redis(read)
+        async with self._outcome_lock:
+            counters, depth = await self._redis(read)
+            phase, in_flight = self.phase, len(self.tasks)
         self.rtt.count += 1
         c = {k: int(v) for k, v in _text_map(counters).items()}
         return scheduler_pb2.RunStatus(
             run=self.cfg.name,
-            phase=self.phase,  # type: ignore[arg-type]
+            phase=phase,  # type: ignore[arg-type]
             policy_version=self.version,
             valid_groups_produced=c.get("valid_produced", 0),
             valid_groups_bound=self.bound,
-            in_flight_prompts=len(self.tasks),
+            in_flight_prompts=in_flight,
             queue_depth=int(depth),
             outcomes={k[len("outcome:") :]: v for k, v in c.items() if k.startswith("outcome:")},
             early_stops=c.get("early_stops", 0),

@@ -185,9 +185,9 @@ def counters(redis_url: str, run: str) -> dict[str, int]:
 
 def write_fake_snapshot(path: Path) -> str:
     """A directory with one tiny safetensors file: what a sim gateway's LoadWeights accepts."""
-    import torch
-    from safetensors.torch import save_file
+    import numpy as np
+    from safetensors.numpy import save_file
 
     path.mkdir(parents=True, exist_ok=True)
-    save_file({"w": torch.zeros(2)}, str(path / "model.safetensors"))
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(path / "model.safetensors"))
     return str(path)
