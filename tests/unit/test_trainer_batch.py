@@ -10,7 +10,6 @@ from asyncdapo.trainer.batch import (
     MalformedGroup,
     build_batch,
     group_row_ranges,
-    token_versions,
     validate_group,
 )
 from asyncdapo.trainer.model import Precision, compute_log_probs
@@ -78,15 +77,11 @@ def test_same_prompt_id_twice_still_two_groups() -> None:
     assert group_row_ranges(b) == [(0, 2), (2, 4)]
 
 
-def test_truncated_flag_and_versions() -> None:
+def test_truncated_flag() -> None:
     g = _group("a", [1], [[2, 3, 4]], [0.0])
     g.responses[0].finish_reason = common_pb2.FINISH_REASON_LENGTH
-    del g.responses[0].version_runs[:]
-    g.responses[0].version_runs.extend(
-        [common_pb2.VersionRun(version=3, num_tokens=2), common_pb2.VersionRun(version=4, num_tokens=1)]
-    )
-    assert build_batch([g], PAD).truncated.tolist() == [True]
-    assert token_versions(g.responses[0]) == [3, 3, 4]
+    h = _group("b", [1], [[2]], [0.0])
+    assert build_batch([g, h], PAD).truncated.tolist() == [True, False]
 
 
 @pytest.mark.parametrize(

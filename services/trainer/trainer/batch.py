@@ -157,11 +157,3 @@ def group_row_ranges(batch: TrainBatch) -> list[tuple[int, int]]:
             ranges.append((start, i))
             start = i
     return ranges
-
-
-def token_versions(response: rollout_pb2.Response) -> list[int]:
-    """Expand the run-length encoded policy versions of a response to one per token."""
-    out: list[int] = []
-    for run in response.version_runs:
-        out.extend([run.version] * run.num_tokens)
-    return out

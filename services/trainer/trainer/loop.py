@@ -343,6 +343,10 @@ class Trainer:
         sums = self.dist.all_reduce_sum(sums).cpu()
         tok, known_tok = max(float(sums[1]), 1.0), max(float(sums[3]), 1.0)
         staleness = Counter(version - g.min_version for g in groups)
+        # tokens of one response may come from several versions (weight_update_mode keep)
+        token_lag = sum(run.num_tokens * (version - run.version) for g in groups for r in g.responses
+                        for run in r.version_runs)  # fmt: skip
+        n_tokens = sum(run.num_tokens for g in groups for r in g.responses for run in r.version_runs)
         out: dict[str, Any] = {
             "batch/groups": len(groups),
             "batch/responses": batch.size,
@@ -360,6 +364,7 @@ class Trainer:
             "rollout/kl": float(sums[2]) / known_tok,  # k1 estimate of KL(behaviour || pi_old)
             "rollout/logprob_coverage": float(sums[3]) / tok,
             **{f"staleness/{k}": v for k, v in sorted(staleness.items())},
+            "staleness/token_mean": token_lag / n_tokens if n_tokens else 0.0,
             "group_ids": [g.prompt_id for g in groups],
         }
         if tis is not None:
@@ -413,13 +418,20 @@ class Trainer:
         return res
 
     def _maybe_validate(self) -> dict[str, float]:
+        """Scheduler.Evaluate every val_every steps; a failure is logged and counted, not fatal."""
         every = self.cfg.trainer.val_every
         if not (every and self.val_examples and self.state.step % every == 0):
             return {}
+        from asyncdapo.trainer.publish import PublishError
         from asyncdapo.trainer.validation import eval_request, evaluate
 
         req = eval_request(self.cfg, self.val_examples, self.encode)
-        return evaluate(self.notifier._scheduler(), req, self.notifier.metadata())
+        stub = self.notifier.scheduler_stub()
+        try:
+            return self.notifier.call("Evaluate", lambda: evaluate(stub, req, self.notifier.metadata()))
+        except PublishError as err:
+            log.error("validation at step %d failed: %s", self.state.step, err)
+            return {"val/failed": 1.0}
 
     def close(self) -> None:
         if self.dist.is_main and hasattr(self, "metrics"):

@@ -102,7 +102,7 @@ class Notifier:
         self._channel: Any = None
         self._stub: Any = None
 
-    def _scheduler(self) -> Any:
+    def scheduler_stub(self) -> Any:
         if self._stub is None:
             import grpc
 
@@ -115,7 +115,7 @@ class Notifier:
     def metadata(self) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {self.token}")] if self.token else []
 
-    def _call(self, what: str, fn: Any) -> Any:
+    def call(self, what: str, fn: Any) -> Any:
         """fn() with exponential backoff on transient gRPC errors; PublishError after the last try."""
         import grpc
 
@@ -142,8 +142,8 @@ class Notifier:
         from asyncdapo.v1 import scheduler_pb2
 
         req = scheduler_pb2.GetRunRequest(run=run)
-        resp = self._call(
-            "GetRun", lambda: self._scheduler().GetRun(req, metadata=self.metadata(), timeout=60.0)
+        resp = self.call(
+            "GetRun", lambda: self.scheduler_stub().GetRun(req, metadata=self.metadata(), timeout=60.0)
         )
         return int(resp.policy_version)
 
@@ -155,9 +155,11 @@ class Notifier:
         from asyncdapo.v1 import scheduler_pb2
 
         req = scheduler_pb2.PublishWeightsRequest(version=version, uri=uri)
-        resp = self._call(
+        resp = self.call(
             f"PublishWeights(version={version})",
-            lambda: self._scheduler().PublishWeights(req, metadata=self.metadata(), timeout=self.timeout_s),
+            lambda: self.scheduler_stub().PublishWeights(
+                req, metadata=self.metadata(), timeout=self.timeout_s
+            ),
         )
         return [f"{r.gateway}: {r.error}" for r in resp.results if not r.ok]
 

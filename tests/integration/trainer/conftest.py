@@ -166,6 +166,18 @@ def base_config(model_dir: Path, train_file: Path, ckpt: Path, **over: Any) -> R
     return parse_run_config(data)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The test machine's few cores are shared: OpenMP's spinning threads make tiny-model steps ~5x
+    slower than one thread does; restore the setting after each test."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def train_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     train, _ = synth_splits(40, 0, seed=3, spec=SynthSpec(ops=("+",), max_operand=9))

@@ -74,7 +74,7 @@ def test_sigkill_between_steps_then_restart(
     groups = rollout.produce(redis_client, keys, records, 4, version=0)  # two steps' worth
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     env.pop(ENV, None)
     cmd = [sys.executable, "-m", "asyncdapo.cli", "trainer", "--config", str(config), "--redis", redis_url,
            "--out", str(tmp_path / "out"), "--log-level", "WARNING"]  # fmt: skip

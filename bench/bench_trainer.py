@@ -1,0 +1,167 @@
+"""Trainer step-time split on the tiny model (`make bench-trainer`).
+
+A real trainer (real redis-server, real checkpoints and safetensors snapshots, Redis weight
+announcements) trains `--steps` steps of B groups x n responses. The groups are SYNTHETIC: random
+tokens of the tiny model's vocabulary with lognormal lengths and 0/1 rewards (content does not
+change the cost of a step). By default they are all queued before the run, so `wait` is only the
+trainer's own read cost; `--groups-per-s R` instead feeds them from a producer thread at R groups/s,
+showing how the split moves when rollout is the bottleneck.
+
+Baseline, measured in the same run on the same batch: the bare update (old-log-prob pass + PPO
+mini/micro-batch update, no Redis, no checkpoint, no publish). `overhead_ratio = step_s /
+bare_update_s` is what the trainer's I/O and bookkeeping cost on top of the math.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def synthetic_group(
+    rng: random.Random, run: str, pid: str, vocab: int, eos: int, n: int, max_len: int
+) -> Any:
+    from asyncdapo.v1 import common_pb2, rollout_pb2
+
+    g = rollout_pb2.Group(run=run, prompt_id=pid, prompt_token_ids=[rng.randrange(3, vocab) for _ in range(24)],
+                          ground_truth="0", min_version=0, max_version=0)  # fmt: skip
+    for i in range(n):
+        length = max(1, min(max_len, int(rng.lognormvariate(2.8, 0.5))))
+        toks = [rng.randrange(3, vocab) for _ in range(length - 1)] + [eos]
+        acc = float(i % 2)
+        g.responses.add(
+            token_ids=toks, logprobs=[-3.0] * length,
+            version_runs=[common_pb2.VersionRun(version=0, num_tokens=length)],
+            finish_reason=common_pb2.FINISH_REASON_STOP, reward=acc, score=acc, acc=acc,
+        )  # fmt: skip
+    return g
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="HF model dir (default: build the tiny model)")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8, help="B groups per step")
+    ap.add_argument("--n", type=int, default=8, help="responses per group")
+    ap.add_argument("--max-response-length", type=int, default=48)
+    ap.add_argument(
+        "--groups-per-s", type=float, default=0.0, help="feed groups at this rate (0: all queued)"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (0: torch's default; 1 suits a shared small box)",
+    )
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
+        run(args, Path(tmp))
+
+
+def run(args: argparse.Namespace, tmp: Path) -> None:
+
+    from asyncdapo.config import parse_run_config
+    from asyncdapo.data.synth import synth_splits
+    from asyncdapo.data.verl_format import write_examples
+    from asyncdapo.local.redis_server import RedisServer
+    from asyncdapo.redis_keys import GROUP_FIELD, RunKeys
+    from asyncdapo.trainer.algos import grpo_advantages
+    from asyncdapo.trainer.batch import build_batch
+    from asyncdapo.trainer.dist import DistContext
+    from asyncdapo.trainer.loop import Trainer, TrainerOptions
+    from asyncdapo.trainer.model import compute_log_probs
+    from asyncdapo.trainer.update import ppo_update, rows_of_rank
+
+    model_dir = args.model
+    if model_dir is None:
+        from asyncdapo.tiny_model import build_tiny_model
+
+        model_dir = str(build_tiny_model(tmp / "tiny", seed=0))
+    train, _ = synth_splits(64, 0, seed=0)
+    data = write_examples(train, tmp / "train.jsonl")
+    steps = args.steps + 1  # the first step warms up and is not counted
+    cfg = parse_run_config({
+        "name": "bench-trainer", "model": {"path": model_dir},
+        "data": {"train_files": [str(data)], "train_batch_size": args.batch, "max_prompt_length": 128,
+                 "max_response_length": args.max_response_length, "prompt_queue_watermark": 64},
+        "rollout": {"n": args.n, "max_staleness": steps},
+        "reward": {"overlong_buffer": {"enable": False}},
+        "trainer": {"total_steps": steps, "ppo_mini_batch_size": max(1, args.batch // 2), "micro_batch_size": 16,
+                    "lr": 1e-5, "warmup_steps": 0, "checkpoint_dir": str(tmp / "out")},
+    })  # fmt: skip
+    print(f"tiny-model trainer bench: B={args.batch} n={args.n} max_len={args.max_response_length} "
+          f"steps={args.steps} (+1 warm-up) torch_threads={torch.get_num_threads()}")  # fmt: skip
+
+    with RedisServer(tmp / "redis", appendonly=False) as redis_server:
+        import redis
+
+        client = redis.Redis.from_url(redis_server.url)
+        keys = RunKeys(cfg.name)
+        trainer = Trainer(cfg, TrainerOptions(redis_server.url, tmp / "out", max_wait_s=120))
+        vocab = trainer.vocab_size
+        eos = int(trainer.tokenizer.eos_token_id)
+        rng = random.Random(0)
+        groups = [synthetic_group(rng, cfg.name, f"g{i}", vocab, eos, args.n, args.max_response_length)
+                  for i in range(steps * args.batch)]  # fmt: skip
+
+        def feed() -> None:
+            for i, g in enumerate(groups):
+                if args.groups_per_s > 0 and i >= args.batch:  # the warm-up step's groups come at once
+                    time.sleep(1.0 / args.groups_per_s)
+                client.xadd(keys.groups, {GROUP_FIELD: g.SerializeToString()})
+
+        producer = threading.Thread(target=feed, daemon=True)
+        producer.start()
+        if args.groups_per_s <= 0:
+            producer.join()
+        records = [trainer.train_step() for _ in range(steps)][1:]
+        trainer.close()
+        producer.join()
+
+        # baseline: the bare update on one step's batch, same model and settings, no I/O
+        batch = build_batch(groups[: args.batch], trainer.pad_id)
+        dist = DistContext()
+        rows = rows_of_rank(batch, trainer.settings.groups_per_mini_batch, dist)
+        bare = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            old, _ = compute_log_probs(trainer.model, batch.select(rows), micro_batch_size=16, temperature=1.0,
+                                       precision=trainer.precision)  # fmt: skip
+            adv = grpo_advantages(batch.rewards, batch.group_ordinal)
+            ppo_update(
+                trainer.model, trainer.optimizer, batch, adv, old, trainer.settings, dist, trainer.precision
+            )
+            bare.append(time.perf_counter() - t0)
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in records)
+
+    print(f"{'step':>4} {'wait_s':>8} {'compute_s':>9} {'ckpt_s':>7} {'publish_s':>9} {'step_s':>7}")
+    for r in records:
+        print(f"{r['step']:>4} {r['timing/wait_s']:8.3f} {r['timing/compute_s']:9.3f} "
+              f"{r['timing/checkpoint_s']:7.3f} {r['timing/publish_s']:9.3f} {r['timing/step_s']:7.3f}")  # fmt: skip
+    step_s, bare_s = med("timing/step_s"), statistics.median(bare)
+    tokens = statistics.median(r["response_length/mean"] * r["batch/responses"] for r in records)
+    print(f"median: step {step_s:.3f}s = wait {med('timing/wait_s'):.3f} + compute {med('timing/compute_s'):.3f} "
+          f"+ checkpoint {med('timing/checkpoint_s'):.3f} + publish {med('timing/publish_s'):.3f} "
+          f"(snapshot {med('timing/snapshot_s'):.3f}); {tokens / step_s:.0f} response tokens/s")  # fmt: skip
+    print(f"baseline bare update (old log-probs + PPO update, no I/O): {bare_s:.3f}s")
+    print(
+        f"RESULT step_s={step_s:.3f} wait_frac={med('timing/wait_frac'):.3f} publish_s={med('timing/publish_s'):.3f} "
+        f"checkpoint_s={med('timing/checkpoint_s'):.3f} compute_s={med('timing/compute_s'):.3f} "
+        f"bare_update_s={bare_s:.3f} overhead_ratio={step_s / bare_s:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
