@@ -1,0 +1,196 @@
+"""`asyncdapo gateway`: run one rollout gateway (vLLM engine, or the token-timing simulator)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from asyncdapo.errors import AsyncdapoError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "gateway",
+        help="rollout gateway: a vLLM engine (or the token-timing SIMULATOR) behind gRPC",
+        description="Serve asyncdapo.v1.Gateway with an in-process vLLM AsyncLLM (--engine vllm) or a "
+        "token-timing simulator for scale tests (--engine sim; runs no model).",
+    )
+    p.add_argument("--model", help="Hugging Face model directory (required for --engine vllm)")
+    p.add_argument("--host", default="127.0.0.1", help="address for gRPC and metrics (0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port")
+    p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (0: no metrics server)")
+    p.add_argument(
+        "--engine", choices=("vllm", "sim"), default="vllm", help="vllm, or sim: the token-timing simulator"
+    )
+    p.add_argument("--token-file", help="file holding the bearer token control RPCs must present")
+    p.add_argument(
+        "--max-concurrency", type=int, default=64, help="requests the engine runs at once (capacity)"
+    )
+    p.add_argument("--pool", default="", help="pool label reported in Load (e.g. fast, heavy)")
+    p.add_argument("--gateway-id", default=None, help="id reported in Load (default: the host name)")
+    p.add_argument("--initial-version", type=int, default=0, help="policy version of the weights in --model")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0, help="SIGTERM: time in-flight requests get")
+    p.add_argument("--log-level", default="INFO")
+    v = p.add_argument_group("vllm engine")
+    v.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    v.add_argument("--dtype", default="auto")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (fast start)")
+    v.add_argument("--gpu-memory-utilization", type=float, default=None)
+    v.add_argument(
+        "--logprobs-mode",
+        default="processed_logprobs",
+        choices=("processed_logprobs", "raw_logprobs"),
+        help="processed: log-probs after temperature/top-p/top-k, i.e. of the distribution sampled from",
+    )
+    v.add_argument("--no-prefix-caching", action="store_true")
+    v.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="extra vLLM AsyncEngineArgs field, value parsed as JSON (repeatable)",
+    )
+    s = p.add_argument_group("sim engine (token-timing SIMULATOR)")
+    s.add_argument("--sim-base-step-ms", type=float, default=10.0, help="decode step time at concurrency 0")
+    s.add_argument(
+        "--sim-per-seq-step-ms", type=float, default=0.2, help="added step time per running request"
+    )
+    s.add_argument("--sim-prefill-us-per-token", type=float, default=10.0)
+    s.add_argument("--sim-length-dist", choices=("fixed", "uniform", "lognormal"), default="lognormal")
+    s.add_argument("--sim-length-mean", type=float, default=200.0, help="mean response length (tokens)")
+    s.add_argument(
+        "--sim-length-sigma", type=float, default=0.8, help="lognormal sigma / uniform half-width ratio"
+    )
+    s.add_argument("--sim-reload-ms", type=float, default=200.0)
+    s.add_argument("--sim-kv-capacity-tokens", type=int, default=1 << 20)
+    p.set_defaults(func=run)
+
+
+def _engine_args(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise AsyncdapoError(f"--engine-arg {pair!r}: expected KEY=JSON")
+        try:
+            out[key.replace("-", "_")] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.replace("-", "_")] = raw
+    return out
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    if args.max_concurrency < 1:
+        raise AsyncdapoError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    if args.engine == "vllm" and not args.model:
+        raise AsyncdapoError("--model is required with --engine vllm")
+    if args.model and not Path(args.model).is_dir():
+        raise AsyncdapoError(f"--model {args.model!r} is not a directory")
+    if args.token_file is None:
+        return None
+    try:
+        token = Path(args.token_file).read_text().strip()
+    except OSError as err:
+        raise AsyncdapoError(f"--token-file {args.token_file!r}: {err.strerror}") from None
+    if not token:
+        raise AsyncdapoError(f"--token-file {args.token_file!r} is empty")
+    return token
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    token = _check_args(args)
+    asyncio.run(_serve(args, token))
+    return 0
+
+
+async def _serve(args: argparse.Namespace, token: str | None) -> None:
+    from asyncdapo.gateway.metrics import GatewayMetrics
+    from asyncdapo.gateway.server import GatewayServer, ServerSettings
+    from asyncdapo.gateway.service import GatewayOptions
+    from asyncdapo.gateway.weights import WeightsError, WeightsValidator
+
+    validator = None
+    if args.model:
+        try:
+            validator = WeightsValidator(args.model)
+        except WeightsError as err:
+            if args.engine == "vllm":
+                raise AsyncdapoError(f"--model {args.model!r}: {err}") from None
+    engine = await _build_engine(args)
+    server = GatewayServer(
+        engine,
+        GatewayOptions(
+            gateway_id=args.gateway_id or socket.gethostname(),
+            pool=args.pool,
+            capacity=args.max_concurrency,
+            initial_version=args.initial_version,
+        ),
+        ServerSettings(
+            host=args.host,
+            port=args.port,
+            metrics_port=args.metrics_port or None,
+            token=token,
+            drain_timeout_s=args.drain_timeout_s,
+        ),
+        GatewayMetrics(),
+        validator,
+    )
+    try:
+        await server.start()
+    except BaseException:
+        await engine.shutdown()
+        raise
+    await server.serve_until_signal()
+
+
+async def _build_engine(args: argparse.Namespace) -> Any:
+    if args.engine == "sim":
+        from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+
+        try:
+            timing = SimTiming(
+                base_step_s=args.sim_base_step_ms / 1000,
+                per_seq_step_s=args.sim_per_seq_step_ms / 1000,
+                prefill_s_per_token=args.sim_prefill_us_per_token / 1e6,
+                length_dist=args.sim_length_dist,
+                length_mean=args.sim_length_mean,
+                length_sigma=args.sim_length_sigma,
+                reload_s=args.sim_reload_ms / 1000,
+                kv_capacity_tokens=args.sim_kv_capacity_tokens,
+            )
+        except ValueError as err:
+            raise AsyncdapoError(f"simulator settings: {err}") from None
+        return SimulatedEngine(
+            timing,
+            max_concurrency=args.max_concurrency,
+            model_dir=args.model,
+            initial_version=args.initial_version,
+            seed=args.seed,
+        )
+    from asyncdapo.gateway.vllm_engine import VllmEngine, VllmSettings
+
+    return await VllmEngine.start(
+        VllmSettings(
+            model=args.model,
+            max_concurrency=args.max_concurrency,
+            max_model_len=args.max_model_len,
+            dtype=args.dtype,
+            seed=args.seed,
+            enforce_eager=args.enforce_eager,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            logprobs_mode=args.logprobs_mode,
+            enable_prefix_caching=not args.no_prefix_caching,
+            initial_version=args.initial_version,
+            extra=_engine_args(args.engine_arg),
+        )
+    )

@@ -1,0 +1,367 @@
+"""The `asyncdapo.v1.Gateway` gRPC servicer: validation, request bookkeeping, control, load.
+
+Error contract (every message names the field or state at fault):
+- bad request fields → INVALID_ARGUMENT; weights that do not fit the served model →
+  FAILED_PRECONDITION; a request id already in flight → ALREADY_EXISTS; draining → UNAVAILABLE;
+  control RPCs without the right bearer token → UNAUTHENTICATED (see `BearerAuthInterceptor`);
+  an engine failure → INTERNAL. A rejected request never changes engine state.
+
+Invariants:
+- a Generate response's token_ids, logprobs and version_runs cover the same tokens, continuation
+  first; an aborted request returns its partial tokens with finish reason ABORT;
+- Pause / Resume / LoadWeights are serialised by one lock; LoadWeights checks the snapshot before
+  touching the engine, and, when generation is not paused, pauses (keep) and resumes around the
+  reload itself, so in-flight requests always survive a reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+
+from asyncdapo.gateway.engine import Engine, EngineError, EngineOutput, Finish, PauseMode
+from asyncdapo.gateway.metrics import AbortCause, GatewayMetrics
+from asyncdapo.gateway.validation import ModelLimits, Rejection, RequestError, validate_generate
+from asyncdapo.gateway.versions import concat
+from asyncdapo.gateway.weights import WeightsError, WeightsProblem, WeightsValidator, read_dir, resolve_uri
+from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
+CONTROL_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Abort", "Pause", "Resume", "LoadWeights"))
+
+_STATUS = {
+    Rejection.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    Rejection.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    Rejection.DUPLICATE_ID: grpc.StatusCode.ALREADY_EXISTS,
+    Rejection.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Rejection.DRAINING: grpc.StatusCode.UNAVAILABLE,
+}
+_FINISH_PB = {
+    Finish.STOP: common_pb2.FINISH_REASON_STOP,
+    Finish.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    Finish.ABORT: common_pb2.FINISH_REASON_ABORT,
+}
+_PAUSE_MODES = {
+    common_pb2.PAUSE_MODE_UNSPECIFIED: PauseMode.KEEP,
+    common_pb2.PAUSE_MODE_KEEP: PauseMode.KEEP,
+    common_pb2.PAUSE_MODE_ABORT: PauseMode.ABORT,
+    common_pb2.PAUSE_MODE_WAIT: PauseMode.WAIT,
+}
+_WEIGHTS_REJECTION = {
+    WeightsProblem.BAD_URI: Rejection.INVALID_ARGUMENT,
+    WeightsProblem.NOT_FOUND: Rejection.INVALID_ARGUMENT,
+    WeightsProblem.NO_SAFETENSORS: Rejection.INVALID_ARGUMENT,
+    WeightsProblem.CORRUPT: Rejection.FAILED_PRECONDITION,
+    WeightsProblem.MISMATCH: Rejection.FAILED_PRECONDITION,
+}
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    gateway_id: str
+    pool: str = ""
+    capacity: int = 64
+    initial_version: int = 0
+
+
+class GatewayService(gateway_pb2_grpc.GatewayServicer):
+    def __init__(
+        self,
+        engine: Engine,
+        options: GatewayOptions,
+        metrics: GatewayMetrics,
+        validator: WeightsValidator | None = None,
+    ) -> None:
+        self._engine = engine
+        self._options = options
+        self._metrics = metrics
+        self._validator = validator
+        self._limits = ModelLimits(engine.info.max_model_len, engine.info.vocab_size)
+        self._inflight: dict[str, float] = {}  # request id -> start (monotonic)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopping = asyncio.Event()
+        self._control = asyncio.Lock()
+        self._version = options.initial_version
+        self._paused = False
+        self._draining = False
+        metrics.weight_version.set(self._version)
+
+    # --- state other components read ---
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def _reject(self, context: grpc.aio.ServicerContext, reason: Rejection, message: str) -> NoReturn:
+        self._metrics.rejected.labels(reason.value).inc()
+        await context.abort(_STATUS[reason], message)
+        raise AssertionError("unreachable")  # context.abort raises
+
+    # --- data plane ---
+
+    async def Generate(
+        self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GenerateResponse:
+        if self._draining:
+            await self._reject(context, Rejection.DRAINING, "gateway is draining: send the request elsewhere")
+        rid = request.request_id or uuid.uuid4().hex
+        if rid in self._inflight:
+            await self._reject(context, Rejection.DUPLICATE_ID, f"request_id {rid!r} is already in flight")
+        try:
+            inp = validate_generate(request, self._limits, self._engine.tokenize, rid)
+        except RequestError as err:
+            await self._reject(context, err.reason, str(err))
+
+        start = time.monotonic()
+        self._inflight[rid] = start
+        self._idle.clear()
+        self._metrics.in_flight.inc()
+        try:
+            if inp.engine.sampling.max_tokens == 0:  # the continuation already used every token
+                out = EngineOutput([], [], Finish.LENGTH, [])
+            else:
+                out = await self._engine.generate(inp.engine)
+        except asyncio.CancelledError:
+            self._metrics.aborts.labels(AbortCause.CLIENT_CANCELLED.value).inc()
+            raise
+        except EngineError as err:
+            log.error("generate %s failed: %s", rid, err)
+            await context.abort(grpc.StatusCode.INTERNAL, str(err))
+        finally:
+            del self._inflight[rid]
+            self._metrics.in_flight.dec()
+            if not self._inflight:
+                self._idle.set()
+
+        elapsed = time.monotonic() - start
+        self._metrics.requests.labels(out.finish.value).inc()
+        self._metrics.generated_tokens.inc(len(out.token_ids))
+        self._metrics.request_seconds.observe(elapsed)
+        return gateway_pb2.GenerateResponse(
+            request_id=rid,
+            token_ids=inp.continuation_token_ids + out.token_ids,
+            logprobs=inp.continuation_logprobs + out.logprobs,
+            finish_reason=_FINISH_PB[out.finish],
+            prompt_length=len(inp.prompt_token_ids),
+            version_runs=[
+                common_pb2.VersionRun(version=v, num_tokens=n)
+                for v, n in concat(inp.continuation_runs, out.version_runs)
+            ],
+            prompt_token_ids=inp.prompt_token_ids,
+            queue_s=out.queue_s,
+            generate_s=elapsed,
+        )
+
+    # --- control plane (bearer token checked by the interceptor) ---
+
+    async def Abort(
+        self, request: gateway_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.AbortResponse:
+        if not request.all and not request.request_ids:
+            await self._reject(context, Rejection.INVALID_ARGUMENT, "request_ids is empty and all is false")
+        if request.all:
+            ids = list(self._inflight)
+        else:
+            ids = [rid for rid in dict.fromkeys(request.request_ids) if rid in self._inflight]
+        await self._engine.abort(ids)
+        self._metrics.aborts.labels(AbortCause.ABORT_RPC.value).inc(len(ids))
+        return gateway_pb2.AbortResponse(aborted_ids=ids)
+
+    async def Pause(
+        self, request: gateway_pb2.PauseRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.PauseResponse:
+        mode = _PAUSE_MODES.get(request.mode)
+        if mode is None:
+            await self._reject(context, Rejection.INVALID_ARGUMENT, f"mode {request.mode} is not a PauseMode")
+        if request.wait_timeout_s < 0:
+            await self._reject(
+                context,
+                Rejection.INVALID_ARGUMENT,
+                f"wait_timeout_s must be >= 0, got {request.wait_timeout_s}",
+            )
+        async with self._control:
+            result = await self._engine.pause(mode, request.wait_timeout_s)
+            self._set_paused(True)
+        self._metrics.aborts.labels(AbortCause.PAUSE.value).inc(result.aborted)
+        held = len(self._inflight) if mode is PauseMode.KEEP else max(0, len(self._inflight) - result.aborted)
+        log.info("paused (%s): %d aborted, %d held", mode.value, result.aborted, held)
+        return gateway_pb2.PauseResponse(aborted=result.aborted, in_flight=held)
+
+    async def Resume(
+        self, request: gateway_pb2.ResumeRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ResumeResponse:
+        async with self._control:
+            await self._engine.resume()
+            self._set_paused(False)
+        return gateway_pb2.ResumeResponse()
+
+    async def LoadWeights(
+        self, request: gateway_pb2.LoadWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.LoadWeightsResponse:
+        if request.version < 0:
+            await self._reject(
+                context, Rejection.INVALID_ARGUMENT, f"version must be >= 0, got {request.version}"
+            )
+        try:
+            path, num_tensors = await asyncio.to_thread(self._check_weights, request.uri)
+        except WeightsError as err:
+            await self._reject(context, _WEIGHTS_REJECTION[err.problem], str(err))
+        async with self._control:
+            start = time.monotonic()
+            auto_pause = not self._paused
+            try:
+                if auto_pause:
+                    await self._engine.pause(PauseMode.KEEP)
+                try:
+                    await self._engine.load_weights(str(path), request.version)
+                finally:
+                    if auto_pause:
+                        await self._engine.resume()
+            except EngineError as err:
+                log.error("LoadWeights version %d from %s failed: %s", request.version, path, err)
+                await context.abort(grpc.StatusCode.INTERNAL, str(err))
+            elapsed = time.monotonic() - start
+            self._version = request.version
+        self._metrics.weight_version.set(request.version)
+        self._metrics.reload_seconds.observe(elapsed)
+        log.info("loaded weights version %d from %s in %.3f s", request.version, path, elapsed)
+        return gateway_pb2.LoadWeightsResponse(
+            version=request.version, num_tensors=num_tensors, reload_s=elapsed
+        )
+
+    def _check_weights(self, uri: str) -> tuple[str, int]:
+        if self._validator is not None:
+            path, n = self._validator.check(uri)
+        else:  # no reference checkpoint (simulator without a model dir): the snapshot must still be one
+            path = resolve_uri(uri)
+            n = len(read_dir(path))
+        return str(path), n
+
+    def _set_paused(self, paused: bool) -> None:
+        self._paused = paused
+        self._metrics.paused.set(int(paused))
+
+    # --- load ---
+
+    def current_load(self) -> gateway_pb2.Load:
+        load = self._engine.load()
+        self._metrics.observe_load(load)
+        in_flight = len(self._inflight)
+        # Engine stats refresh once per step; bound them by what is really in flight here.
+        running = min(load.running, in_flight)
+        return gateway_pb2.Load(
+            gateway_id=self._options.gateway_id,
+            running=running,
+            waiting=in_flight - running,
+            kv_cache_usage=load.kv_cache_usage,
+            capacity=self._options.capacity,
+            weight_version=self._version,
+            draining=self._draining,
+            paused=self._paused,
+            pool=self._options.pool,
+            engine=self._engine.info.kind,
+            generated_tokens_total=load.generated_tokens_total,
+            max_model_len=self._engine.info.max_model_len,
+        )
+
+    async def GetLoad(
+        self, request: gateway_pb2.GetLoadRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.Load:
+        return self.current_load()
+
+    async def WatchLoad(
+        self, request: gateway_pb2.WatchLoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.Load]:
+        if request.interval_ms < 0:
+            await self._reject(
+                context, Rejection.INVALID_ARGUMENT, f"interval_ms must be >= 0, got {request.interval_ms}"
+            )
+        interval = min(max(request.interval_ms or 200, 10), 60_000) / 1000
+        while not self._stopping.is_set():
+            yield self.current_load()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)
+
+    # --- lifecycle ---
+
+    async def drain(self, deadline_s: float) -> int:
+        """Refuse new requests, let in-flight ones finish for `deadline_s`, abort the rest.
+
+        Returns how many requests were aborted.
+        """
+        self._draining = True
+        self._metrics.draining.set(1)
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(deadline_s, 0.0))
+            return 0
+        except TimeoutError:
+            pass
+        victims = list(self._inflight)
+        log.warning("drain deadline: aborting %d in-flight request(s)", len(victims))
+        await self._engine.abort(victims)
+        self._metrics.aborts.labels(AbortCause.DRAIN.value).inc(len(victims))
+        try:  # let the aborted calls send their partial responses
+            await asyncio.wait_for(self._idle.wait(), 5.0)
+        except TimeoutError:
+            log.error("%d request(s) did not return after abort", len(self._inflight))
+        return len(victims)
+
+    def stop_watchers(self) -> None:
+        self._stopping.set()
+
+
+class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` on the given methods (constant-time comparison)."""
+
+    def __init__(
+        self, token: str, methods: frozenset[str], on_reject: Callable[[], None] | None = None
+    ) -> None:
+        if not token:
+            raise ValueError("bearer token is empty")
+        self._expected = f"Bearer {token}".encode()
+        self._methods = methods
+        self._on_reject = on_reject
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        if handler_call_details.method not in self._methods:
+            return await continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        given = metadata.get("authorization")
+        if given is None:
+            return self._deny("missing authorization metadata: send 'authorization: Bearer <token>'")
+        if not hmac.compare_digest(str(given).encode(), self._expected):
+            return self._deny("authorization bearer token is wrong")
+        return await continuation(handler_call_details)
+
+    def _deny(self, message: str) -> grpc.RpcMethodHandler:
+        if self._on_reject is not None:
+            self._on_reject()
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        return grpc.unary_unary_rpc_method_handler(deny)

@@ -1,0 +1,206 @@
+"""The gateway's gRPC contract over real gRPC, with the token-timing SIMULATOR as the engine
+(auth, wire errors, abort, load streaming, drain, the CLI's SIGTERM handling)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from asyncdapo.gateway.client import GatewayClient
+from asyncdapo.gateway.engine import Finish, PauseMode, Sampling
+from asyncdapo.local.ports import free_port
+
+LONG = Sampling(max_tokens=100_000, ignore_eos=True)
+
+
+async def _code(coro: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await coro  # type: ignore[misc]
+    return info.value.code(), info.value.details() or ""
+
+
+async def test_control_rpcs_need_the_bearer_token(sim_gateway_factory, gateway_token: str) -> None:
+    gw = sim_gateway_factory()
+    async with GatewayClient(gw.target) as anon, GatewayClient(gw.target, token="wrong") as wrong:
+        for call in (anon.abort(all=True), anon.pause(), anon.resume(), anon.load_weights(1, "/tmp")):
+            code, details = await _code(call)
+            assert code is grpc.StatusCode.UNAUTHENTICATED and "authorization" in details
+        code, details = await _code(wrong.pause())
+        assert code is grpc.StatusCode.UNAUTHENTICATED and "wrong" in details
+        # data-plane RPCs are open
+        assert (await anon.generate("a", [1, 2], Sampling(max_tokens=3))).finish_reason in (
+            Finish.STOP,
+            Finish.LENGTH,
+        )
+        assert (await anon.get_load()).engine == "sim"
+    async with GatewayClient(gw.target, token=gateway_token) as ok:
+        assert await ok.abort(all=True) == []
+        await ok.pause()
+        await ok.resume()
+
+
+async def test_wire_errors_name_the_field_and_the_gateway_keeps_serving(
+    sim_gateway_factory, gateway_token: str
+) -> None:
+    gw = sim_gateway_factory()
+    async with GatewayClient(gw.target, token=gateway_token) as c:
+        code, details = await _code(c.generate("a", [], Sampling(max_tokens=3)))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "prompt is empty" in details
+        code, details = await _code(c.generate("a", [1], Sampling(max_tokens=0)))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "sampling.max_tokens" in details
+        code, details = await _code(c.generate("a", [1] * 5000, Sampling(max_tokens=3)))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "context" in details
+        code, details = await _code(c.abort())
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "request_ids" in details
+        code, details = await _code(c.load_weights(-1, "/tmp"))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "version" in details
+        code, details = await _code(c.load_weights(1, "/definitely/not/here"))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "uri" in details
+
+        first = asyncio.create_task(c.generate("dup", [1], LONG))
+        await asyncio.sleep(0.05)
+        code, details = await _code(c.generate("dup", [1], Sampling(max_tokens=2)))
+        assert code is grpc.StatusCode.ALREADY_EXISTS and "dup" in details
+        assert await c.abort(["dup", "never-seen"]) == ["dup"]
+        assert (await first).finish_reason is Finish.ABORT
+        assert len((await c.generate("after", [1], Sampling(max_tokens=5, ignore_eos=True))).token_ids) == 5
+
+
+async def test_abort_all_returns_partial_tokens(sim_gateway_factory, gateway_token: str) -> None:
+    gw = sim_gateway_factory()
+    async with GatewayClient(gw.target, token=gateway_token) as c:
+        tasks = [asyncio.create_task(c.generate(f"r{i}", [1, 2, 3], LONG)) for i in range(4)]
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        assert sorted(await c.abort(all=True)) == [f"r{i}" for i in range(4)]
+        results = await asyncio.gather(*tasks)
+        assert time.monotonic() - t0 < 2.0
+    for r in results:
+        assert r.finish_reason is Finish.ABORT and len(r.token_ids) > 0
+        assert len(r.logprobs) == len(r.token_ids) == sum(n for _, n in r.version_runs)
+
+
+async def test_load_reports_in_flight_and_streams(sim_gateway_factory, gateway_token: str) -> None:
+    gw = sim_gateway_factory(max_concurrency=2)
+    async with GatewayClient(gw.target, token=gateway_token) as c:
+        tasks = [asyncio.create_task(c.generate(f"r{i}", [1, 2, 3], LONG)) for i in range(3)]
+        await asyncio.sleep(0.1)
+        load = await c.get_load()
+        assert (load.running, load.waiting, load.capacity) == (2, 1, 2)
+        assert (load.gateway_id, load.pool, load.engine, load.paused, load.draining) == (
+            "sim-test",
+            "heavy",
+            "sim",
+            False,
+            False,
+        )
+        seen = []
+        async for item in c.watch_load(interval_ms=20):
+            seen.append(item.generated_tokens_total)
+            if len(seen) == 3:
+                break
+        assert seen[0] < seen[-1]
+        await c.pause(PauseMode.KEEP)
+        assert (await c.get_load()).paused
+        await c.abort(all=True)
+        await asyncio.gather(*tasks)
+        await c.resume()
+
+
+async def test_load_weights_checks_the_snapshot_before_any_change(
+    sim_gateway_factory, gateway_token: str, tmp_path: Path
+) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    save_file({"w": np.zeros((4, 4), np.float32)}, str(served / "model.safetensors"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file({"w": np.zeros((4, 5), np.float32)}, str(bad / "model.safetensors"))
+    gw = sim_gateway_factory(model_dir=served)
+    async with GatewayClient(gw.target, token=gateway_token) as c:
+        code, details = await _code(c.load_weights(3, str(bad)))
+        assert code is grpc.StatusCode.FAILED_PRECONDITION and "'w' has shape [4, 5]" in details
+        assert (await c.get_load()).weight_version == 0
+        out = await c.load_weights(3, f"file://{served}")
+        assert (out.version, out.num_tensors) == (3, 1)
+        load = await c.get_load()
+        assert load.weight_version == 3 and not load.paused  # it paused and resumed by itself
+        r = await c.generate("v", [1], Sampling(max_tokens=4, ignore_eos=True))
+        assert r.version_runs == [(3, 4)]
+
+
+async def test_drain_aborts_at_the_deadline_and_refuses_new_work(
+    sim_gateway_factory, gateway_token: str
+) -> None:
+    gw = sim_gateway_factory()
+    async with GatewayClient(gw.target, token=gateway_token) as c:
+        assert await c.healthy()
+        task = asyncio.create_task(c.generate("long", [1], LONG))
+        await asyncio.sleep(0.05)
+        drain = asyncio.get_running_loop().run_in_executor(None, gw.call, gw.server.drain(0.2))
+        r = await task
+        assert r.finish_reason is Finish.ABORT and r.token_ids
+        assert await drain == 1
+        assert not await c.healthy()
+        assert (await c.get_load()).draining
+        code, details = await _code(c.generate("late", [1], Sampling(max_tokens=2)))
+        assert code is grpc.StatusCode.UNAVAILABLE and "draining" in details
+
+
+async def test_cli_drains_on_sigterm(tmp_path: Path, gateway_token: str) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(gateway_token + "\n")
+    port, metrics_port = free_port(), free_port()
+    cmd = [
+        sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "sim", "--port", str(port),
+        "--metrics-port", str(metrics_port), "--token-file", str(token_file), "--drain-timeout-s", "0.3",
+        "--sim-base-step-ms", "2", "--gateway-id", "cli-sim",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        async with GatewayClient(f"127.0.0.1:{port}", token=gateway_token) as c:
+            deadline = time.monotonic() + 30
+            while not await c.healthy(timeout_s=0.5):
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                assert time.monotonic() < deadline, "gateway did not become healthy"
+                await asyncio.sleep(0.2)
+            assert (await c.get_load()).gateway_id == "cli-sim"
+            task = asyncio.create_task(c.generate("long", [1, 2], LONG))
+            await asyncio.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            r = await asyncio.wait_for(task, 10)
+            assert r.finish_reason is Finish.ABORT and r.token_ids
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_reports_bad_flags(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-token"
+    empty.write_text("")
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "sim", "--token-file", str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--token-file" in out.stderr and "empty" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "vllm"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--model is required" in out.stderr
