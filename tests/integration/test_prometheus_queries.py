@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,55 +61,67 @@ class ContractExporter:
         r = self.registry = CollectorRegistry()
         self.port = free_port()
         s = "asyncdapo_scheduler_"
-        self.outcomes = Counter(s + "outcomes", "", ["outcome"], registry=r)
+        self.outcomes = Counter(s + "outcomes", "", ["outcome", "reason"], registry=r)
         self.tokens = Counter(s + "generated_tokens", "", registry=r)
+        self.completions = Counter(s + "completions", "", registry=r)
         self.early = Counter(s + "early_stops", "", registry=r)
         self.aborted_req = Counter(s + "aborted_requests", "", registry=r)
         self.aborted_tok = Counter(s + "aborted_tokens", "", registry=r)
+        self.staleness = Histogram(s + "group_staleness_versions", "", buckets=(0, 1, 2, 4), registry=r)
+        self.verifier_latency = Histogram(s + "verifier_latency_seconds", "", registry=r)
+        Counter(s + "gateway_errors", "", ["gateway", "code"], registry=r)
+        Counter(s + "verifier_errors", "", ["kind"], registry=r)
+        Counter(s + "redispatched_requests", "", ["why"], registry=r)
         Gauge(s + "in_flight_requests", "", ["gateway"], registry=r).labels("gw-0:50051").set(12)
-        Gauge(s + "in_flight_prompts", "", registry=r).set(4)
-        Gauge(s + "queue_depth", "", registry=r).set(64)
-        Gauge(s + "policy_version", "", registry=r).set(3)
-        Gauge(s + "gateways", "", ["state"], registry=r).labels("up").set(1)
+        for name, value in (("in_flight_prompts", 4), ("queue_depth", 64), ("dispatch_queue_depth", 3),
+                            ("policy_version", 3), ("valid_groups_produced", 30), ("valid_groups_bound", 32)):  # fmt: skip
+            Gauge(s + name, "", registry=r).set(value)
         g = "asyncdapo_gateway_"
-        Gauge(g + "kv_cache_usage_ratio", "", registry=r).set(0.4)
-        Gauge(g + "running_requests", "", registry=r).set(10)
-        Gauge(g + "waiting_requests", "", registry=r).set(2)
-        Gauge(g + "policy_version", "", registry=r).set(3)
+        for name, value in (("kv_cache_usage", 0.4), ("engine_running", 10), ("engine_waiting", 2), ("in_flight", 12),
+                            ("paused", 0), ("weight_version", 3)):  # fmt: skip
+            Gauge(g + name, "", registry=r).set(value)
         self.gw_tokens = Counter(g + "generated_tokens", "", registry=r)
-        self.gw_load = Histogram(g + "weight_load_seconds", "", registry=r)
+        self.gw_requests = Counter(g + "requests", "", ["finish_reason"], registry=r)
+        self.gw_aborts = Counter(g + "aborts", "", ["cause"], registry=r)
+        self.gw_reload = Histogram(g + "reload_seconds", "", registry=r)
         v = "asyncdapo_verifier_"
         self.items = Counter(v + "items", "", ["status"], registry=r)
+        self.http = Counter(v + "requests", "", ["code"], registry=r)
         self.latency = Histogram(v + "request_seconds", "", registry=r)
-        self.restarts = Counter(v + "worker_restarts", "", registry=r)
+        self.restarts = Counter(v + "worker_restarts", "", ["reason"], registry=r)
+        Gauge(v + "workers_ready", "", registry=r).set(2)
+        Gauge(v + "queued_items", "", registry=r).set(0)
         t = "asyncdapo_trainer_"
-        for name, value in (("step", 5), ("policy_version", 5), ("reward_mean", 0.4), ("accuracy_mean", 0.5),
-                            ("response_length_mean", 21), ("response_clip_ratio", 0.1), ("staleness_mean", 0.2),
-                            ("staleness_max", 1), ("kl", 0.001), ("entropy", 1.2),
-                            ("last_step_timestamp_seconds", time.time())):  # fmt: skip
+        for name, value in (("step", 5), ("version", 5), ("reward_mean", 0.4), ("acc_mean", 0.5),
+                            ("val_accuracy", 0.45), ("response_length_mean", 21), ("response_length_max", 32),
+                            ("response_length_clip_ratio", 0.1), ("timing_wait_s", 0.4), ("timing_compute_s", 1.1),
+                            ("timing_checkpoint_s", 0.2), ("timing_publish_s", 0.3), ("actor_ppo_kl", 0.001),
+                            ("rollout_kl", 0.0005), ("actor_pg_clipfrac", 0.02), ("actor_pg_clipfrac_lower", 0.001),
+                            ("actor_entropy", 1.2), ("actor_grad_norm", 0.8)):  # fmt: skip
             Gauge(t + name, "", registry=r).set(value)
-        clip = Gauge(t + "clip_fraction", "", ["kind"], registry=r)
-        for kind in ("low", "high", "dual"):
-            clip.labels(kind).set(0.01)
-        Gauge(t + "checkpoint_info", "", ["path"], registry=r).labels("checkpoints/step-5").set(5)
-        self.phase = Counter(t + "phase_seconds", "", ["phase"], registry=r)
-        self.stale = Counter(t + "stale_groups_dropped", "", registry=r)
+        self.trained = Counter(t + "trained_groups", "", ["staleness"], registry=r)
         self._stop = threading.Event()
 
     def tick(self) -> None:
-        self.outcomes.labels("valid").inc(2)
-        self.outcomes.labels("filtered").inc(5)
+        self.outcomes.labels("valid", "").inc(2)
+        self.outcomes.labels("filtered", "").inc(5)
+        self.outcomes.labels("dropped", "verifier_error").inc(0)
         self.tokens.inc(500)
+        self.completions.inc(8)
         self.gw_tokens.inc(500)
+        self.gw_requests.labels("stop").inc(7)
+        self.gw_aborts.labels("abort_rpc").inc(1)
         self.early.inc()
         self.aborted_req.inc(3)
         self.aborted_tok.inc(40)
+        self.staleness.observe(0)
+        self.verifier_latency.observe(0.08)
         self.items.labels("ok").inc(30)
         self.items.labels("timeout").inc(1)
+        self.http.labels("200").inc()
         self.latency.observe(0.05)
-        self.gw_load.observe(1.5)
-        for phase, seconds in (("wait_groups", 0.1), ("old_logprob", 0.02), ("update", 0.06)):
-            self.phase.labels(phase).inc(seconds)
+        self.gw_reload.observe(1.5)
+        self.trained.labels("0").inc(2)
 
     def run(self) -> None:
         while not self._stop.wait(0.2):

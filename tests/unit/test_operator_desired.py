@@ -98,7 +98,9 @@ def test_cpu_run_objects_and_wiring() -> None:
     assert sched["--redis"] == "redis://tiny-math-redis.ml.svc:6379/0"
     assert sched["--verifier"] == "http://tiny-math-verifier.ml.svc:8080"
     assert sched["--gateways"] == "dns:tiny-math-gateway.ml.svc:50051"
-    assert sched["--config"] == "/etc/asyncdapo/run.yaml"
+    assert sched["--config"] == "/etc/asyncdapo/run.yaml" and sched["--host"] == "0.0.0.0"
+    assert sched["--token-file"] == "/var/run/asyncdapo/token/token"
+    assert "--start" in _container(objs, "Deployment", "tiny-math-scheduler")["args"]
     gw = _container(objs, "StatefulSet", "tiny-math-gateway")
     assert gw["args"][0] == "gateway" and _args(gw)["--engine"] == "vllm"
     assert _args(gw)["--model"] == "runs/cache/tiny-model-sft" and gw["workingDir"] == "/workspace"
@@ -109,6 +111,10 @@ def test_cpu_run_objects_and_wiring() -> None:
     trainer = _args(_container(objs, "Job", "tiny-math-trainer"))
     assert trainer["--data"] == "runs/cache/data/train.parquet"
     assert trainer["--scheduler"] == "tiny-math-scheduler.ml.svc:50051"
+    assert trainer["--token-file"] == _args(gw)["--token-file"] == sched["--token-file"]  # one run token
+    assert _args(gw)["--max-model-len"] == "96" and _args(gw)["--max-concurrency"] == "256"
+    verifier = _args(_container(objs, "Deployment", "tiny-math-verifier"))
+    assert verifier["--timeout-s"] == "5.0" and verifier["--workers"] == "1"
     # The ConfigMap is the full RunConfig, named after the resource.
     run = yaml.safe_load(objs[("ConfigMap", "tiny-math-config")]["data"]["run.yaml"])
     assert RunConfig.model_validate(run) == parse_spec(_spec(), "tiny-math").run
@@ -132,6 +138,14 @@ def test_gpu_run_uses_rayjob_gpus_and_placement() -> None:
     assert workers["replicas"] == 8 == workers["minReplicas"] == workers["maxReplicas"]
     assert workers["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert ray["spec"]["entrypoint"].startswith("asyncdapo trainer --config /etc/asyncdapo/run.yaml")
+    assert "--engine-arg" not in c["args"]  # one GPU: no tensor parallelism
+    tp = _desired(_spec("qwen3-8b-dapo-gpu.yaml", gateway={"replicas": 2, "gpusPerPod": 4}), ref=ref,
+                  defaults=OperatorDefaults(kuberay=True))  # fmt: skip
+    gw4 = _container(tp, "StatefulSet", "dapo-qwen3-8b-gateway")
+    assert (
+        _args(gw4)["--engine-arg"] == "tensor_parallel_size=4"
+        and gw4["resources"]["limits"]["nvidia.com/gpu"] == 4
+    )
     assert (
         "nvidia.com/gpu"
         not in ray["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0][

@@ -181,14 +181,18 @@ def test_parse_trainer_metrics() -> None:
 asyncdapo_trainer_step 12.0
 # TYPE asyncdapo_trainer_reward_mean gauge
 asyncdapo_trainer_reward_mean 0.375
-# TYPE asyncdapo_trainer_accuracy_mean gauge
-asyncdapo_trainer_accuracy_mean 0.5
+# TYPE asyncdapo_trainer_acc_mean gauge
+asyncdapo_trainer_acc_mean 0.5
+# TYPE asyncdapo_trainer_version gauge
+asyncdapo_trainer_version 12.0
 # TYPE asyncdapo_trainer_checkpoint_info gauge
 asyncdapo_trainer_checkpoint_info{path="checkpoints/step-10"} 10.0
 asyncdapo_trainer_checkpoint_info{path="checkpoints/step-12"} 12.0
-# TYPE asyncdapo_trainer_phase_seconds_total counter
-asyncdapo_trainer_phase_seconds_total{phase="update"} 3.5
+# TYPE asyncdapo_trainer_trained_groups_total counter
+asyncdapo_trainer_trained_groups_total{staleness="0"} 3.0
 """
     p = parse_trainer_metrics(text)
-    assert p == Progress(step=12, reward=0.375, accuracy=0.5, last_checkpoint="checkpoints/step-12")
+    assert p == Progress(
+        step=12, policy_version=12, reward=0.375, accuracy=0.5, last_checkpoint="checkpoints/step-12"
+    )
     assert parse_trainer_metrics("") == Progress()

@@ -58,7 +58,6 @@ ROLLOUT = Dashboard(
                     "{{run}}",
                 ),
             ),
-            unit="short",
             description="Response tokens received by the scheduler per second.",
             core=True,
         ),
@@ -70,8 +69,15 @@ ROLLOUT = Dashboard(
         Panel(
             "Prompt queue depth and in-flight prompts",
             (
-                _q(f"sum by (run) (asyncdapo_scheduler_queue_depth{{{RUN}}})", "queued {{run}}"),
-                _q(f"sum by (run) (asyncdapo_scheduler_in_flight_prompts{{{RUN}}})", "in flight {{run}}"),
+                _q(f"sum by (run) (asyncdapo_scheduler_queue_depth{{{RUN}}})", "queued prompts {{run}}"),
+                _q(
+                    f"sum by (run) (asyncdapo_scheduler_in_flight_prompts{{{RUN}}})",
+                    "in-flight prompts {{run}}",
+                ),
+                _q(
+                    f"sum by (run) (asyncdapo_scheduler_dispatch_queue_depth{{{RUN}}})",
+                    "awaiting a slot {{run}}",
+                ),
             ),
             core=True,
         ),
@@ -103,7 +109,10 @@ ROLLOUT = Dashboard(
             "Valid-group ratio",
             (
                 _q(
-                    f'sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome="valid"}}{RATE}))'
+                    # `or 0 * filtered`: a run whose groups are all filtered has no `valid` series yet.
+                    f'(sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome="valid"}}{RATE}))'
+                    f' or 0 * sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome="filtered"}}'
+                    f"{RATE})))"
                     f' / sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome=~"valid|filtered"}}'
                     f"{RATE}))",
                     "{{run}}",
@@ -111,23 +120,60 @@ ROLLOUT = Dashboard(
             ),
             unit="percentunit",
             description="valid / (valid + filtered): the share of groups with reward variance.",
+            core=True,
         ),
         Panel(
             "Outcomes/s",
             (
                 _q(
-                    f"sum by (outcome) (rate(asyncdapo_scheduler_outcomes_total{{{RUN}}}{RATE}))",
-                    "{{outcome}}",
+                    f"sum by (outcome, reason) (rate(asyncdapo_scheduler_outcomes_total{{{RUN}}}{RATE}))",
+                    "{{outcome}} {{reason}}",
                 ),
             ),
             stacked=True,
             core=True,
         ),
         Panel(
-            "Policy version and gateways",
+            "Valid groups vs bound, policy version",
             (
+                _q(f"max by (run) (asyncdapo_scheduler_valid_groups_produced{{{RUN}}})", "produced {{run}}"),
+                _q(
+                    f"max by (run) (asyncdapo_scheduler_valid_groups_bound{{{RUN}}})",
+                    "bound (v+s+1)·B {{run}}",
+                ),
                 _q(f"max by (run) (asyncdapo_scheduler_policy_version{{{RUN}}})", "version {{run}}"),
-                _q(f"sum by (state) (asyncdapo_scheduler_gateways{{{RUN}}})", "gateways {{state}}"),
+            ),
+        ),
+        Panel(
+            "Group staleness (versions)",
+            (
+                _q(
+                    "histogram_quantile(0.99, sum by (le, run) "
+                    f"(rate(asyncdapo_scheduler_group_staleness_versions_bucket{{{RUN}}}{RATE})))",
+                    "p99 {{run}}",
+                ),
+                _q(
+                    "histogram_quantile(0.5, sum by (le, run) "
+                    f"(rate(asyncdapo_scheduler_group_staleness_versions_bucket{{{RUN}}}{RATE})))",
+                    "p50 {{run}}",
+                ),
+            ),
+        ),
+        Panel(
+            "Errors and re-dispatches/s",
+            (
+                _q(
+                    f"sum by (gateway, code) (rate(asyncdapo_scheduler_gateway_errors_total{{{RUN}}}{RATE}))",
+                    "gateway {{gateway}} {{code}}",
+                ),
+                _q(
+                    f"sum by (kind) (rate(asyncdapo_scheduler_verifier_errors_total{{{RUN}}}{RATE}))",
+                    "verifier {{kind}}",
+                ),
+                _q(
+                    f"sum by (why) (rate(asyncdapo_scheduler_redispatched_requests_total{{{RUN}}}{RATE}))",
+                    "re-dispatch {{why}}",
+                ),
             ),
         ),
     ),
@@ -155,6 +201,11 @@ VERIFIER = Dashboard(
                     f"histogram_quantile(0.5, sum by (le) (rate(asyncdapo_verifier_request_seconds_bucket{RATE})))",
                     "p50",
                 ),
+                _q(
+                    "histogram_quantile(0.99, sum by (le) "
+                    f"(rate(asyncdapo_scheduler_verifier_latency_seconds_bucket{RATE})))",
+                    "p99 seen by schedulers",
+                ),
             ),
             unit="s",
             core=True,
@@ -179,10 +230,22 @@ VERIFIER = Dashboard(
             "Worker restarts",
             (
                 _q(
-                    f"sum by (instance) (increase(asyncdapo_verifier_worker_restarts_total{RATE}))",
-                    "{{instance}}",
+                    f"sum by (reason) (increase(asyncdapo_verifier_worker_restarts_total{RATE}))",
+                    "{{reason}}",
                 ),
             ),
+        ),
+        Panel(
+            "Workers ready and queued items",
+            (
+                _q("sum(asyncdapo_verifier_workers_ready)", "workers ready"),
+                _q("sum(asyncdapo_verifier_queued_items)", "queued items"),
+            ),
+        ),
+        Panel(
+            "HTTP requests/s by code",
+            (_q(f"sum by (code) (rate(asyncdapo_verifier_requests_total{RATE}))", "{{code}}"),),
+            stacked=True,
         ),
     ),
 )
@@ -193,22 +256,21 @@ TRAINER = Dashboard(
     panels=(
         Panel(
             "Step-time split",
-            (
-                _q(
-                    f"sum by (phase) (rate(asyncdapo_trainer_phase_seconds_total{{{RUN}}}{RATE}))",
-                    "{{phase}}",
-                ),
+            tuple(
+                _q(f"max by (run) (asyncdapo_trainer_timing_{part}_s{{{RUN}}})", f"{part} {{{{run}}}}")
+                for part in ("wait", "compute", "checkpoint", "publish")
             ),
-            unit="percentunit",
+            unit="s",
             stacked=True,
-            description="Share of wall time per phase of the step loop (waiting for groups, old log-probs, …).",
+            description="The last step: waiting for groups, compute (log-probs + update), checkpoint, publish.",
             core=True,
         ),
         Panel(
             "Reward and accuracy",
             (
                 _q(f"avg by (run) (asyncdapo_trainer_reward_mean{{{RUN}}})", "reward {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_accuracy_mean{{{RUN}}})", "accuracy {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_acc_mean{{{RUN}}})", "accuracy {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_val_accuracy{{{RUN}}})", "validation accuracy {{run}}"),
             ),
             core=True,
         ),
@@ -216,33 +278,44 @@ TRAINER = Dashboard(
             "Response length",
             (
                 _q(f"avg by (run) (asyncdapo_trainer_response_length_mean{{{RUN}}})", "mean {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_response_clip_ratio{{{RUN}}})", "clipped {{run}}"),
+                _q(f"max by (run) (asyncdapo_trainer_response_length_max{{{RUN}}})", "max {{run}}"),
             ),
         ),
         Panel(
-            "Staleness (t − v)",
+            "Clipped responses",
+            (_q(f"avg by (run) (asyncdapo_trainer_response_length_clip_ratio{{{RUN}}})", "{{run}}"),),
+            unit="percentunit",
+            description="Share of responses cut at max_response_length (overlong shaping applies).",
+        ),
+        Panel(
+            "Staleness of trained groups",
             (
-                _q(f"max by (run) (asyncdapo_trainer_staleness_max{{{RUN}}})", "max {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_staleness_mean{{{RUN}}})", "mean {{run}}"),
                 _q(
-                    f"sum by (run) (increase(asyncdapo_trainer_stale_groups_dropped_total{{{RUN}}}{RATE}))",
-                    "dropped {{run}}",
+                    f"sum by (staleness) (rate(asyncdapo_trainer_trained_groups_total{{{RUN}}}{RATE}))",
+                    "t − v = {{staleness}}",
                 ),
             ),
+            stacked=True,
         ),
         Panel(
             "KL and clip fractions",
             (
-                _q(f"avg by (run) (asyncdapo_trainer_kl{{{RUN}}})", "kl {{run}}"),
-                _q(f"avg by (run, kind) (asyncdapo_trainer_clip_fraction{{{RUN}}})", "clip {{kind}} {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_actor_ppo_kl{{{RUN}}})", "ppo kl {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_rollout_kl{{{RUN}}})", "rollout kl {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_actor_pg_clipfrac{{{RUN}}})", "clipfrac {{run}}"),
+                _q(
+                    f"avg by (run) (asyncdapo_trainer_actor_pg_clipfrac_lower{{{RUN}}})",
+                    "clipfrac lower {{run}}",
+                ),
             ),
         ),
         Panel(
-            "Step, version, entropy",
+            "Step, version, entropy, grad norm",
             (
                 _q(f"max by (run) (asyncdapo_trainer_step{{{RUN}}})", "step {{run}}"),
-                _q(f"max by (run) (asyncdapo_trainer_policy_version{{{RUN}}})", "version {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_entropy{{{RUN}}})", "entropy {{run}}"),
+                _q(f"max by (run) (asyncdapo_trainer_version{{{RUN}}})", "version {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_actor_entropy{{{RUN}}})", "entropy {{run}}"),
+                _q(f"avg by (run) (asyncdapo_trainer_actor_grad_norm{{{RUN}}})", "grad norm {{run}}"),
             ),
         ),
     ),
@@ -254,19 +327,19 @@ GATEWAYS = Dashboard(
     panels=(
         Panel(
             "KV-cache usage",
-            (_q(f"max by (instance) (asyncdapo_gateway_kv_cache_usage_ratio{{{RUN}}})", "{{instance}}"),),
+            (_q(f"max by (instance) (asyncdapo_gateway_kv_cache_usage{{{RUN}}})", "{{instance}}"),),
             unit="percentunit",
             core=True,
         ),
         Panel(
             "Running requests",
-            (_q(f"sum by (instance) (asyncdapo_gateway_running_requests{{{RUN}}})", "{{instance}}"),),
+            (_q(f"sum by (instance) (asyncdapo_gateway_engine_running{{{RUN}}})", "{{instance}}"),),
             stacked=True,
             core=True,
         ),
         Panel(
             "Waiting requests",
-            (_q(f"sum by (instance) (asyncdapo_gateway_waiting_requests{{{RUN}}})", "{{instance}}"),),
+            (_q(f"sum by (instance) (asyncdapo_gateway_engine_waiting{{{RUN}}})", "{{instance}}"),),
             stacked=True,
         ),
         Panel(
@@ -280,14 +353,27 @@ GATEWAYS = Dashboard(
             stacked=True,
         ),
         Panel(
-            "Weight load p99 and policy version",
+            "Finishes and aborts/s",
             (
                 _q(
-                    "histogram_quantile(0.99, sum by (le) "
-                    f"(rate(asyncdapo_gateway_weight_load_seconds_bucket{{{RUN}}}{RATE})))",
-                    "load p99 (s)",
+                    f"sum by (finish_reason) (rate(asyncdapo_gateway_requests_total{{{RUN}}}{RATE}))",
+                    "finish {{finish_reason}}",
                 ),
-                _q(f"max by (instance) (asyncdapo_gateway_policy_version{{{RUN}}})", "version {{instance}}"),
+                _q(
+                    f"sum by (cause) (rate(asyncdapo_gateway_aborts_total{{{RUN}}}{RATE}))", "abort {{cause}}"
+                ),
+            ),
+            stacked=True,
+        ),
+        Panel(
+            "Weight reload p99, version, paused",
+            (
+                _q(
+                    f"histogram_quantile(0.99, sum by (le) (rate(asyncdapo_gateway_reload_seconds_bucket{{{RUN}}}{RATE})))",
+                    "reload p99 (s)",
+                ),
+                _q(f"max by (instance) (asyncdapo_gateway_weight_version{{{RUN}}})", "version {{instance}}"),
+                _q(f"max by (instance) (asyncdapo_gateway_paused{{{RUN}}})", "paused {{instance}}"),
             ),
         ),
     ),

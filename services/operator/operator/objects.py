@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
-from .pods import GRPC_PORT, REDIS_PORT, TOKEN_FILE, VERIFIER_PORT, container_security, labels, selector
+from .pods import GRPC_PORT, REDIS_PORT, VERIFIER_PORT, container_security, labels, selector
 from .spec import API_GROUP, API_VERSION, KIND, TrainingRunSpec
 
 
@@ -138,8 +138,8 @@ def redis_env(spec: TrainingRunSpec) -> list[dict[str, Any]]:
 
 
 def client_env(spec: TrainingRunSpec) -> list[dict[str, Any]]:
-    """Env of the gateways' clients (scheduler, trainer): the control-RPC token and Redis password."""
-    return [{"name": "ASYNCDAPO_TOKEN_FILE", "value": TOKEN_FILE}, *redis_env(spec)]
+    """Env of Redis clients (scheduler, trainer): the password for `$(REDIS_PASSWORD)` in their args."""
+    return redis_env(spec)
 
 
 def verifier_url(spec: TrainingRunSpec, ref: RunRef) -> str:

@@ -17,12 +17,12 @@ from .status import Progress
 
 log = logging.getLogger(__name__)
 
-# Trainer gauges the status reads (deploy/METRICS.md lists them for the trainer to export).
+# Trainer gauges the status reads (deploy/METRICS.md).
 STEP = "asyncdapo_trainer_step"
-POLICY_VERSION = "asyncdapo_trainer_policy_version"
+POLICY_VERSION = "asyncdapo_trainer_version"
 REWARD = "asyncdapo_trainer_reward_mean"
-ACCURACY = "asyncdapo_trainer_accuracy_mean"
-CHECKPOINT_INFO = "asyncdapo_trainer_checkpoint_info"  # label `path`, value: the checkpoint's step
+ACCURACY = "asyncdapo_trainer_acc_mean"
+CHECKPOINT_INFO = "asyncdapo_trainer_checkpoint_info"  # label `path`, value: its step (requested, METRICS.md)
 
 
 def parse_trainer_metrics(text: str) -> Progress:

@@ -48,11 +48,14 @@ def scheduler(
     args = [
         "scheduler",
         "--config", CONFIG_FILE,
+        "--host", "0.0.0.0",
         "--port", str(GRPC_PORT),
         "--metrics-port", str(METRICS_PORT),
         "--redis", redis_url(spec, ref, defaults),
         "--verifier", verifier_url(spec, ref),
         "--gateways", f"dns:{svc_host(ref, 'gateway')}:{GRPC_PORT}",
+        "--token-file", TOKEN_FILE,
+        "--start",  # no one else would call StartRun: the run starts when its scheduler does
     ]  # fmt: skip
     container = make_container(
         "scheduler",
@@ -103,7 +106,12 @@ def gateway(
         "--metrics-port", str(METRICS_PORT),
         "--engine", gw.engine.value,
         "--token-file", TOKEN_FILE,
+        "--max-concurrency", str(spec.run.rollout.max_concurrent_per_gateway),
+        "--dtype", spec.run.model.dtype,
+        "--max-model-len", str(spec.run.data.max_prompt_length + spec.run.data.max_response_length),
     ]  # fmt: skip
+    if gw.gpus_per_pod > 1:  # one engine over the pod's GPUs
+        args += ["--engine-arg", f"tensor_parallel_size={gw.gpus_per_pod}"]
     container = make_container(
         "gateway",
         image(spec, defaults, gpu=gpu and gw.engine is GatewayEngine.VLLM),
@@ -154,11 +162,18 @@ def verifier(
         return []
     vols, mounts = volumes(spec, ref.name, config=False)
     http = {"port": VERIFIER_PORT}
+    verifier_args = [
+        "verifier",
+        "--host", "0.0.0.0",
+        "--port", str(VERIFIER_PORT),
+        "--workers", str(v.workers),
+        "--timeout-s", str(spec.run.reward.verifier_timeout_s),
+    ]  # fmt: skip
     container = make_container(
         "verifier",
         image(spec, defaults, gpu=False),
         pull_policy(spec, defaults),
-        ["verifier", "--host", "0.0.0.0", "--port", str(VERIFIER_PORT), "--workers", str(v.workers)],
+        verifier_args,
         env_vars=env(ref.name),
         mounts=mounts,
         res=resources(v.resources, CPU_DEFAULTS["verifier"]),

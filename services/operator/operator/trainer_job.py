@@ -30,6 +30,7 @@ from .pods import (
     CONFIG_HASH_ANNOTATION,
     GRPC_PORT,
     METRICS_PORT,
+    TOKEN_FILE,
     env,
     labels,
     pod_spec,
@@ -49,6 +50,7 @@ def trainer_args(
         *args,
         "--redis", redis_url(spec, ref, defaults, shell=shell),
         "--scheduler", f"{svc_host(ref, 'scheduler')}:{GRPC_PORT}",
+        "--token-file", TOKEN_FILE,
         "--metrics-port", str(METRICS_PORT),
     ]  # fmt: skip
 

@@ -1,0 +1,121 @@
+"""The dashboards against the real services: the local stack (Redis, verifier, a sim-engine gateway,
+scheduler, trainer) scraped by a real Prometheus on 127.0.0.1; every dashboard query runs, and the
+core panels of the rollout, verifier and gateway dashboards are non-empty.
+
+The gateway runs the token-timing simulator (no vLLM start), so responses are random tokens and
+every group is filtered: the trainer never completes a step and its core panels (step-time split,
+reward) stay empty here — they need a run that trains (vLLM and the warm-started tiny model, as in
+`make demo`); their queries are still run and must be valid.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from asyncdapo.config import RunConfig
+from asyncdapo.data.synth import synth_splits
+from asyncdapo.data.verl_format import write_examples
+from asyncdapo.local.ports import free_port, wait_until
+from asyncdapo.local.stack import LocalStack, StackOptions
+from asyncdapo.operator.dashboards import all_queries
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not shutil.which("prometheus"), reason="prometheus not installed (`make prometheus`)"),
+]
+
+
+def _query(url: str, promql: str) -> list[dict]:
+    body = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10).json()
+    assert body["status"] == "success", f"{promql}: {body.get('error')}"
+    return body["data"]["result"]
+
+
+def _promql(expr: str) -> str:
+    return expr.replace("$__rate_interval", "1m").replace("$run", ".*")
+
+
+def test_dashboards_on_the_local_stack(tiny_model_dir: Path, tmp_path: Path) -> None:
+    train, _ = synth_splits(200, 0, seed=0)
+    write_examples(train, tmp_path / "train.parquet")
+    cfg = RunConfig.model_validate(
+        {
+            "name": "prom-e2e",
+            "model": {"path": str(tiny_model_dir)},
+            "data": {
+                "train_files": [str(tmp_path / "train.parquet")],
+                "train_batch_size": 2,
+                "max_prompt_length": 64,
+                "max_response_length": 16,
+                "prompt_queue_watermark": 16,
+            },
+            "rollout": {"n": 4, "max_concurrent_prompts": 4},
+            "reward": {"overlong_buffer": {"enable": True, "len": 4}},
+            "trainer": {"total_steps": 2, "ppo_mini_batch_size": 2, "micro_batch_size": 8},
+        }
+    )
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    opts = StackOptions(config_path=config_path, run_dir=tmp_path / "run", gateways=1, engine="sim")
+    prom_port = free_port()
+    url = f"http://127.0.0.1:{prom_port}"
+    with LocalStack(cfg, opts) as stack:
+        ep = stack.start()
+        stack.start_trainer()
+        targets = [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"run": cfg.name, "component": name}}
+            for name, port in sorted(ep.metrics_ports.items())
+        ]
+        prom_cfg = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "asyncdapo", "static_configs": targets}],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
+        proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "prometheus.log").open("w"),
+        )
+        try:
+            wait_until(lambda: httpx.get(f"{url}/-/ready", timeout=1).status_code == 200, 30, "prometheus")
+            wait_until(
+                lambda: len(_query(url, 'up{job="asyncdapo"} == 1')) == len(targets), 60, "all targets up"
+            )
+
+            def flowing() -> bool:
+                stack.check()  # a crashed service fails the test with its name and log
+                tokens = _query(url, "sum(rate(asyncdapo_scheduler_generated_tokens_total[1m]))")
+                items = _query(url, "sum(rate(asyncdapo_verifier_items_total[1m]))")
+                return (
+                    bool(tokens and items)
+                    and float(tokens[0]["value"][1]) > 0
+                    and float(items[0]["value"][1]) > 0
+                )
+
+            wait_until(flowing, 180, "tokens and verifier items in Prometheus", interval_s=1.0)
+            time.sleep(3)  # a few more scrapes, so that every rate has two samples in its window
+            empty_core = []
+            for uid, title, expr, core in all_queries():
+                result = _query(url, _promql(expr))
+                if core and not result and uid != "asyncdapo-trainer":
+                    empty_core.append(f"{uid} / {title}: {expr}")
+            assert empty_core == [], "\n".join(empty_core)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
