@@ -3,6 +3,8 @@ the log-probs a model assigns to a response."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -16,6 +18,15 @@ from asyncdapo.trainer.model import Precision, compute_log_probs
 from asyncdapo.v1 import common_pb2, rollout_pb2
 
 PAD = 0
+
+
+@pytest.fixture()
+def one_torch_thread() -> Iterator[None]:
+    """A shared small box: OpenMP's spinning threads make tiny-model passes ~5x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _group(
@@ -104,7 +115,7 @@ def test_validate_group_names_the_field(mutate, field: str) -> None:  # type: ig
         validate_group(g, vocab_size=100, max_response_length=16)
 
 
-def test_padding_does_not_change_log_probs() -> None:
+def test_padding_does_not_change_log_probs(one_torch_thread: None) -> None:
     """Each row's log-probs in a padded batch equal those of the row run alone, unpadded."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
