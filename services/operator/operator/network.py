@@ -6,7 +6,7 @@ accident. Ingress only (egress targets â€” API server, external Redis, storage â
 | gateway | gRPC control/generate port: this run's scheduler and trainer only; metrics: anyone |
 | scheduler | gRPC: this run's trainer and the asyncdapo operator (GetRun); metrics: anyone |
 | verifier (dedicated) | HTTP: this run's scheduler and the monitoring namespace (/metrics shares the port) |
-| trainer | everything between this run's trainer pods (Ray head/workers); metrics: anyone |
+| trainer | everything between this run's trainer pods (Ray head/workers); metrics: anyone; the Ray job API (8265) from the KubeRay operator |
 | redis (managed) | this run's scheduler and trainer |
 | prepare | nothing |
 
@@ -21,6 +21,8 @@ from typing import Any
 from .objects import OperatorDefaults, RunRef, meta
 from .pods import COMPONENT_LABEL, GRPC_PORT, METRICS_PORT, REDIS_PORT, RUN_LABEL, VERIFIER_PORT, selector
 from .spec import TrainingRunSpec
+
+RAY_DASHBOARD_PORT = 8265
 
 
 def _run_pods(ref: RunRef, *components: str) -> dict[str, Any]:
@@ -107,5 +109,12 @@ def network_policies(
                 [{"from": [_run_pods(ref, "scheduler"), monitoring], "ports": _port(VERIFIER_PORT)}],
             )
         )
-    out.append(_policy(ref, "trainer", [{"from": [_run_pods(ref, "trainer")]}, metrics_from_anyone]))
+    trainer_ingress = [{"from": [_run_pods(ref, "trainer")]}, metrics_from_anyone]
+    if spec.run.trainer.workers > 1:  # the KubeRay operator polls the Ray head's job API
+        kuberay = {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}},
+        }
+        trainer_ingress.append({"from": [kuberay], "ports": _port(RAY_DASHBOARD_PORT)})
+    out.append(_policy(ref, "trainer", trainer_ingress))
     return out
