@@ -91,9 +91,9 @@ class GroupsReader:
         self.consumer = consumer
         self._replay_from: str | None = "0-0"  # None once every pending entry was replayed
 
-    def start(self, covered_by_checkpoint: list[str]) -> int:
+    def start(self, covered_by_checkpoint: list[str]) -> tuple[int, int]:
         """Create the consumer group, XACK what the last checkpoint covers, take over pending
-        entries; returns how many entries will be replayed."""
+        entries; returns (entries to replay, pending entries found trimmed from the stream)."""
         try:
             self.client.xgroup_create(self.keys.groups, GROUPS_CONSUMER_GROUP, id="0", mkstream=True)
         except redis.ResponseError as err:
@@ -120,9 +120,8 @@ class GroupsReader:
         if missing:
             log.warning("%d pending group(s) were trimmed from the stream before training", missing)
             self.client.hincrby(self.keys.counters, dropped_counter(DropReason.MISSING), missing)
-        pending = self.client.xpending(self.keys.groups, GROUPS_CONSUMER_GROUP)
         self._replay_from = "0-0"
-        return int(pending["pending"])
+        return self.pending_count(), missing
 
     def read(self, count: int, block_ms: int) -> list[Entry]:
         """Up to `count` entries: pending ones being replayed first, then new ones."""

@@ -152,7 +152,8 @@ class Trainer:
         ckpt_cursor = Cursor.from_dict(self.state.feed_cursor) if self.state.feed_cursor else None
         self.feed.restore(ckpt_cursor)
         self.reader = GroupsReader(self.redis, self.keys, self.opts.consumer)
-        replay = self.reader.start(covered_by_checkpoint=self.state.covered_group_ids)
+        replay, missing = self.reader.start(covered_by_checkpoint=self.state.covered_group_ids)
+        self.counters[dropped_counter(DropReason.MISSING)] += missing
         self.state.covered_group_ids = []
         self.notifier = Notifier(self.redis, self.keys, self.opts.scheduler, self.opts.token)
         out = Path(self.opts.out_dir)
@@ -291,6 +292,7 @@ class Trainer:
             self.reader.drop(drops)
             for _, reason in drops:
                 self.counters[dropped_counter(reason)] += 1
+                self.metrics.dropped.labels(reason=reason.value).inc()
             if entries:
                 last_progress = time.monotonic()
             elif self.opts.max_wait_s is not None and time.monotonic() - last_progress > self.opts.max_wait_s:
@@ -364,7 +366,7 @@ class Trainer:
             "rollout/kl": float(sums[2]) / known_tok,  # k1 estimate of KL(behaviour || pi_old)
             "rollout/logprob_coverage": float(sums[3]) / tok,
             **{f"staleness/{k}": v for k, v in sorted(staleness.items())},
-            "staleness/token_mean": token_lag / n_tokens if n_tokens else 0.0,
+            "rollout/token_staleness_mean": token_lag / n_tokens if n_tokens else 0.0,
             "group_ids": [g.prompt_id for g in groups],
         }
         if tis is not None:

@@ -18,6 +18,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 PREFIX = "asyncdapo_trainer_"
+# record keys that Prometheus gets as labelled counters instead of one gauge per key
+LABELLED = ("dropped/", "staleness/")
 
 
 def _prom_name(key: str) -> str:
@@ -69,6 +71,10 @@ class MetricsSink:
         self.log = JsonlLog(jsonl_path)
         self.registry = CollectorRegistry()
         self._gauges: dict[str, Gauge] = {}
+        self.dropped = Counter(
+            PREFIX + "dropped_groups", "Groups dropped instead of trained, by DropReason", ["reason"],
+            registry=self.registry,
+        )  # fmt: skip
         self.staleness = Counter(
             PREFIX + "trained_groups", "Groups trained, by staleness (version - min_version)", ["staleness"],
             registry=self.registry,
@@ -83,7 +89,7 @@ class MetricsSink:
     def write(self, record: Mapping[str, Any]) -> None:
         self.log.write(record)
         for key, value in record.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, bool) or not isinstance(value, int | float) or key.startswith(LABELLED):
                 continue
             gauge = self._gauges.get(key)
             if gauge is None:

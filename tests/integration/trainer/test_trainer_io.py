@@ -110,7 +110,7 @@ def test_reader_replays_pending_then_reads_new_and_acks_checkpointed(redis_clien
     assert [e.id for e in old.read(3, block_ms=10)] == ids[:3]
 
     new = GroupsReader(redis_client, KEYS, consumer="trainer-0")
-    assert new.start(covered_by_checkpoint=[ids[0]]) == 2  # ids[1], ids[2] still pending
+    assert new.start(covered_by_checkpoint=[ids[0]]) == (2, 0)  # ids[1], ids[2] still pending
     got = new.read(1, block_ms=10) + new.read(5, block_ms=10)
     assert [e.id for e in got] == ids[1:3]  # replay first, oldest first, nothing twice
     fresh = new.read(5, block_ms=10)
@@ -137,7 +137,7 @@ def test_reader_drops_missing_and_malformed_entries(redis_client: Any) -> None:
     }
     reader.drop([(e, e.error) for e in entries if e.error])
     restarted = GroupsReader(redis_client, KEYS)
-    restarted.start([])
+    assert restarted.start([]) == (0, 1)
     replay = restarted.read(10, block_ms=10)
     # XAUTOCLAIM removes deleted entries from the pending list, so nothing is left to replay
     assert replay == [] and restarted.pending_count() == 0
