@@ -26,14 +26,14 @@ import torch
 from asyncdapo.config import RunConfig
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.redis_keys import RunKeys
-from asyncdapo.trainer.algos import grpo_advantages, masked_sum, tis_weights
+from asyncdapo.trainer.algos import grpo_advantages, tis_weights
 from asyncdapo.trainer.batch import TrainBatch, build_batch
 from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
 from asyncdapo.trainer.data_feed import Cursor, PromptFeed, make_encoder
 from asyncdapo.trainer.dist import DistContext
 from asyncdapo.trainer.faults import CrashPoint, maybe_crash
 from asyncdapo.trainer.groups_reader import DropReason, Entry, GroupsReader, classify, dropped_counter
-from asyncdapo.trainer.metrics import JsonlLog, MetricsSink
+from asyncdapo.trainer.metrics import JsonlLog, MetricsSink, batch_metrics
 from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
 from asyncdapo.trainer.publish import Notifier, publish
 from asyncdapo.trainer.update import UpdateSettings, ppo_update, rows_of_rank
@@ -330,50 +330,20 @@ class Trainer:
         version: int,
         groups: list[rollout_pb2.Group],
     ) -> dict[str, Any]:
-        lengths = batch.response_lengths
-        # per-rank sums over the rows this rank computed, then summed over ranks
-        own = torch.zeros_like(dev_batch.response_mask)
-        own[torch.as_tensor(mine, device=own.device)] = 1.0
-        mask = dev_batch.response_mask * own
-        known = mask * dev_batch.rollout_logprob_mask
-        sums = torch.stack([
-            masked_sum(entropy, mask), mask.sum(),
-            masked_sum(dev_batch.rollout_log_probs - old_lp, known), known.sum(),
-            masked_sum(tis, mask) if tis is not None else torch.zeros(()),
-            masked_sum((tis >= self.cfg.algorithm.tis_cap).float(), mask) if tis is not None else torch.zeros(()),
-        ]).double()  # fmt: skip
-        sums = self.dist.all_reduce_sum(sums).cpu()
-        tok, known_tok = max(float(sums[1]), 1.0), max(float(sums[3]), 1.0)
-        staleness = Counter(version - g.min_version for g in groups)
-        # tokens of one response may come from several versions (weight_update_mode keep)
-        token_lag = sum(run.num_tokens * (version - run.version) for g in groups for r in g.responses
-                        for run in r.version_runs)  # fmt: skip
-        n_tokens = sum(run.num_tokens for g in groups for r in g.responses for run in r.version_runs)
-        out: dict[str, Any] = {
-            "batch/groups": len(groups),
-            "batch/responses": batch.size,
-            "reward/mean": float(batch.rewards.mean()),
-            "reward/std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
-            "score/mean": float(batch.scores.mean()),
-            "acc/mean": float(batch.acc.mean()),
-            "response_length/mean": float(lengths.mean()),
-            "response_length/max": float(lengths.max()),
-            "response_length/clip_ratio": float(batch.truncated.float().mean()),
-            "prompt_length/mean": float(
-                batch.attention_mask[:, : batch.prompt_length].sum(-1).float().mean()
-            ),
-            "actor/entropy": float(sums[0]) / tok,
-            "rollout/kl": float(sums[2]) / known_tok,  # k1 estimate of KL(behaviour || pi_old)
-            "rollout/logprob_coverage": float(sums[3]) / tok,
-            **{f"staleness/{k}": v for k, v in sorted(staleness.items())},
-            "rollout/token_staleness_mean": token_lag / n_tokens if n_tokens else 0.0,
-            "group_ids": [g.prompt_id for g in groups],
-        }
-        if tis is not None:
-            out["tis/mean_weight"] = float(sums[4]) / tok
-            out["tis/capped_frac"] = float(sums[5]) / tok
+        out = batch_metrics(
+            batch,
+            dev_batch,
+            mine,
+            old_lp,
+            entropy,
+            tis,
+            self.cfg.algorithm.tis_cap,
+            version,
+            groups,
+            self.dist,
+        )
         if self.dist.is_main:
-            for k, v in staleness.items():
+            for k, v in Counter(version - g.min_version for g in groups).items():
                 self.metrics.staleness.labels(staleness=str(k)).inc(v)
             for reason in DropReason:
                 out[f"dropped/{reason.value}"] = self.counters[dropped_counter(reason)]

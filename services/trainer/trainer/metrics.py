@@ -1,4 +1,5 @@
-"""Step metrics: one JSON line per training step, and Prometheus gauges/counters.
+"""Step metrics: what a batch was (`batch_metrics`), one JSON line per training step, and
+Prometheus gauges (one per numeric key) and labelled counters (drop reasons, staleness).
 
 The JSON lines file is consistent with the checkpoints: on resume, lines of steps after the
 restored checkpoint are dropped (those steps are trained again), so every step appears once.
@@ -11,11 +12,18 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter as Tally
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from asyncdapo.trainer.algos import masked_sum
+from asyncdapo.trainer.batch import TrainBatch
+from asyncdapo.trainer.dist import DistContext
+from asyncdapo.v1 import rollout_pb2
 
 PREFIX = "asyncdapo_trainer_"
 # record keys that Prometheus gets as labelled counters instead of one gauge per key
@@ -103,3 +111,63 @@ class MetricsSink:
             server.shutdown()
             thread.join(timeout=5)
             self._server = None
+
+
+def batch_metrics(
+    batch: TrainBatch,
+    dev_batch: TrainBatch,
+    mine: list[int],
+    old_lp: torch.Tensor,
+    entropy: torch.Tensor,
+    tis: torch.Tensor | None,
+    tis_cap: float | None,
+    version: int,
+    groups: list[rollout_pb2.Group],
+    dist: DistContext,
+) -> dict[str, Any]:
+    """What a step trained on: rewards, lengths, entropy, rollout/trainer mismatch, staleness.
+
+    `old_lp` / `entropy` / `tis` hold values only on the rows this rank computed (`mine`); their
+    sums are all-reduced, so every rank returns the same whole-batch figures.
+    """
+    lengths = batch.response_lengths
+    own = torch.zeros_like(dev_batch.response_mask)
+    own[torch.as_tensor(mine, device=own.device)] = 1.0
+    mask = dev_batch.response_mask * own
+    known = mask * dev_batch.rollout_logprob_mask
+    zero = torch.zeros((), device=mask.device)
+    sums = torch.stack([
+        masked_sum(entropy, mask), mask.sum(),
+        masked_sum(dev_batch.rollout_log_probs - old_lp, known), known.sum(),
+        masked_sum(tis, mask) if tis is not None else zero,
+        masked_sum((tis >= tis_cap).float(), mask) if tis is not None and tis_cap else zero,
+    ]).double()  # fmt: skip
+    sums = dist.all_reduce_sum(sums).cpu()
+    tok, known_tok = max(float(sums[1]), 1.0), max(float(sums[3]), 1.0)
+    staleness = Tally(version - g.min_version for g in groups)
+    # the tokens of one response may come from several versions (weight_update_mode keep)
+    runs = [run for g in groups for r in g.responses for run in r.version_runs]
+    n_tokens = sum(run.num_tokens for run in runs)
+    token_lag = sum(run.num_tokens * (version - run.version) for run in runs)
+    out: dict[str, Any] = {
+        "batch/groups": len(groups),
+        "batch/responses": batch.size,
+        "reward/mean": float(batch.rewards.mean()),
+        "reward/std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
+        "score/mean": float(batch.scores.mean()),
+        "acc/mean": float(batch.acc.mean()),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/clip_ratio": float(batch.truncated.float().mean()),
+        "prompt_length/mean": float(batch.attention_mask[:, : batch.prompt_length].sum(-1).float().mean()),
+        "actor/entropy": float(sums[0]) / tok,
+        "rollout/kl": float(sums[2]) / known_tok,  # k1 estimate of KL(behaviour || pi_old)
+        "rollout/logprob_coverage": float(sums[3]) / tok,
+        "rollout/token_staleness_mean": token_lag / n_tokens if n_tokens else 0.0,
+        **{f"staleness/{k}": v for k, v in sorted(staleness.items())},
+        "group_ids": [g.prompt_id for g in groups],
+    }
+    if tis is not None:
+        out["tis/mean_weight"] = float(sums[4]) / tok
+        out["tis/capped_frac"] = float(sums[5]) / tok
+    return out

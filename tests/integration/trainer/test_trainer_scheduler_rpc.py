@@ -89,8 +89,11 @@ def test_publish_and_validate_through_the_scheduler(
     train_file: Path,
 ) -> None:
     servicer, addr = scheduler
+    # also exercises the optional terms: TIS weights, KL loss to a frozen reference, entropy bonus
     cfg = make_config(tmp_path / "out", trainer__total_steps=2, trainer__val_every=2, rollout__max_staleness=1,
-                      data__val_files=[str(train_file)], data__val_size=3, rollout__val_n=2)  # fmt: skip
+                      data__val_files=[str(train_file)], data__val_size=3, rollout__val_n=2,
+                      algorithm__tis_cap=2.0, algorithm__kl_coef=0.1, algorithm__entropy_coeff=0.01,
+                      trainer__ppo_mini_batch_size=2)  # fmt: skip
     rollout.produce(redis_client, RunKeys(cfg.name), iter(rollout.records(40, epoch=31)), 4)
     opts = TrainerOptions(redis_url, tmp_path / "out", scheduler=addr, token=TOKEN, max_wait_s=30)
     Trainer(cfg, opts).run()
@@ -105,6 +108,9 @@ def test_publish_and_validate_through_the_scheduler(
     assert all(p.prompt_token_ids and p.ground_truth for p in req.prompts)
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert "val/accuracy" not in lines[0]
+    assert lines[0]["tis/mean_weight"] == pytest.approx(1.0, abs=1e-3)  # behaviour == old policy here
+    assert lines[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # one mini-batch: still the reference
+    assert lines[1]["actor/kl_loss"] > 0 and lines[1]["actor/entropy_loss"] > 0
     assert lines[1]["val/accuracy"] == 0.5 and lines[1]["val/policy_version"] == 2
 
     # a restart with the scheduler already at the checkpointed version publishes nothing again
