@@ -1,10 +1,11 @@
 """Step metrics: what a batch was (`batch_metrics`), one JSON line per training step, and
 Prometheus gauges (one per numeric key) and labelled counters (drop reasons, staleness).
 
-The JSON lines file is consistent with the checkpoints: on resume, lines of steps after the
-restored checkpoint are dropped (those steps are trained again), so every step appears once.
-Each line has `step` and `group_ids` (the stream prompt ids the step trained), so the file is also
-the ledger of what was trained.
+JSON lines files are kept consistent with the checkpoints: on resume, lines of steps after the
+restored checkpoint are dropped (those steps are trained again), so no step appears twice. The
+trainer's ledger `trained.jsonl` (step, stream ids, prompt ids) is written before the checkpoint,
+so it lists every checkpointed step; `metrics.jsonl` is written at the end of a step and can miss
+the line of a step whose process died between its checkpoint and its end.
 """
 
 from __future__ import annotations
