@@ -10,16 +10,18 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from asyncdapo.errors import AsyncdapoError
 from asyncdapo.local.ports import free_port, wait_until
 
 
-class RedisServerError(RuntimeError):
+class RedisServerError(AsyncdapoError):
     pass
 
 
 class RedisServer:
     def __init__(self, workdir: Path, port: int | None = None, appendonly: bool = True) -> None:
-        self.workdir = Path(workdir)
+        # Absolute: redis-server resolves --logfile after moving into --dir.
+        self.workdir = Path(workdir).resolve()
         self.port = port or free_port()
         self.appendonly = appendonly
         self.proc: subprocess.Popen[bytes] | None = None

@@ -38,7 +38,8 @@ def run_status(stub, run: str) -> dict[str, Any]:
 
     st = stub.GetRun(scheduler_pb2.GetRunRequest(run=run), timeout=5.0)
     outcomes = dict(st.outcomes)
-    finished = sum(outcomes.values())
+    # Requeued prompts were aborted, not completed: they say nothing about group variance.
+    finished = sum(v for k, v in outcomes.items() if k != "requeued")
     return {
         "rollout/policy_version": st.policy_version,
         "rollout/valid_groups": st.valid_groups_produced,
