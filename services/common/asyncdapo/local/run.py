@@ -106,6 +106,8 @@ def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: boo
         val_before = validate(cfg, stub)
         if val_before is not None:
             progress.note(f"validation accuracy before training: {val_before:.3f}")
+            with merged_path.open("a") as f:
+                f.write(json.dumps({"step": 0, "val/accuracy": val_before}) + "\n")
         progress.stage("trainer")
         stack.start_trainer()
         seen = 0
@@ -134,12 +136,16 @@ def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: boo
         stack.stop()
 
     rows = read_metrics(merged_path)
-    val_rows = [r["val/accuracy"] for r in rows if isinstance(r.get("val/accuracy"), int | float)]
+    val_rows = [
+        r["val/accuracy"]
+        for r in rows
+        if r.get("step", 0) > 0 and isinstance(r.get("val/accuracy"), int | float)
+    ]
     summary = {
         "run": cfg.name,
         "val_acc_before": val_before,
         "val_acc_after": val_rows[-1] if val_rows else None,
-        "steps": rows[-1]["step"] if rows else 0,
+        "steps": max((r.get("step", 0) for r in rows), default=0),
         "early_stops": status.get("rollout/early_stops", 0),
         "aborted_tokens": status.get("rollout/aborted_tokens", 0),
         "outcomes": status.get("rollout/outcomes", {}),
