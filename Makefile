@@ -93,7 +93,7 @@ $(CACHE)/tiny-model-sft/config.json: $(CACHE)/tiny-model/config.json $(CACHE)/da
 demo-assets: $(CACHE)/tiny-model-sft/config.json
 
 demo: install demo-assets
-	$(BIN)/asyncdapo up $(DEMO_CONFIG)
+	$(BIN)/asyncdapo up $(DEMO_CONFIG) --fresh
 
 # Benchmarks print their figures and end with one `RESULT key=value …` line.
 bench-verifier: install

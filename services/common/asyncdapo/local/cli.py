@@ -20,16 +20,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--timeout-s", type=float, default=3600.0, help="stop the run after this long")
     p.add_argument("--quiet", action="store_true", help="one line per step instead of a live bar")
+    state = p.add_mutually_exclusive_group()
+    state.add_argument("--fresh", action="store_true", help="delete the run directory's state and start over")
+    state.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.set_defaults(func=_up)
 
 
 def _up(args: argparse.Namespace) -> int:
     from asyncdapo.config import load_run_config
-    from asyncdapo.local.run import run_local
+    from asyncdapo.local.run import prepare_run_dir, run_local
     from asyncdapo.local.stack import StackOptions
 
     cfg = load_run_config(args.config)
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
+    prepare_run_dir(run_dir, fresh=args.fresh, resume=args.resume)
     opts = StackOptions(
         config_path=Path(args.config),
         run_dir=run_dir,

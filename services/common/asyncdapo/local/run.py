@@ -86,12 +86,26 @@ def validate(cfg: RunConfig, stub) -> float | None:
     return stub.Evaluate(req, timeout=600.0).accuracy
 
 
+def prepare_run_dir(run_dir: Path, *, fresh: bool, resume: bool) -> None:
+    """A run directory holds Redis (AOF) and checkpoints: reuse it only when asked to."""
+    import shutil
+
+    has_state = (run_dir / "redis").exists() or (run_dir / "trainer").exists()
+    if has_state and fresh:
+        shutil.rmtree(run_dir)
+    elif has_state and not resume:
+        raise AsyncdapoError(
+            f"{run_dir} holds a previous run (Redis state, checkpoints): pass --fresh to start over "
+            "or --resume to continue it"
+        )
+
+
 def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: bool) -> int:
     start = time.monotonic()
     run_dir = Path(opts.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     merged_path = run_dir / "metrics.jsonl"
-    merged_path.write_text("")
+    merged_path.touch()
     trainer_metrics = run_dir / "trainer" / "metrics.jsonl"
     progress = Progress(cfg, live=live)
     stack = LocalStack(cfg, opts)
