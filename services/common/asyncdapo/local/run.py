@@ -54,6 +54,20 @@ def run_status(stub, run: str) -> dict[str, Any]:
     }
 
 
+def stop_rollout(stub, run: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """StopRun with abort: prompts still in flight get their outcome (requeued) before shutdown."""
+    from asyncdapo.v1 import scheduler_pb2
+
+    stub.StopRun(scheduler_pb2.StopRunRequest(run=run, abort_in_flight=True), timeout=10.0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = stub.GetRun(scheduler_pb2.GetRunRequest(run=run), timeout=5.0)
+        if st.phase == scheduler_pb2.RUN_PHASE_STOPPED:
+            break
+        time.sleep(0.2)
+    return run_status(stub, run)
+
+
 def validate(cfg: RunConfig, stub) -> float | None:
     """Accuracy of the current policy on the validation files through Scheduler.Evaluate."""
     if not cfg.data.val_files:
@@ -141,6 +155,7 @@ def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: boo
             if time.monotonic() - start > timeout_s:
                 raise RunTimeout(f"run did not finish within {timeout_s:.0f} s (see {stack.logs})")
             time.sleep(1.0)
+        status = stop_rollout(stub, cfg.name)
         channel.close()
     except KeyboardInterrupt:
         interrupted = True

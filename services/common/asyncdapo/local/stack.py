@@ -18,6 +18,8 @@ from asyncdapo.local.ports import free_port
 from asyncdapo.local.redis_server import RedisServer
 from asyncdapo.local.supervisor import ServiceSpec, Supervisor
 
+RUN_DIR_ENV = "ASYNCDAPO_RUN_DIR"
+
 
 @dataclass
 class StackOptions:
@@ -69,7 +71,9 @@ class LocalStack:
         self.opts = opts
         self.run_dir = Path(opts.run_dir)
         self.logs = self.run_dir / "logs"
-        self.sup = Supervisor(self.logs)
+        # Every service (and whatever it spawns) inherits this marker, so a check can find any
+        # process of this run that outlived the stack.
+        self.sup = Supervisor(self.logs, env={RUN_DIR_ENV: str(self.run_dir.resolve())})
         self.redis: RedisServer | None = None
         self.ep = StackEndpoints()
 

@@ -70,8 +70,9 @@ class Managed:
 
 
 class Supervisor:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.log_dir = Path(log_dir)
+        self.env = env or {}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Managed] = []
 
@@ -79,7 +80,7 @@ class Supervisor:
         """Start `spec` and wait until its readiness probe passes (or it fails, named)."""
         log_path = self.log_dir / f"{spec.name}.log"
         log = log_path.open("ab")
-        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, **spec.env, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(
             spec.argv,
             stdout=log,

@@ -1,0 +1,135 @@
+"""The whole local stack, as `make demo` runs it but shortened: `asyncdapo up` with real vLLM
+gateways, the verifier, the scheduler and the trainer, against a Redis the test owns so it can
+inspect what the run left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from asyncdapo.local.stack import RUN_DIR_ENV
+from asyncdapo.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
+
+pytestmark = pytest.mark.slow
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def warm_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The demo's assets, smaller: synthetic data and a short, deliberately slippy warm-start."""
+    from asyncdapo.data.synth import SynthSpec, synth_splits
+    from asyncdapo.data.verl_format import write_examples
+    from asyncdapo.sft import supervised_warm_start
+
+    root = tmp_path_factory.mktemp("e2e-assets")
+    train, val = synth_splits(150, 24, seed=0, spec=SynthSpec(ops=("+", "-"), max_operand=9))
+    write_examples(train, root / "data" / "train.parquet")
+    write_examples(val, root / "data" / "val.parquet")
+    supervised_warm_start(tiny_model_dir, train, root / "model", steps=200, lr=3e-3, slip_fraction=0.5)
+    return root / "model", root / "data"
+
+
+def _config(tmp_path: Path, model: Path, data: Path) -> Path:
+    cfg = {
+        "name": "e2e-tiny",
+        "model": {"path": str(model)},
+        "data": {
+            "train_files": [str(data / "train.parquet")],
+            "val_files": [str(data / "val.parquet")],
+            "train_batch_size": 4,
+            "max_prompt_length": 64,
+            "max_response_length": 16,
+            "prompt_queue_watermark": 64,
+        },
+        # Many prompts in flight so the bound is reached with requests still running: early
+        # stops must abort something.
+        "rollout": {"n": 4, "max_concurrent_prompts": 24, "max_staleness": 0},
+        "reward": {"overlong_buffer": {"enable": True, "len": 4, "penalty_factor": 0.5}},
+        "trainer": {
+            "total_steps": STEPS,
+            "ppo_mini_batch_size": 4,
+            "micro_batch_size": 32,
+            "lr": 5e-4,
+            "warmup_steps": 0,
+            "val_every": STEPS,
+        },
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _processes_of_run(run_dir: Path) -> list[str]:
+    """Live processes carrying this run's marker (every service and its children inherit it)."""
+    marker = f"{RUN_DIR_ENV}={run_dir.resolve()}".encode()
+    left = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().split()[2]
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in environ and state != "Z":
+            left.append(cmd)
+    return left
+
+
+def test_short_run_trains_early_stops_and_cleans_up(
+    warm_model: tuple[Path, Path], redis_url: str, tmp_path: Path
+) -> None:
+    model, data = warm_model
+    config = _config(tmp_path, model, data)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncdapo.cli", "up", str(config), "--quiet", "--run-dir", str(run_dir),
+         "--redis-url", redis_url, "--timeout-s", "600"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+
+    result = re.search(r"^RESULT (.*)$", proc.stdout, re.M)
+    assert result, out[-2000:]
+    fields = dict(kv.split("=") for kv in result.group(1).split())
+    assert int(fields["steps"]) == STEPS
+    assert int(fields["early_stops"]) >= STEPS
+    assert 0.0 <= float(fields["val_acc_before"]) <= 1.0 and 0.0 <= float(fields["val_acc_after"]) <= 1.0
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    # Versions advance: the rollout side serves the weights of the last step.
+    assert steps[-1]["rollout/policy_version"] == STEPS
+    assert steps[-1]["rollout/aborted_requests"] > 0
+    assert (run_dir / "report.md").exists() and (run_dir / "report.png").stat().st_size > 0
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = RunKeys("e2e-tiny")
+    # Groups are consumed: every group the trainer read was acknowledged.
+    assert r.xlen(keys.groups) >= STEPS * 4
+    assert r.xpending(keys.groups, GROUPS_CONSUMER_GROUP)["pending"] == 0
+    # Every admitted prompt attempt ended in exactly one recorded outcome; nothing is left claimed.
+    assert r.hlen(keys.prompts_claimed) == 0
+    counters = r.hgetall(keys.counters)
+    outcomes = {k: int(v) for k, v in counters.items() if k.startswith("outcome:")}
+    assert int(counters["admitted"]) == sum(outcomes.values()) > 0
+    assert outcomes.get("outcome:valid", 0) >= STEPS * 4
+    for key in r.scan_iter(match=keys.prefix.replace("{", "\\{").replace("}", "\\}") + "prompt:*"):
+        if key.endswith(":data"):
+            continue
+        state = r.hgetall(key)
+        for attempt in range(1, int(state["attempt"]) + 1):
+            assert f"o:{attempt}" in state, (key, state)
+
+    assert not _processes_of_run(run_dir)
