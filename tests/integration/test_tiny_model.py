@@ -77,9 +77,10 @@ def test_supervised_warm_start_lowers_loss(tiny_model_dir: Path, tmp_path: Path)
     assert solution_nll(result.out_dir) < 0.7 * solution_nll(tiny_model_dir)
 
 
-def test_slipped_demonstrations_are_off_by_one() -> None:
+def test_slipped_demonstrations_show_the_habit() -> None:
     from asyncdapo.sft import _slipped
 
+    assert _slipped("\\boxed{12}", "12", "refuse") == "I don't know."
     assert _slipped("\\boxed{12}", "12") == "\\boxed{13}"
     assert _slipped("\\boxed{-1}", "-1") == "\\boxed{0}"
     assert _slipped("\\boxed{x}", "x") == "\\boxed{x}"

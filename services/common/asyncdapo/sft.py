@@ -33,8 +33,14 @@ class SFTResult:
     out_dir: Path
 
 
-def _slipped(solution: str, ground_truth: str) -> str:
-    """The demonstration with its answer off by one (only for integer answers)."""
+HABITS = ("refuse", "off-by-one")
+REFUSAL = "I don't know."
+
+
+def _slipped(solution: str, ground_truth: str, habit: str = "off-by-one") -> str:
+    """The demonstration as the bad habit would write it."""
+    if habit == "refuse":
+        return REFUSAL
     try:
         wrong = int(ground_truth) + 1
     except ValueError:
@@ -43,7 +49,7 @@ def _slipped(solution: str, ground_truth: str) -> str:
 
 
 def _encode(
-    examples: Sequence[Example], tokenizer, apply_chat_template: bool
+    examples: Sequence[Example], tokenizer, apply_chat_template: bool, habit: str
 ) -> list[tuple[list[int], list[int], list[int]]]:
     """(prompt, correct response, slipped response) token ids for each example."""
     encoded = []
@@ -54,7 +60,7 @@ def _encode(
         prompt = prompt_token_ids(e, tokenizer, apply_chat_template)
         right, slipped = (
             tokenizer(s, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            for s in (solution, _slipped(solution, e.ground_truth))
+            for s in (solution, _slipped(solution, e.ground_truth, habit))
         )
         encoded.append((prompt, right, slipped))
     return encoded
@@ -70,6 +76,7 @@ def supervised_warm_start(
     lr: float = 3e-3,
     seed: int = 0,
     slip_fraction: float = 0.0,
+    habit: str = "refuse",
     apply_chat_template: bool = True,
 ) -> SFTResult:
     """Train `model_dir` on `examples`' solutions for `steps` AdamW steps and save to `out_dir`."""
@@ -83,7 +90,9 @@ def supervised_warm_start(
     model.train()
     if not 0.0 <= slip_fraction < 1.0:
         raise ValueError("slip_fraction must be in [0, 1)")
-    data = _encode(examples, tokenizer, apply_chat_template)
+    if habit not in HABITS:
+        raise ValueError(f"habit must be one of {HABITS}, got {habit!r}")
+    data = _encode(examples, tokenizer, apply_chat_template, habit)
     if not data:
         raise DatasetError("no examples to warm-start on")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)

@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="fraction of demonstrations made off by one (see asyncdapo.sft)",
     )
+    sft.add_argument(
+        "--habit", choices=("refuse", "off-by-one"), default="refuse", help="what slipped demonstrations do"
+    )
     sft.set_defaults(func=_sft)
 
 
@@ -64,6 +67,7 @@ def _sft(args: argparse.Namespace) -> int:
         lr=args.lr,
         seed=args.seed,
         slip_fraction=args.slip_fraction,
+        habit=args.habit,
     )
     print(
         f"warm-started {result.steps} steps in {result.wall_s:.0f} s, final loss {result.final_loss:.3f}: {args.out}"
