@@ -77,6 +77,17 @@ class ResponseScore:
 
 
 @dataclass(frozen=True, slots=True)
+class FinishItem:
+    pid: str
+    attempt: int
+    outcome: Outcome
+    reason: str = ""
+    bound: int = -1  # valid only: the bound checked atomically (-1: none)
+    group: bytes = b""  # valid only: the serialized rollout_pb2.Group
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class FinishResult:
     label: str  # valid | filtered | requeued | dropped:<reason>, or dup:<label> / stale
     valid_produced: int
@@ -110,6 +121,8 @@ def parse_progress(reply: Sequence[Any]) -> GroupProgress:
     if status is RecordStatus.STALE:
         return GroupProgress(status)
     f = [_s(x) for x in reply[1:]]
+    if len(f) == 2:
+        return GroupProgress(status, done=int(f[0]), n=int(f[1]))
     return GroupProgress(
         status,
         done=int(f[0]),
@@ -179,6 +192,8 @@ class ScriptRunner:
 
 
 class GroupStore:
+    """Batched access to the group state: one EVALSHA per batch (see `lua.py`)."""
+
     def __init__(self, scripts: ScriptRunner, keys: RunKeys) -> None:
         self.scripts = scripts
         self.keys = keys
@@ -186,24 +201,23 @@ class GroupStore:
     async def record(
         self, scores: Sequence[ResponseScore], extra: Callable[[Any], None] | None = None
     ) -> list[GroupProgress]:
-        """Count each scored response into its prompt's group state (one round trip, shared with
-        the `extra` commands)."""
-        calls = [
-            (
-                "record",
-                [self.keys.prompt(s.pid)],
-                [
-                    s.attempt,
-                    s.idx,
-                    repr(float(s.metric)),
-                    repr(float(s.reward)),
-                    s.min_version,
-                    s.max_version,
-                ],
-            )
-            for s in scores
-        ]
-        return [parse_progress(r) for r in await self.scripts.run_many(calls, extra)]
+        """Count each scored response into its prompt's group state (one command, one round trip
+        shared with the `extra` commands)."""
+        if not scores:
+            return []
+        keys = [self.keys.prompt(s.pid) for s in scores]
+        args: list[Any] = []
+        for s in scores:
+            args += [
+                s.attempt,
+                s.idx,
+                repr(float(s.metric)),
+                repr(float(s.reward)),
+                s.min_version,
+                s.max_version,
+            ]
+        (reply,) = await self.scripts.run_many([("record", keys, args)], extra)
+        return [parse_progress(r) for r in reply]
 
     def finish_call(
         self,
@@ -214,14 +228,17 @@ class GroupStore:
         bound: int = -1,
         group: bytes = b"",
         version: int = 0,
-    ) -> tuple[str, list[str], list[Any]]:
-        k = self.keys
-        return (
-            "finish",
-            [k.prompt(pid), k.counters, k.prompts_claimed, k.prompts, k.groups],
-            [pid, attempt, outcome.value, reason, bound, group, version],
-        )
+    ) -> FinishItem:
+        return FinishItem(pid, attempt, outcome, reason, bound, group, version)
 
-    async def finish_many(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[FinishResult]:
-        replies = await self.scripts.run_many(calls)
-        return [FinishResult(_s(r[0]), int(_s(r[1]))) for r in replies]
+    async def finish_many(self, items: Sequence[FinishItem]) -> list[FinishResult]:
+        """Record the outcomes, in order, in one atomic script call."""
+        if not items:
+            return []
+        k = self.keys
+        keys = [k.counters, k.prompts_claimed, k.prompts, k.groups] + [k.prompt(i.pid) for i in items]
+        args: list[Any] = []
+        for i in items:
+            args += [i.pid, i.attempt, i.outcome.value, i.reason, i.bound, i.group, i.version]
+        (reply,) = await self.scripts.run_many([("finish", keys, args)])
+        return [FinishResult(_s(r[0]), int(_s(r[1]))) for r in reply]

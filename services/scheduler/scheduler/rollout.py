@@ -292,13 +292,13 @@ class Rollout:
             ready_valid=self.ledger.ready,
         )
 
-    def admissible(self) -> int:
-        """How many prompts the policy admits right now."""
+    def admissible(self, limit: int | None = None) -> int:
+        """How many prompts the policy admits right now (at most `limit`)."""
         if self.phase != Phase.ROLLING:
             return 0
         s = self.admission_state()
         k = 0
-        while k < s.max_in_flight:
+        while k < (s.max_in_flight if limit is None else min(limit, s.max_in_flight)):
             d = self.policy.decide(
                 replace(s, in_flight_prompts=s.in_flight_prompts + k, batch_admitted=s.batch_admitted + k)
             )
@@ -313,13 +313,13 @@ class Rollout:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_admission.wait(), poll)
             self._wake_admission.clear()
-            k = self.admissible()
+            k = self.admissible(self.claim_chunk)
             if k == 0:
                 continue
             n = self.cfg.rollout.n
             self._claiming = True
             try:
-                claims = await self._redis(lambda k=k, n=n: self.queue.claim(min(k, self.claim_chunk), n))
+                claims = await self._redis(lambda k=k, n=n: self.queue.claim(k, n))
                 if not claims:
                     poll = min(poll * 2, 0.25)  # queue empty: poll, backing off
                     continue

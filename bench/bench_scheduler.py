@@ -1,0 +1,363 @@
+"""Scheduler benchmark (`make bench-scheduler`): the real scheduler (`Rollout`: dispatch, Lua group
+state on a real redis-server, commit ledger, early stop, abort fan-out, weight fan-out) against 8 and
+64 gateways running the gateway's token-timing SIMULATOR, served from one child process so the
+scheduler process has its own core.
+
+Per gateway count:
+1. throughput: async mode with a bound far away (no early stop), a fixed total concurrency;
+   completions/s, added dispatch latency p50/p99 (request dispatchable → Generate issued), Redis
+   round trips per completion, and the scheduler's CPU time per completion (its projected rate on
+   one dedicated core).
+2. early stop (s = 0, several policy versions, PublishWeights between them), order `any` and
+   `fifo`: abort fan-out p50/p99, seconds per version, and the length bias of early stop — mean
+   response length of the groups committed for training vs. every completed response vs. the
+   simulator's natural length distribution.
+3. the same workload in `sync` mode (verl's DAPO loop): seconds per version, and the async/sync
+   speed-up — the baseline measured in the same run.
+
+Scoring uses `BenchScorer`, a BENCHMARK STAND-IN for the verifier (labelled): math-verify cannot
+score 10^4 responses/s on this machine and the simulator's tokens are random numbers anyway. It
+gives each prompt a difficulty (40 % never solved, 10 % always, the rest a uniform solve rate) so
+a realistic share of groups is filtered.
+
+The last line is `RESULT completions_per_s=… p99_dispatch_ms=… abort_fanout_p99_ms=…
+redis_rtt_per_completion=…` for 64 gateways. Goals: >= 10,000/s, <= 2 ms, <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Throughput phase: short responses keep the simulator's per-token Python work small, so the
+# scheduler (not the simulator) is what gets measured.
+THROUGHPUT_SIM = {"base_step_s": 0.025, "per_seq_step_s": 0.0, "length_dist": "uniform", "length_mean": 4.0,
+                  "length_sigma": 0.5, "prefill_s_per_token": 0.0, "reload_s": 0.01}  # fmt: skip
+# Early-stop phases: a long-tailed length distribution, so that early stop has something to bias.
+EARLY_STOP_SIM = {"base_step_s": 0.02, "per_seq_step_s": 0.0, "length_dist": "lognormal", "length_mean": 24.0,
+                  "length_sigma": 0.9, "prefill_s_per_token": 0.0, "reload_s": 0.01}  # fmt: skip
+MAX_TOKENS = 96
+
+
+# --------------------------------------------------------------------------- simulator fleet
+async def _serve_sims(count: int, capacity: int, timing: dict[str, float]) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from asyncdapo.gateway.metrics import GatewayMetrics
+    from asyncdapo.gateway.server import GatewayServer, ServerSettings
+    from asyncdapo.gateway.service import GatewayOptions
+    from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+
+    servers = []
+    for i in range(count):
+        engine = SimulatedEngine(SimTiming(**timing), max_concurrency=capacity, seed=i)
+        s = GatewayServer(
+            engine,
+            GatewayOptions(gateway_id=f"sim-{i}", capacity=capacity),
+            ServerSettings(port=0, drain_timeout_s=0.0),
+            GatewayMetrics(CollectorRegistry()),
+        )
+        await s.start()
+        servers.append(s)
+    print(json.dumps([s.port for s in servers]), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes it
+    for s in servers:
+        await s.stop(0)
+
+
+class SimFleet:
+    """`count` SIMULATOR gateways in one child process."""
+
+    def __init__(self, count: int, capacity: int, timing: dict[str, float]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-sims", str(count), "--capacity", str(capacity), "--timing",
+             json.dumps(timing)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            self.close()
+            raise RuntimeError("the simulator fleet did not start")
+        self.addresses = [f"127.0.0.1:{p}" for p in json.loads(line)]
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --------------------------------------------------------------------------- scoring stand-in
+class BenchScorer:
+    """BENCHMARK STAND-IN for the verifier (see module docstring): deterministic, in-process."""
+
+    async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[Any]:
+        from asyncdapo.scheduler.scoring import ItemScore
+
+        out = []
+        for item_id, _, _ in items:
+            pid, _, idx, _ = item_id.split(":")
+            h = zlib.crc32(pid.encode()) / 2**32
+            rate = 0.0 if h < 0.4 else 1.0 if h < 0.5 else (h - 0.5) * 2
+            acc = float(zlib.crc32(f"{pid}/{idx}".encode()) / 2**32 < rate)
+            out.append(ItemScore("ok", acc, acc, ""))
+        return out
+
+
+# --------------------------------------------------------------------------- one workload
+def _cfg(name: str, **rollout: Any) -> Any:
+    from asyncdapo.config import RunConfig
+
+    b = rollout.pop("train_batch_size", 64)
+    return RunConfig.model_validate(
+        {
+            "name": name,
+            "data": {"train_batch_size": b, "max_response_length": MAX_TOKENS, "max_prompt_length": 64},
+            "reward": {"overlong_buffer": {"len": 32}, "verifier_batch_size": 64, "verifier_concurrency": 8},
+            "rollout": {"n": 8, "seed": 1, **rollout},
+            "trainer": {"ppo_mini_batch_size": b},
+        }
+    )
+
+
+def _queue(redis_url: str, run: str, count: int) -> None:
+    import redis
+
+    from asyncdapo.prompts import PromptRecord, queue_prompts
+    from asyncdapo.redis_keys import RunKeys
+
+    r = redis.Redis.from_url(redis_url)
+    r.flushall()
+    for start in range(0, count, 5000):
+        pipe = r.pipeline(transaction=False)
+        recs = [
+            PromptRecord(f"p{i}", [1, 2, 3, 4, 5, 6, 7, 8], "", "x", "bench", 0, i)
+            for i in range(start, min(count, start + 5000))
+        ]
+        queue_prompts(pipe, RunKeys(run), recs)
+        pipe.execute()
+
+
+async def _open(cfg: Any, redis_url: str, addresses: list[str]) -> Any:
+    import redis.asyncio as aioredis
+
+    from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
+    from asyncdapo.scheduler.rollout import Rollout
+
+    pool = GatewayPool(GatewaySpec(static=tuple(addresses)), watch_interval_ms=200)
+    ro = Rollout(cfg, aioredis.from_url(redis_url), pool, BenchScorer(), queue_poll_s=0.005, claim_chunk=16)
+    await pool.start()
+    await pool.wait_up(len(addresses), 30)
+    await ro.open()
+    return ro
+
+
+async def _close(ro: Any) -> None:
+    ro.stop_run(abort_in_flight=True)
+    try:
+        await ro.wait_idle(30)
+    except TimeoutError:
+        pass
+    await ro.close()
+    await ro.pool.close()
+    await ro.redis.aclose()
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def throughput(redis_url: str, addresses: list[str], concurrency: int, seconds: float) -> dict[str, float]:
+    n = 8
+    cfg = _cfg("bench-tp", train_batch_size=256, max_staleness=64, max_concurrent_prompts=concurrency // n,
+               max_concurrent_per_gateway=1 << 16, admission={"policy": "greedy"})  # fmt: skip
+    _queue(redis_url, cfg.name, 150_000)
+    ro = await _open(cfg, redis_url, addresses)
+    try:
+        ro.start_run()
+        await asyncio.sleep(min(3.0, seconds / 3))  # warm-up: fill every slot
+        c0, r0, t0, cpu0 = ro.lengths.completed, ro.rtt.count, time.perf_counter(), time.process_time()
+        d0 = len(ro.dispatcher.dispatch_s)
+        await asyncio.sleep(seconds)
+        c1, r1, t1, cpu1 = ro.lengths.completed, ro.rtt.count, time.perf_counter(), time.process_time()
+        lat = ro.dispatcher.dispatch_s[d0:]
+    finally:
+        await _close(ro)
+    done = max(c1 - c0, 1)
+    return {
+        "completions_per_s": done / (t1 - t0),
+        "dispatch_p50_ms": _pct(lat, 0.5) * 1e3,
+        "dispatch_p99_ms": _pct(lat, 0.99) * 1e3,
+        "redis_rtt_per_completion": (r1 - r0) / done,
+        "cpu_us_per_completion": (cpu1 - cpu0) / done * 1e6,
+    }
+
+
+async def versions(
+    redis_url: str, addresses: list[str], mode: str, order: str, prompts_in_flight: int, count: int, tmp: Path
+) -> dict[str, float]:
+    """`count` policy versions of B valid groups each, with PublishWeights between them."""
+    from asyncdapo.scheduler.rollout import Phase
+
+    extra: dict[str, Any] = {"mode": mode, "max_concurrent_prompts": prompts_in_flight}
+    if mode == "async":
+        extra["early_stop_order"] = order
+        extra["admission"] = {"policy": "greedy"}
+    cfg = _cfg(f"bench-{mode}-{order}", train_batch_size=32, **extra)
+    _queue(redis_url, cfg.name, 40_000)
+    snap = tmp / "weights"
+    if not snap.exists():
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        snap.mkdir()
+        save_file({"w": np.zeros(2, dtype=np.float32)}, str(snap / "model.safetensors"))
+    ro = await _open(cfg, redis_url, addresses)
+    per_version: list[float] = []
+    try:
+        ro.start_run()
+        c0, t0 = ro.lengths.completed, time.perf_counter()
+        for v in range(count):
+            tv = time.perf_counter()
+            deadline = tv + 120
+            while ro.phase != Phase.BOUND:
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"{mode}/{order}: version {v} did not reach its bound")
+                await asyncio.sleep(0.002)
+            per_version.append(time.perf_counter() - tv)
+            if v + 1 < count:
+                await ro.publish_weights(v + 1, str(snap), 0)
+        elapsed = time.perf_counter() - t0
+        completions = ro.lengths.completed - c0
+        lengths = ro.lengths
+        fanout = list(ro.dispatcher.abort_fanout_s)
+        aborted = ro.dispatcher.aborted_requests
+    finally:
+        await _close(ro)
+    return {
+        "s_per_version": statistics.mean(per_version),
+        "completions_per_s": completions / elapsed,
+        "abort_fanout_p50_ms": _pct(fanout, 0.5) * 1e3,
+        "abort_fanout_p99_ms": _pct(fanout, 0.99) * 1e3,
+        "fanouts": len(fanout),
+        "aborted_requests": aborted,
+        "trained_mean_len": lengths.committed_mean,
+        "completed_mean_len": lengths.completed_mean,
+    }
+
+
+def natural_mean_length(timing: dict[str, float]) -> float:
+    from asyncdapo.gateway.sim_engine import SimTiming
+
+    t = SimTiming(**timing)
+    rng = random.Random(0)
+    return statistics.mean(min(t.natural_length(rng), MAX_TOKENS) for _ in range(200_000))
+
+
+# --------------------------------------------------------------------------- main
+async def bench(gateway_counts: list[int], seconds: float, nversions: int) -> None:
+    from asyncdapo.local.redis_server import RedisServer
+
+    results: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmpdir, RedisServer(Path(tmpdir) / "redis", appendonly=False) as redis:
+        tmp = Path(tmpdir)
+        natural = natural_mean_length(EARLY_STOP_SIM)
+        for g in gateway_counts:
+            res: dict[str, Any] = {}
+            total = 4096
+            fleet = SimFleet(g, max(1, total // g), THROUGHPUT_SIM)
+            try:
+                res["tp"] = await throughput(redis.url, fleet.addresses, total, seconds)
+            finally:
+                fleet.close()
+            fleet = SimFleet(g, max(1, 512 // g), EARLY_STOP_SIM)
+            try:
+                res["any"] = await versions(redis.url, fleet.addresses, "async", "any", 64, nversions, tmp)
+                res["fifo"] = await versions(redis.url, fleet.addresses, "async", "fifo", 64, nversions, tmp)
+                res["sync"] = await versions(redis.url, fleet.addresses, "sync", "any", 64, nversions, tmp)
+            finally:
+                fleet.close()
+            results[g] = res
+            _report(g, res, natural)
+    r = results[max(gateway_counts)]
+    print(
+        f"RESULT completions_per_s={r['tp']['completions_per_s']:.0f} "
+        f"p99_dispatch_ms={r['tp']['dispatch_p99_ms']:.3f} "
+        f"abort_fanout_p99_ms={r['any']['abort_fanout_p99_ms']:.2f} "
+        f"redis_rtt_per_completion={r['tp']['redis_rtt_per_completion']:.3f} "
+        f"p50_dispatch_ms={r['tp']['dispatch_p50_ms']:.3f} "
+        f"cpu_bound_completions_per_s={1e6 / r['tp']['cpu_us_per_completion']:.0f} "
+        f"async_vs_sync_speedup={r['sync']['s_per_version'] / r['any']['s_per_version']:.2f} "
+        f"gateways={max(gateway_counts)}"
+    )
+
+
+def _report(g: int, res: dict[str, Any], natural: float) -> None:
+    tp = res["tp"]
+    print(f"\n=== {g} simulated gateways ===")
+    print(
+        f"throughput   {tp['completions_per_s']:8.0f} completions/s  (goal >= 10,000: {tp['completions_per_s'] / 1e4:.2f}x)"
+        f"   scheduler CPU {tp['cpu_us_per_completion']:.0f} us/completion"
+        f" -> {1e6 / tp['cpu_us_per_completion']:.0f}/s on one dedicated core"
+    )
+    print(
+        f"dispatch     p50 {tp['dispatch_p50_ms']:.3f} ms  p99 {tp['dispatch_p99_ms']:.3f} ms (goal <= 2 ms)"
+        f"   redis round trips/completion {tp['redis_rtt_per_completion']:.3f}"
+    )
+    for key in ("any", "fifo", "sync"):
+        r = res[key]
+        label = f"async/{key}" if key != "sync" else "sync (verl)"
+        print(
+            f"{label:12} {r['s_per_version']:6.2f} s/version  {r['completions_per_s']:6.0f} completions/s"
+            f"  abort fan-out p50 {r['abort_fanout_p50_ms']:.1f} ms p99 {r['abort_fanout_p99_ms']:.1f} ms"
+            f" ({r['fanouts']} fan-outs, {r['aborted_requests']} aborted)"
+            f"  mean length: trained {r['trained_mean_len']:.1f} / completed {r['completed_mean_len']:.1f}"
+            f" / natural {natural:.1f}"
+        )
+    print(
+        f"async (any) vs sync: {res['sync']['s_per_version'] / res['any']['s_per_version']:.2f}x faster per version;"
+        f" length bias (trained/natural): any {res['any']['trained_mean_len'] / natural:.3f},"
+        f" fifo {res['fifo']['trained_mean_len'] / natural:.3f}, sync {res['sync']['trained_mean_len'] / natural:.3f}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gateways", default="8,64", help="gateway counts (the last is reported in RESULT)")
+    ap.add_argument("--seconds", type=float, default=8.0, help="throughput measurement window")
+    ap.add_argument("--versions", type=int, default=4, help="policy versions per early-stop workload")
+    ap.add_argument("--serve-sims", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--capacity", type=int, default=64, help=argparse.SUPPRESS)
+    ap.add_argument("--timing", default="{}", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_sims:
+        asyncio.run(_serve_sims(args.serve_sims, args.capacity, json.loads(args.timing)))
+        return
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    asyncio.run(bench([int(x) for x in args.gateways.split(",")], args.seconds, args.versions))
+
+
+if __name__ == "__main__":
+    main()
