@@ -75,8 +75,8 @@ deploy-manifests: | $(STAMP)
 
 # --- the local demo -------------------------------------------------------------------------
 # Cached under runs/cache: the tiny model, the synthetic data and the warm-started model are built
-# once. The warm-start makes half of its demonstrations off by one (see asyncdapo.sft), so the
-# policy starts out unreliable and RL has something to learn that shows on held-out problems.
+# once. The warm-start makes half of its demonstrations refuse ("I don't know.", see asyncdapo.sft),
+# so the policy starts out unreliable and RL has something to learn that shows on held-out problems.
 CACHE := runs/cache
 DEMO_CONFIG ?= examples/tiny-math.yaml
 
@@ -88,7 +88,7 @@ $(CACHE)/data/train.parquet: | $(STAMP)
 
 $(CACHE)/tiny-model-sft/config.json: $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 	$(BIN)/asyncdapo model sft --model $(CACHE)/tiny-model --data $(CACHE)/data/train.parquet \
-	  --out $(CACHE)/tiny-model-sft --steps 600 --lr 3e-3 --slip-fraction 0.5 --seed 0
+	  --out $(CACHE)/tiny-model-sft --steps 600 --lr 3e-3 --slip-fraction 0.5 --habit refuse --seed 0
 
 demo-assets: $(CACHE)/tiny-model-sft/config.json
 
