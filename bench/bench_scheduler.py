@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
@@ -170,10 +171,8 @@ async def _open(cfg: Any, redis_url: str, addresses: list[str]) -> Any:
 
 async def _close(ro: Any) -> None:
     ro.stop_run(abort_in_flight=True)
-    try:
+    with contextlib.suppress(TimeoutError):
         await ro.wait_idle(30)
-    except TimeoutError:
-        pass
     await ro.close()
     await ro.pool.close()
     await ro.redis.aclose()
@@ -186,7 +185,9 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def throughput(redis_url: str, addresses: list[str], concurrency: int, seconds: float) -> dict[str, float]:
+async def throughput(
+    redis_url: str, addresses: list[str], concurrency: int, seconds: float
+) -> dict[str, float]:
     n = 8
     cfg = _cfg("bench-tp", train_batch_size=256, max_staleness=64, max_concurrent_prompts=concurrency // n,
                max_concurrent_per_gateway=1 << 16, admission={"policy": "greedy"})  # fmt: skip
@@ -278,7 +279,10 @@ async def bench(gateway_counts: list[int], seconds: float, nversions: int) -> No
     from asyncdapo.local.redis_server import RedisServer
 
     results: dict[int, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as tmpdir, RedisServer(Path(tmpdir) / "redis", appendonly=False) as redis:
+    with (
+        tempfile.TemporaryDirectory() as tmpdir,
+        RedisServer(Path(tmpdir) / "redis", appendonly=False) as redis,
+    ):
         tmp = Path(tmpdir)
         natural = natural_mean_length(EARLY_STOP_SIM)
         for g in gateway_counts:

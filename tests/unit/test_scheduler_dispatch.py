@@ -76,3 +76,16 @@ def test_deterministic_tie_break_by_order() -> None:
     views = [gw("x"), gw("y")]
     assert pick(views, POLICY).addresses == ["x"]
     assert score(views[0], POLICY, affinity=False) == score(views[1], POLICY, affinity=False)
+
+
+def test_gateway_spec_parsing_names_the_flag() -> None:
+    import pytest
+
+    from asyncdapo.scheduler.pool import GatewaySpec, GatewaySpecError
+
+    assert GatewaySpec.parse("a:1, b:2").static == ("a:1", "b:2")
+    spec = GatewaySpec.parse("dns:gw-headless.ns.svc:50051")
+    assert (spec.dns_name, spec.dns_port) == ("gw-headless.ns.svc", 50051)
+    for bad in ("", "dns:nope", "host-without-port", "dns::1"):
+        with pytest.raises(GatewaySpecError, match="--gateways"):
+            GatewaySpec.parse(bad)

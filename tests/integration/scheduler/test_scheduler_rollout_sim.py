@@ -159,3 +159,19 @@ async def test_scheduler_crash_requeues_its_claims(redis_url: str) -> None:
     c = counters(redis_url, "t")
     assert c["requeued:scheduler_restart"] == claimed and c["outcome:valid"] == 4
     check_one_outcome_per_attempt(redis_url, "t", ids)
+
+
+async def test_dns_pool_resolves_and_follows_membership() -> None:
+    from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
+
+    async with sim_gateways(1) as gws:
+        pool = GatewayPool(GatewaySpec.parse(f"dns:localhost:{gws[0].port}"), resolve_interval_s=0.1)
+        await pool.start()
+        try:
+            await pool.wait_up(1, 10)
+            assert f"127.0.0.1:{gws[0].port}" in [g.address for g in pool.up_gateways()]
+            # the name now resolves to nothing we know: members that vanish are removed
+            pool.spec = GatewaySpec.parse("dns:localhost:1")
+            await wait_for(lambda: all(g.address.endswith(":1") for g in pool.members), 5, "re-resolution")
+        finally:
+            await pool.close()

@@ -6,12 +6,16 @@ import asyncio
 import contextlib
 import json
 import shutil
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
+import yaml
 from scheduler_harness import (
     RuleScorer,
     groups,
@@ -23,6 +27,7 @@ from scheduler_harness import (
     write_fake_snapshot,
 )
 
+from asyncdapo.local.ports import free_port, port_open
 from asyncdapo.scheduler.rollout import Phase, Rollout
 from asyncdapo.scheduler.service import build_server
 from asyncdapo.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -58,35 +63,76 @@ async def served(ro: Rollout) -> AsyncIterator[tuple[int, scheduler_pb2_grpc.Sch
         await server.stop(0)
 
 
-async def test_grpcurl_lists_describes_and_gets_the_run(redis_url: str) -> None:
+async def test_grpcurl_drives_the_scheduler_process(
+    redis_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`asyncdapo scheduler` as a process, with a sim gateway process, driven by the real grpcurl."""
     grpcurl = _grpcurl()
     load_prompts(redis_url, "t", ["mixed"] * 8)
-    async with (
-        sim_gateways(1) as gws,
-        scheduler(run_config(), redis_url, [gws[0].address], RuleScorer()) as ro,
-        served(ro) as (port, _),
-    ):
-        target = f"127.0.0.1:{port}"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "model": {"path": str(tiny_model_dir)},
+                "data": {"train_batch_size": 4},
+                "trainer": {"ppo_mini_batch_size": 4},
+            }
+        )
+    )
+    gport, sport, mport = free_port(), free_port(), free_port()
+    exe = [sys.executable, "-m", "asyncdapo.cli"]
+    gateway = subprocess.Popen(
+        [*exe, "gateway", "--engine", "sim", "--port", str(gport), "--metrics-port", "0", "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    sched = subprocess.Popen(
+        [*exe, "scheduler", "--config", str(cfg), "--port", str(sport), "--metrics-port", str(mport),
+         "--redis", redis_url, "--verifier", "http://127.0.0.1:9", "--gateways", f"127.0.0.1:{gport}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        target = f"127.0.0.1:{sport}"
+        deadline = time.monotonic() + 60
+        while not port_open("127.0.0.1", sport):
+            assert sched.poll() is None, sched.stderr.read().decode() if sched.stderr else ""
+            assert time.monotonic() < deadline, "scheduler did not start"
+            await asyncio.sleep(0.2)
         listed = await _run(grpcurl, "-plaintext", target, "list")
         assert "asyncdapo.v1.Scheduler" in listed.split() and "grpc.health.v1.Health" in listed.split()
         described = await _run(grpcurl, "-plaintext", target, "describe", "asyncdapo.v1.Scheduler")
-        for rpc in ("StartRun", "GetRun", "PublishWeights", "Evaluate", "WatchRun"):
+        for rpc in ("StartRun", "GetRun", "PublishWeights", "Evaluate", "WatchRun", "DrainGateway"):
             assert f"rpc {rpc}" in described
-        got = json.loads(
-            await _run(
-                grpcurl,
-                "-plaintext",
-                "-emit-defaults",
-                "-d",
-                '{"run": "t"}',
-                target,
-                "asyncdapo.v1.Scheduler/GetRun",
-            )
-        )
+        get = [
+            grpcurl,
+            "-plaintext",
+            "-emit-defaults",
+            "-d",
+            '{"run": "t"}',
+            target,
+            "asyncdapo.v1.Scheduler/GetRun",
+        ]
+        got = json.loads(await _run(*get))
         assert got["run"] == "t" and got["phase"] == "RUN_PHASE_IDLE" and got["valid_groups_bound"] == "4"
         assert got["queue_depth"] == "8" and got["mode"] == "async"
         health = json.loads(await _run(grpcurl, "-plaintext", target, "grpc.health.v1.Health/Check"))
         assert health["status"] == "SERVING"
+        for _ in range(100):
+            gws = json.loads(await _run(grpcurl, "-plaintext", target, "asyncdapo.v1.Scheduler/ListGateways"))
+            if gws["gateways"][0].get("state") == "GATEWAY_STATE_UP":
+                break
+            await asyncio.sleep(0.1)
+        assert (
+            gws["gateways"][0]["state"] == "GATEWAY_STATE_UP"
+            and gws["gateways"][0]["load"]["engine"] == "sim"
+        )
+        metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics").text
+        assert "asyncdapo_scheduler_valid_groups_bound 4.0" in metrics
+    finally:
+        for p in (sched, gateway):
+            p.terminate()
+            p.wait(30)
+    assert sched.returncode == 0
 
 
 async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> None:
