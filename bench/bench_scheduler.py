@@ -5,9 +5,10 @@ scheduler process has its own core.
 
 Per gateway count:
 1. throughput: async mode with a bound far away (no early stop), a fixed total concurrency;
-   completions/s, added dispatch latency p50/p99 (request dispatchable → Generate issued), Redis
-   round trips per completion, and the scheduler's CPU time per completion (its projected rate on
-   one dedicated core).
+   completions/s, Redis round trips per completion, and the scheduler's CPU time per completion
+   (its projected rate on one dedicated core); then added dispatch latency p50/p99 (request
+   dispatchable → Generate issued) at about half that rate — at saturation every queue grows, so
+   the saturated p99 is printed too but is a throughput figure, not a latency one.
 2. early stop (s = 0, several policy versions, PublishWeights between them), order `any` and
    `fifo`: abort fan-out p50/p99, seconds per version, and the length bias of early stop — mean
    response length of the groups committed for training vs. every completed response vs. the
@@ -223,7 +224,7 @@ async def versions(
     if mode == "async":
         extra["early_stop_order"] = order
         extra["admission"] = {"policy": "greedy"}
-    cfg = _cfg(f"bench-{mode}-{order}", train_batch_size=32, **extra)
+    cfg = _cfg(f"bench-{mode}-{order}", train_batch_size=8, **extra)
     _queue(redis_url, cfg.name, 40_000)
     snap = tmp / "weights"
     if not snap.exists():
@@ -291,6 +292,10 @@ async def bench(gateway_counts: list[int], seconds: float, nversions: int) -> No
             fleet = SimFleet(g, max(1, total // g), THROUGHPUT_SIM)
             try:
                 res["tp"] = await throughput(redis.url, fleet.addresses, total, seconds)
+                # added latency at about half the saturated rate (a simulated response takes ~0.1 s)
+                half = max(8, int(res["tp"]["completions_per_s"] * 0.05) // 8 * 8)
+                res["half"] = await throughput(redis.url, fleet.addresses, half, seconds / 2)
+                res["half"]["concurrency"] = half
             finally:
                 fleet.close()
             fleet = SimFleet(g, max(1, 512 // g), EARLY_STOP_SIM)
@@ -305,10 +310,11 @@ async def bench(gateway_counts: list[int], seconds: float, nversions: int) -> No
     r = results[max(gateway_counts)]
     print(
         f"RESULT completions_per_s={r['tp']['completions_per_s']:.0f} "
-        f"p99_dispatch_ms={r['tp']['dispatch_p99_ms']:.3f} "
+        f"p99_dispatch_ms={r['half']['dispatch_p99_ms']:.3f} "
         f"abort_fanout_p99_ms={r['any']['abort_fanout_p99_ms']:.2f} "
         f"redis_rtt_per_completion={r['tp']['redis_rtt_per_completion']:.3f} "
-        f"p50_dispatch_ms={r['tp']['dispatch_p50_ms']:.3f} "
+        f"p50_dispatch_ms={r['half']['dispatch_p50_ms']:.3f} "
+        f"p99_dispatch_saturated_ms={r['tp']['dispatch_p99_ms']:.3f} "
         f"cpu_bound_completions_per_s={1e6 / r['tp']['cpu_us_per_completion']:.0f} "
         f"async_vs_sync_speedup={r['sync']['s_per_version'] / r['any']['s_per_version']:.2f} "
         f"gateways={max(gateway_counts)}"
@@ -323,10 +329,13 @@ def _report(g: int, res: dict[str, Any], natural: float) -> None:
         f"   scheduler CPU {tp['cpu_us_per_completion']:.0f} us/completion"
         f" -> {1e6 / tp['cpu_us_per_completion']:.0f}/s on one dedicated core"
     )
+    half = res["half"]
     print(
-        f"dispatch     p50 {tp['dispatch_p50_ms']:.3f} ms  p99 {tp['dispatch_p99_ms']:.3f} ms (goal <= 2 ms)"
-        f"   redis round trips/completion {tp['redis_rtt_per_completion']:.3f}"
+        f"dispatch     saturated: p50 {tp['dispatch_p50_ms']:.3f} ms p99 {tp['dispatch_p99_ms']:.3f} ms;"
+        f" at ~half load ({half['concurrency']} in flight, {half['completions_per_s']:.0f}/s):"
+        f" p50 {half['dispatch_p50_ms']:.3f} ms p99 {half['dispatch_p99_ms']:.3f} ms (goal <= 2 ms)"
     )
+    print(f"redis        {tp['redis_rtt_per_completion']:.3f} round trips per completion")
     for key in ("any", "fifo", "sync"):
         r = res[key]
         label = f"async/{key}" if key != "sync" else "sync (verl)"
@@ -349,7 +358,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gateways", default="8,64", help="gateway counts (the last is reported in RESULT)")
     ap.add_argument("--seconds", type=float, default=8.0, help="throughput measurement window")
-    ap.add_argument("--versions", type=int, default=4, help="policy versions per early-stop workload")
+    ap.add_argument("--versions", type=int, default=6, help="policy versions per early-stop workload")
     ap.add_argument("--serve-sims", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--capacity", type=int, default=64, help=argparse.SUPPRESS)
     ap.add_argument("--timing", default="{}", help=argparse.SUPPRESS)

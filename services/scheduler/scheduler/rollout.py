@@ -242,6 +242,19 @@ class Rollout:
         if mode == 0:
             mode = {"keep": 1, "abort": 2, "wait": 3}[self.cfg.rollout.weight_update_mode.value]
         async with self._publish_lock:
+            if version == self.version and uri == self.uri:
+                # a retry of a publish that already happened (its reply was lost): idempotent
+                return scheduler_pb2.PublishWeightsResponse(
+                    version=version,
+                    results=[
+                        scheduler_pb2.GatewayResult(
+                            gateway=g.address,
+                            ok=g.weight_version >= version,
+                            error="" if g.weight_version >= version else f"serves version {g.weight_version}",
+                        )
+                        for g in self.pool.up_gateways()
+                    ],
+                )
             if version <= self.version:
                 raise PublishError(f"version {version} is not newer than the current version {self.version}")
             t0 = time.perf_counter()

@@ -169,9 +169,12 @@ async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> Non
         pub = await stub.PublishWeights(req, metadata=AUTH)
         assert sorted(r.gateway for r in pub.results) == sorted(g.address for g in gws)
         assert all(r.ok for r in pub.results)
+        again = await stub.PublishWeights(req, metadata=AUTH)  # a retry is idempotent
+        assert again.version == 1 and all(r.ok for r in again.results)
+        old = scheduler_pb2.PublishWeightsRequest(version=1, uri=str(tmp_path / "other"))
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.PublishWeights(req, metadata=AUTH)
-        assert e.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            await stub.PublishWeights(old, metadata=AUTH)
+        assert e.value.code() is grpc.StatusCode.FAILED_PRECONDITION and "not newer" in e.value.details()
 
         # drain one gateway with abort: its requests continue on the other from partial tokens
         await wait_for(lambda: ro.pool.get(gws[0].address).in_flight > 0, 10, "work on gateway 0")
