@@ -41,12 +41,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (fast start)")
     v.add_argument("--gpu-memory-utilization", type=float, default=None)
     v.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        default=None,
+        help="KV-cache size in GiB (on CPU, instead of vLLM's default of reserving 92%% of RAM)",
+    )
+    v.add_argument(
         "--logprobs-mode",
         default="processed_logprobs",
         choices=("processed_logprobs", "raw_logprobs"),
         help="processed: log-probs after temperature/top-p/top-k, i.e. of the distribution sampled from",
     )
     v.add_argument("--no-prefix-caching", action="store_true")
+    v.add_argument(
+        "--vllm-metrics",
+        action="store_true",
+        help="also export vLLM's own vllm:* Prometheus metrics (per-token histograms; costs frontend CPU)",
+    )
     v.add_argument(
         "--engine-arg",
         action="append",
@@ -188,9 +199,11 @@ async def _build_engine(args: argparse.Namespace) -> Any:
             seed=args.seed,
             enforce_eager=args.enforce_eager,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_cache_gb=args.kv_cache_gb,
             logprobs_mode=args.logprobs_mode,
             enable_prefix_caching=not args.no_prefix_caching,
             initial_version=args.initial_version,
+            vllm_metrics=args.vllm_metrics,
             extra=_engine_args(args.engine_arg),
         )
     )

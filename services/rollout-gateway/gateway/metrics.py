@@ -1,7 +1,9 @@
 """Prometheus metrics of one gateway (served on --metrics-port).
 
-The CLI registers them in the process-wide default registry, next to the `vllm:*` engine metrics
-vLLM's own Prometheus logger publishes there; tests pass a private registry.
+The CLI registers them in the process-wide default registry (where vLLM's own `vllm:*` metrics
+also appear with `--vllm-metrics`); tests pass a private registry. The engine's stats (running,
+waiting, KV usage, prompt tokens, preemptions, prefix-cache lookups) are re-exported as
+`engine_*` / `kv_cache_usage` gauges, refreshed every second and on each GetLoad.
 """
 
 from __future__ import annotations
@@ -56,6 +58,23 @@ class GatewayMetrics:
         self.engine_running = Gauge(p + "engine_running", "Requests the engine is running.", registry=r)
         self.engine_waiting = Gauge(p + "engine_waiting", "Requests waiting in the engine.", registry=r)
         self.kv_cache_usage = Gauge(p + "kv_cache_usage", "KV-cache usage of the engine (0..1).", registry=r)
+        # The engine's own running totals, mirrored at each load refresh (hence gauges).
+        self.engine_totals = {
+            "prompt_tokens_total": Gauge(
+                p + "engine_prompt_tokens",
+                "Prompt tokens the engine prefilled (recompute included).",
+                registry=r,
+            ),
+            "preemptions_total": Gauge(
+                p + "engine_preemptions", "Requests the engine preempted (KV cache full).", registry=r
+            ),
+            "prefix_cache_queries_total": Gauge(
+                p + "engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r
+            ),
+            "prefix_cache_hits_total": Gauge(
+                p + "engine_prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r
+            ),
+        }
         for finish in Finish:
             self.requests.labels(finish.value)
         for reason in Rejection:
@@ -67,3 +86,5 @@ class GatewayMetrics:
         self.engine_running.set(load.running)
         self.engine_waiting.set(load.waiting)
         self.kv_cache_usage.set(load.kv_cache_usage)
+        for field, gauge in self.engine_totals.items():
+            gauge.set(getattr(load, field))

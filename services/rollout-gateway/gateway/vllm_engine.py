@@ -8,7 +8,8 @@ request with the sampled tokens' log-probs), `abort`, `pause_generation(mode=kee
 sampled, so version runs are exact even for outputs in flight during a pause), and
 `reset_prefix_cache(reset_running_requests=True)` after a reload so no KV computed by the old
 weights is reused: requests held across the reload recompute their prefix with the new weights.
-Load (running, waiting, KV usage, tokens) comes from a stat logger vLLM calls every step.
+Load and engine stats (running, waiting, KV usage, tokens, preemptions, prefix-cache hits) come
+from a stat logger vLLM calls every step.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from asyncdapo.gateway.engine import (
     Finish,
     PauseMode,
     PauseResult,
+    Sampling,
 )
 from asyncdapo.gateway.versions import Runs, runs_from_spans
 
@@ -46,11 +48,14 @@ class VllmSettings:
     seed: int = 0
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = None
+    # KV-cache size; set on CPU (like VLLM_CPU_KVCACHE_SPACE), where vLLM otherwise wants 92 % of RAM free.
+    kv_cache_gb: float | None = None
     # processed: log-probs of the distribution actually sampled from (temperature, top-p/k applied),
     # which is what the trainer's importance ratios compare against.
     logprobs_mode: str = "processed_logprobs"
     enable_prefix_caching: bool = True
     initial_version: int = 0
+    vllm_metrics: bool = False  # vLLM's own `vllm:*` Prometheus metrics (costs frontend CPU)
     extra: dict[str, Any] = field(default_factory=dict)  # more AsyncEngineArgs fields
 
     def engine_args(self) -> Any:
@@ -71,18 +76,25 @@ class VllmSettings:
             kwargs["max_model_len"] = self.max_model_len
         if self.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.kv_cache_gb is not None:
+            kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gb * (1 << 30))
         kwargs.update(self.extra)
         return AsyncEngineArgs(**kwargs)
 
 
 class _LoadProbe:
-    """A vLLM stat logger that keeps the latest scheduler stats and counts generated tokens."""
+    """A vLLM stat logger that keeps the latest scheduler stats and counts tokens, preemptions and
+    prefix-cache hits (the engine stats the gateway re-exports)."""
 
     def __init__(self) -> None:
         self.running = 0
         self.waiting = 0
         self.kv_cache_usage = 0.0
         self.generated_tokens = 0
+        self.prompt_tokens = 0
+        self.preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     def stat_logger(self) -> Any:
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -98,13 +110,48 @@ class _LoadProbe:
                     probe.running = scheduler_stats.num_running_reqs
                     probe.waiting = scheduler_stats.num_waiting_reqs
                     probe.kv_cache_usage = scheduler_stats.kv_cache_usage
+                    probe.prefix_queries += scheduler_stats.prefix_cache_stats.queries
+                    probe.prefix_hits += scheduler_stats.prefix_cache_stats.hits
                 if iteration_stats is not None:
                     probe.generated_tokens += iteration_stats.num_generation_tokens
+                    probe.prompt_tokens += iteration_stats.num_prompt_tokens
+                    probe.preemptions += iteration_stats.num_preempted_reqs
 
             def log_engine_initialized(self) -> None:
                 pass
 
         return _Logger
+
+
+def _without_vllm_prometheus() -> Any:
+    """A stand-in for vLLM's Prometheus stat logger (vLLM installs its own unless one is given).
+
+    vLLM's logger observes histograms per token and per request in the frontend process; on the
+    tiny CPU model that is ~40 % of the frontend's CPU time. The gateway re-exports the engine
+    stats it needs (see `_LoadProbe`); `--vllm-metrics` turns the full `vllm:*` set back on.
+    """
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    class _NoVllmPrometheus(PrometheusStatLogger):
+        def __init__(self, vllm_config: Any = None, engine_indexes: list[int] | None = None) -> None:
+            self.engine_indexes = engine_indexes or [0]
+
+        def record(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record_admission_rejection(self, reason: str) -> None:
+            pass
+
+        def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+            pass
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+        def log(self) -> None:
+            pass
+
+    return _NoVllmPrometheus
 
 
 class VllmEngine:
@@ -133,11 +180,27 @@ class VllmEngine:
 
         probe = _LoadProbe()
         vllm_config = settings.engine_args().create_engine_config(UsageContext.ENGINE_CONTEXT)
-        llm = AsyncLLM.from_vllm_config(
-            vllm_config, stat_loggers=[probe.stat_logger()], disable_log_stats=True
-        )
+        loggers = [probe.stat_logger()]
+        if not settings.vllm_metrics:
+            loggers.append(_without_vllm_prometheus())
+        llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=loggers, disable_log_stats=True)
         await llm.update_weight_version(str(settings.initial_version))
-        return cls(llm, probe, settings)
+        engine = cls(llm, probe, settings)
+        await engine._warm_up()
+        return engine
+
+    async def _warm_up(self) -> None:
+        """Run one request to completion and abort another, so the first real request and the
+        first real Abort do not pay one-time setup costs (seen as ~100 ms on the first abort)."""
+        await self.generate(EngineRequest("asyncdapo-warmup-0", [0], Sampling(max_tokens=2, ignore_eos=True)))
+        rid = "asyncdapo-warmup-1"
+        task = asyncio.ensure_future(
+            self.generate(EngineRequest(rid, [0], Sampling(max_tokens=64, ignore_eos=True)))
+        )
+        while not task.done() and (rid not in self._active or rid in self._registering):
+            await asyncio.sleep(0.001)
+        await self.abort([rid])
+        await task
 
     @property
     def llm(self) -> Any:
@@ -250,6 +313,10 @@ class VllmEngine:
             waiting=p.waiting,
             kv_cache_usage=float(p.kv_cache_usage),
             generated_tokens_total=p.generated_tokens,
+            prompt_tokens_total=p.prompt_tokens,
+            preemptions_total=p.preemptions,
+            prefix_cache_queries_total=p.prefix_queries,
+            prefix_cache_hits_total=p.prefix_hits,
         )
 
     def is_healthy(self) -> bool:

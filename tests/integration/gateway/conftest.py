@@ -127,7 +127,7 @@ def vllm_gateway(tiny_model_dir: Path) -> Iterator[VllmGateway]:
         GatewayOptions(gateway_id="gw-test", pool="fast", capacity=64),
         ServerSettings(host="127.0.0.1", port=0, metrics_port=metrics_port, token=TOKEN, drain_timeout_s=5),
         WeightsValidator(tiny_model_dir),
-        registry=REGISTRY,  # next to vLLM's own `vllm:*` metrics, as in production
+        registry=REGISTRY,  # the process-wide registry, as the CLI uses
     ).start(timeout_s=300)
     yield VllmGateway(thread, tiny_model_dir, metrics_port)
     thread.stop()

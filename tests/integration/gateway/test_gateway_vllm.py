@@ -296,4 +296,9 @@ async def test_load_and_metrics_while_generating(vllm_gateway, prompt, gateway_t
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
     assert 'asyncdapo_gateway_requests_total{finish_reason="abort"}' in text
     assert "asyncdapo_gateway_generated_tokens_total" in text and "asyncdapo_gateway_reload_seconds" in text
-    assert "vllm:" in text  # the engine's own metrics
+    # Engine stats re-exported from vLLM's scheduler: prompt tokens were prefilled, KV was used.
+    prompt_tokens = [
+        ln for ln in text.splitlines() if ln.startswith("asyncdapo_gateway_engine_prompt_tokens ")
+    ]
+    assert prompt_tokens and float(prompt_tokens[0].split()[1]) > 0
+    assert "asyncdapo_gateway_engine_preemptions" in text and "asyncdapo_gateway_kv_cache_usage" in text

