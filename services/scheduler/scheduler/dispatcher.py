@@ -65,9 +65,27 @@ class Dispatcher:
         self._pumping = False
         self._t_capacity = 0.0
         self._calls: set[asyncio.Task[None]] = set()
+        self._pools: dict[str, DispatchPolicy] = {}
 
     def set_min_weight_version(self, version: int) -> None:
         self.policy = replace(self.policy, min_weight_version=version)
+        self._pools.clear()
+
+    def _policy(self, pool: str) -> DispatchPolicy:
+        if not pool:
+            return self.policy
+        p = self._pools.get(pool)
+        if p is None:
+            p = self._pools[pool] = replace(self.policy, pool=pool)
+        return p
+
+    def resubmit(self, req: Request) -> None:
+        """Dispatch a request again at the head of the queue (a long-tail continuation)."""
+        req.tries += 1
+        req.t_ready = time.perf_counter()
+        req.task.live[req.idx] = req
+        self.pending.appendleft(req)
+        self.pump()
 
     def submit(self, reqs: Iterable[Request]) -> None:
         now = time.perf_counter()
@@ -92,9 +110,14 @@ class Dispatcher:
                     pending.popleft()
                     continue
                 count = 1
-                while count < len(pending) and count < task.n and pending[count].task is task:
+                while (
+                    count < len(pending)
+                    and count < task.n
+                    and pending[count].task is task
+                    and pending[count].pool == head.pool
+                ):
                     count += 1
-                decision = pick(members, self.policy, count, frozenset(task.gateways))
+                decision = pick(members, self._policy(head.pool), count, frozenset(task.gateways))
                 if not decision.addresses:
                     break
                 for addr in decision.addresses:
@@ -112,6 +135,8 @@ class Dispatcher:
         msg = gateway_pb2.GenerateRequest()
         msg.CopyFrom(task.base_msg)
         msg.request_id = req.make_rid()
+        if req.max_tokens:
+            msg.sampling.max_tokens = req.max_tokens
         seed = request_seed(self.seed_base, task.pid, req.idx)
         if seed is not None:
             msg.sampling.seed = seed

@@ -69,6 +69,12 @@ class SchedulerMetrics:
             buckets=(0, 1, 2, 3, 4, 6, 8, 16),
             registry=r,
         )
+        self.long_tail = Counter(
+            p + "long_tail_total",
+            "pdsr actions: prompts offloaded, capped responses continued.",
+            ["action"],
+            registry=r,
+        )
         self.policy_version = Gauge(p + "policy_version", "Current policy version.", registry=r)
         self.valid_produced = Gauge(
             p + "valid_groups_produced", "Valid groups produced in total.", registry=r

@@ -29,7 +29,7 @@ import grpc
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from asyncdapo.config import EarlyStopOrder, FilterMetric, RolloutMode, RunConfig
+from asyncdapo.config import EarlyStopOrder, FilterMetric, LongTailPolicy, RolloutMode, RunConfig
 from asyncdapo.prompts import PromptRecord, PromptRecordError
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.admission import AdmissionState, make_policy
@@ -47,6 +47,7 @@ from asyncdapo.scheduler.group_state import (
     is_valid,
 )
 from asyncdapo.scheduler.ledger import CommitLedger, Plan
+from asyncdapo.scheduler.longtail import FAST, HEAVY, LongTailAction, ProbeWindow, capped, route
 from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.scheduler.queue import Claim, PromptQueue
@@ -110,6 +111,8 @@ class Rollout:
         self.queue_poll_s = queue_poll_s
         ro = cfg.rollout
         self.sync = ro.mode is RolloutMode.SYNC
+        self.pdsr = ro.long_tail.policy is LongTailPolicy.PDSR
+        self.probes = ProbeWindow()
         self.policy = make_policy(cfg)
         # sync mode (verl's loop) commits in batch order and never aborts the running batch
         order = EarlyStopOrder.FIFO if self.sync else ro.early_stop_order
@@ -377,6 +380,10 @@ class Rollout:
             self._finish(task, Outcome.DROPPED, DropReason.PROMPT_TOO_LONG.value)
             return []
         self.ledger.admit(task.key)
+        if self.pdsr:
+            probe = Request(task, 0, pool=self._pool(FAST))
+            task.live = {0: probe}
+            return [probe]
         return task.make_requests()
 
     def sampling(self, temperature: float | None = None) -> common_pb2.SamplingParams:
@@ -389,8 +396,42 @@ class Rollout:
         )
 
     # ------------------------------------------------------------------ responses and scores
+    def _pool(self, label: str) -> str:
+        """`label` when some gateway carries it, else "" (any gateway): no pool, no stall."""
+        return label if any(g.pool == label for g in self.pool.members) else ""
+
+    def _long_tail(self, req: Request, resp: gateway_pb2.GenerateResponse) -> bool:
+        """pdsr: route the rest of a prompt after its probe, or continue a capped response on
+        the heavy pool. True when `resp` is not final."""
+        task = req.task
+        full = self.cfg.data.max_response_length
+        lt = self.cfg.rollout.long_tail
+        length = len(resp.token_ids)
+        if req.idx == 0 and not task.routed:
+            task.routed = True
+            self.probes.add(length)
+            r = route(length, self.probes.l_cut(lt.offload_fraction), lt.cap_factor, full)
+            if r.offloaded:
+                self.metrics.long_tail.labels(LongTailAction.OFFLOAD.value).inc()
+            cap = r.max_tokens if r.max_tokens < full else 0
+            rest = [Request(task, i, pool=self._pool(r.pool), max_tokens=cap) for i in range(1, task.n)]
+            for x in rest:
+                task.live[x.idx] = x
+            self.dispatcher.submit(rest)
+            return False
+        if req.max_tokens and capped(length, req.max_tokens, full):
+            self.metrics.long_tail.labels(LongTailAction.CAP_CONTINUE.value).inc()
+            req.continuation = resp
+            req.pool = self._pool(HEAVY)
+            req.max_tokens = 0
+            self.dispatcher.resubmit(req)
+            return True
+        return False
+
     def _on_response(self, req: Request, gw: Gateway, resp: gateway_pb2.GenerateResponse) -> None:
         task = req.task
+        if self.pdsr and task.kind is Kind.TRAIN and self._long_tail(req, resp):
+            return
         task.responses[req.idx] = resp
         task.response_gateway[req.idx] = gw.address
         self.batcher.submit(ScoreJob(req.rid, resp.token_ids, task.ground_truth, (task, req.idx)))

@@ -32,6 +32,8 @@ class Request:
     call: Any = None
     rid: str = ""
     t_ready: float = 0.0
+    pool: str = ""  # gateway pool label to place it in ("" = any)
+    max_tokens: int = 0  # overrides the task's sampling.max_tokens when > 0 (long-tail cap)
 
     def make_rid(self) -> str:
         t = self.task
@@ -69,6 +71,7 @@ class PromptTask:
     cancelled: bool = False  # aborted (early stop, stop): replies are only counted
     closed: bool = False  # an outcome is being or has been recorded
     group_complete: bool = False
+    routed: bool = False  # pdsr: the probe came back and the other responses were placed
     progress: Any = None  # group_state.GroupProgress of the completing response
     admitted_at: float = field(default_factory=time.monotonic)
     future: Any = None  # eval: resolved when every response is scored

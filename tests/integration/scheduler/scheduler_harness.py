@@ -69,7 +69,7 @@ class SimGateway:
 
 
 async def start_sim_gateway(
-    name: str, capacity: int = 64, model_dir: str | None = None, port: int = 0, **timing: Any
+    name: str, capacity: int = 64, model_dir: str | None = None, port: int = 0, pool: str = "", **timing: Any
 ) -> SimGateway:
     from prometheus_client import CollectorRegistry
 
@@ -83,7 +83,7 @@ async def start_sim_gateway(
     )
     server = GatewayServer(
         engine,
-        GatewayOptions(gateway_id=name, capacity=capacity),
+        GatewayOptions(gateway_id=name, capacity=capacity, pool=pool),
         ServerSettings(port=port, drain_timeout_s=0.0),
         GatewayMetrics(CollectorRegistry()),
     )

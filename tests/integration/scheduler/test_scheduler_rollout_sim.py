@@ -175,3 +175,47 @@ async def test_dns_pool_resolves_and_follows_membership() -> None:
             await wait_for(lambda: all(g.address.endswith(":1") for g in pool.members), 5, "re-resolution")
         finally:
             await pool.close()
+
+
+async def test_pdsr_offloads_long_probes_and_continues_capped_responses_on_the_heavy_pool(
+    redis_url: str,
+) -> None:
+    from scheduler_harness import start_sim_gateway
+
+    cfg = run_config(
+        data={"train_batch_size": 8, "max_response_length": 96},
+        trainer={"ppo_mini_batch_size": 8},
+        rollout={"long_tail": {"policy": "pdsr", "offload_fraction": 0.2, "cap_factor": 1.2}},
+    )
+    ids = load_prompts(redis_url, "t", ["mixed", "all0"] * 30)
+    timing = {"length_mean": 30.0, "length_sigma": 0.9}
+    gws = [
+        await start_sim_gateway("fast-0", pool="fast", **timing),
+        await start_sim_gateway("fast-1", pool="fast", **timing),
+        await start_sim_gateway("heavy-0", pool="heavy", **timing),
+    ]
+    heavy = gws[2].address
+    try:
+        async with scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer()) as ro:
+            ro.start_run()
+            await wait_for(lambda: ro.phase == Phase.BOUND, 60, "bound")
+            await ro.wait_idle(10)
+            m = ro.metrics.registry
+            offloaded = m.get_sample_value("asyncdapo_scheduler_long_tail_total", {"action": "offload"}) or 0
+            continued = (
+                m.get_sample_value("asyncdapo_scheduler_long_tail_total", {"action": "cap_continue"}) or 0
+            )
+            assert offloaded > 0 and continued > 0
+            l_cut = ro.probes.l_cut(0.2)
+    finally:
+        for g in gws:
+            await g.server.stop(0)
+    gs = groups(redis_url, "t")
+    assert len(gs) == 8
+    assert l_cut is not None
+    for g in gs:
+        assert g.responses[0].gateway != heavy  # probes run on the fast pool
+        assert len(g.responses) == 4 and all(len(r.token_ids) == len(r.logprobs) for r in g.responses)
+    # offloaded and continued responses finished on the heavy pool, as one group with their probe
+    assert any(r.gateway == heavy for g in gs for r in g.responses[1:])
+    check_one_outcome_per_attempt(redis_url, "t", ids)

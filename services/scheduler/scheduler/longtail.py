@@ -1,0 +1,63 @@
+"""The long-tail policy `pdsr` (P-DSR), pure: probe, route, cap.
+
+Each prompt first sends one probe response to the fast pool, uncapped. Its length feeds a sliding
+window of recent probe lengths; L_cut is the window's (1 − offload_fraction) quantile. A prompt
+whose probe is longer than L_cut is offloaded: its other n − 1 responses go to the heavy pool,
+uncapped. The rest stay on the fast pool with max_tokens capped at cap_factor · L_cut; a response
+that hits the cap is not finished — it continues on the heavy pool from its partial tokens. Probe
+and rest form one group, recorded and filtered like any other.
+
+Until `min_probes` probes were seen there is no L_cut: nothing is offloaded or capped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+
+FAST = "fast"
+HEAVY = "heavy"
+
+
+class LongTailAction(StrEnum):
+    OFFLOAD = "offload"  # a long probe: the prompt's other responses go to the heavy pool
+    CAP_CONTINUE = "cap_continue"  # a fast response hit the cap and continues on the heavy pool
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    pool: str
+    max_tokens: int  # for the prompt's non-probe responses
+    offloaded: bool
+
+
+class ProbeWindow:
+    def __init__(self, size: int = 512, min_probes: int = 8) -> None:
+        self.lengths: deque[int] = deque(maxlen=size)
+        self.min_probes = min_probes
+
+    def add(self, length: int) -> None:
+        self.lengths.append(length)
+
+    def l_cut(self, offload_fraction: float) -> float | None:
+        """The (1 − offload_fraction) quantile of recent probe lengths (nearest rank)."""
+        if len(self.lengths) < self.min_probes:
+            return None
+        xs = sorted(self.lengths)
+        rank = max(0, math.ceil((1.0 - offload_fraction) * len(xs)) - 1)
+        return float(xs[rank])
+
+
+def route(probe_len: int, l_cut: float | None, cap_factor: float, max_tokens: int) -> Route:
+    if l_cut is None:
+        return Route(FAST, max_tokens, False)
+    if probe_len > l_cut:
+        return Route(HEAVY, max_tokens, True)
+    return Route(FAST, min(max_tokens, max(1, math.ceil(cap_factor * l_cut))), False)
+
+
+def capped(length: int, cap: int, max_tokens: int) -> bool:
+    """A fast-pool response stopped by the cap, not by EOS or the run's own max_tokens."""
+    return cap < max_tokens and length >= cap
