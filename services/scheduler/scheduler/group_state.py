@@ -7,16 +7,24 @@ batch of scored responses), and reloads them if Redis lost its script cache. The
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.lua import SCRIPTS
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Outcome(StrEnum):
@@ -134,6 +142,23 @@ def parse_progress(reply: Sequence[Any]) -> GroupProgress:
         min_version=int(f[6]) if f[6] else 0,
         max_version=int(f[7]) if f[7] else 0,
     )
+
+
+async def redis_retry(fn: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
+    """Run a Redis operation, retrying through a Redis restart for up to `timeout_s`. The scripts
+    are idempotent (attempt and response markers), so a retry after a lost reply cannot
+    double-count an outcome or a reward."""
+    delay = 0.05
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await fn()
+        except (RedisConnectionError, RedisTimeoutError) as err:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("redis unavailable (%s); retrying in %.2f s", err, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 class RoundTrips:

@@ -21,11 +21,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from dataclasses import replace
+from typing import Any
 
-import grpc
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -45,18 +44,26 @@ from asyncdapo.scheduler.group_state import (
     RoundTrips,
     ScriptRunner,
     is_valid,
+    redis_retry,
 )
 from asyncdapo.scheduler.ledger import CommitLedger, Plan
-from asyncdapo.scheduler.longtail import FAST, HEAVY, LongTailAction, ProbeWindow, capped, route
 from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.pdsr import PdsrRouter
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.scheduler.queue import Claim, PromptQueue
 from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreJob, Scorer
-from asyncdapo.scheduler.tasks import Kind, PromptTask, Request, Score, build_group, version_range
+from asyncdapo.scheduler.tasks import (
+    Kind,
+    LengthStats,
+    PromptTask,
+    Request,
+    Score,
+    build_group,
+    version_range,
+)
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class Phase:
@@ -65,25 +72,6 @@ class Phase:
     BOUND = scheduler_pb2.RUN_PHASE_BOUND
     STOPPING = scheduler_pb2.RUN_PHASE_STOPPING
     STOPPED = scheduler_pb2.RUN_PHASE_STOPPED
-
-
-@dataclass
-class LengthStats:
-    """Response lengths of everything completed vs. of the groups committed for training (the
-    length bias of early stop)."""
-
-    completed_tokens: int = 0
-    completed: int = 0
-    committed_tokens: int = 0
-    committed: int = 0
-
-    @property
-    def completed_mean(self) -> float:
-        return self.completed_tokens / max(self.completed, 1)
-
-    @property
-    def committed_mean(self) -> float:
-        return self.committed_tokens / max(self.committed, 1)
 
 
 class Rollout:
@@ -111,8 +99,6 @@ class Rollout:
         self.queue_poll_s = queue_poll_s
         ro = cfg.rollout
         self.sync = ro.mode is RolloutMode.SYNC
-        self.pdsr = ro.long_tail.policy is LongTailPolicy.PDSR
-        self.probes = ProbeWindow()
         self.policy = make_policy(cfg)
         # sync mode (verl's loop) commits in batch order and never aborts the running batch
         order = EarlyStopOrder.FIFO if self.sync else ro.early_stop_order
@@ -136,6 +122,11 @@ class Rollout:
             on_failed=self._on_score_failed,
             on_call=self._on_verifier_call,
         )
+        self.pdsr = (
+            PdsrRouter(cfg, pool, self.dispatcher, self.metrics)
+            if ro.long_tail.policy is LongTailPolicy.PDSR
+            else None
+        )
         pool.on_down = self.dispatcher.cancel_calls
         pool.on_up = self._on_gateway_up
 
@@ -156,9 +147,9 @@ class Rollout:
         self._wake_finisher = asyncio.Event()
         self._bg: list[asyncio.Task[Any]] = []
         self._spawned: set[asyncio.Task[Any]] = set()
-        self._publish_lock = asyncio.Lock()
-        self._outcome_lock = asyncio.Lock()
-        self._syncing: set[str] = set()
+        self.publish_lock = asyncio.Lock()
+        self.outcome_lock = asyncio.Lock()
+        self.syncing: set[str] = set()
         self._flushed = {"aborted_tokens": 0, "aborted_requests": 0}
         self._rtt_reported = 0
         self._claiming = False
@@ -166,14 +157,14 @@ class Rollout:
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
         """Load scripts, read the run's state from Redis, take the lease, recover dead claims."""
-        await self._redis(self.scripts.load)
-        w = _text_map(await self._redis(lambda: self.redis.hgetall(self.keys.weights)))
+        await redis_retry(self.scripts.load)
+        w = _text_map(await redis_retry(lambda: self.redis.hgetall(self.keys.weights)))
         self.uri = w.get("uri", "")
         self._set_version(int(w.get("version", "0") or 0))
-        produced = await self._redis(lambda: self.redis.hget(self.keys.counters, "valid_produced"))
+        produced = await redis_retry(lambda: self.redis.hget(self.keys.counters, "valid_produced"))
         self.valid_produced = int(produced or 0)
-        await self._redis(self.queue.refresh_lease)
-        recovered = await self._redis(self.queue.recover)
+        await redis_retry(self.queue.refresh_lease)
+        recovered = await redis_retry(self.queue.recover)
         if recovered:
             log.info("requeued %d prompts claimed by a scheduler that is gone", len(recovered))
             self.metrics.outcomes.labels("requeued", RequeueReason.SCHEDULER_RESTART.value).inc(
@@ -239,60 +230,24 @@ class Rollout:
     async def publish_weights(
         self, version: int, uri: str, mode: int
     ) -> scheduler_pb2.PublishWeightsResponse:
-        """Pause → LoadWeights → Resume on every gateway in parallel, then raise the bound."""
-        from asyncdapo.scheduler.weights import PublishError, fan_out_weights
+        from asyncdapo.scheduler.weights import publish_weights
 
-        if mode == 0:
-            mode = {"keep": 1, "abort": 2, "wait": 3}[self.cfg.rollout.weight_update_mode.value]
-        async with self._publish_lock:
-            if version == self.version and uri == self.uri:
-                # a retry of a publish that already happened (its reply was lost): idempotent
-                return scheduler_pb2.PublishWeightsResponse(
-                    version=version,
-                    results=[
-                        scheduler_pb2.GatewayResult(
-                            gateway=g.address,
-                            ok=g.weight_version >= version,
-                            error="" if g.weight_version >= version else f"serves version {g.weight_version}",
-                        )
-                        for g in self.pool.up_gateways()
-                    ],
-                )
-            if version <= self.version:
-                raise PublishError(f"version {version} is not newer than the current version {self.version}")
-            t0 = time.perf_counter()
-            results = await fan_out_weights(self.pool.up_gateways(), version, uri, mode)
-            await self._redis(
-                lambda: self.redis.hset(self.keys.weights, mapping={"version": version, "uri": uri})
-            )
-            self.uri = uri
-            self._set_version(version)
-            dt = time.perf_counter() - t0
-            self.metrics.publish_seconds.observe(dt)
+        return await publish_weights(self, version, uri, mode)
+
+    def weights_published(self, version: int, uri: str) -> None:
+        """The gateways were told: raise the bound and resume rolling out."""
+        self.uri = uri
+        self._set_version(version)
         if self.phase == Phase.BOUND and self.valid_produced < self.bound:
             self.phase = Phase.ROLLING
         self._wake_admission.set()
         self.dispatcher.pump()
-        return scheduler_pb2.PublishWeightsResponse(version=version, results=results, duration_s=dt)
 
     def _on_gateway_up(self, gw: Gateway) -> None:
-        if self.uri and gw.weight_version < self.version and gw.address not in self._syncing:
-            self._spawn(self._resync(gw))
-        self.dispatcher.pump()
+        from asyncdapo.scheduler.weights import resync
 
-    async def _resync(self, gw: Gateway) -> None:
-        """A gateway that came (back) up with old weights loads the current ones before serving."""
-        from asyncdapo.scheduler.weights import fan_out_weights
-
-        self._syncing.add(gw.address)
-        try:
-            async with self._publish_lock:
-                if gw.weight_version < self.version:
-                    (res,) = await fan_out_weights([gw], self.version, self.uri, common_pb2.PAUSE_MODE_KEEP)
-                    if not res.ok:
-                        log.warning("resync of %s failed: %s", gw.address, res.error)
-        finally:
-            self._syncing.discard(gw.address)
+        if self.uri and gw.weight_version < self.version and gw.address not in self.syncing:
+            self._spawn(resync(self, gw))
         self.dispatcher.pump()
 
     # ------------------------------------------------------------------ admission
@@ -335,12 +290,12 @@ class Rollout:
             n = self.cfg.rollout.n
             self._claiming = True
             try:
-                claims = await self._redis(lambda k=k, n=n: self.queue.claim(k, n))
+                claims = await redis_retry(lambda k=k, n=n: self.queue.claim(k, n))
                 if not claims:
                     poll = min(poll * 2, 0.25)  # queue empty: poll, backing off
                     continue
                 poll = self.queue_poll_s
-                records = await self._redis(lambda c=claims: self.queue.load([x.pid for x in c]))
+                records = await redis_retry(lambda c=claims: self.queue.load([x.pid for x in c]))
                 reqs: list[Request] = []
                 for claim, rec in zip(claims, records, strict=True):
                     reqs += self._admit(claim, rec)
@@ -380,10 +335,8 @@ class Rollout:
             self._finish(task, Outcome.DROPPED, DropReason.PROMPT_TOO_LONG.value)
             return []
         self.ledger.admit(task.key)
-        if self.pdsr:
-            probe = Request(task, 0, pool=self._pool(FAST))
-            task.live = {0: probe}
-            return [probe]
+        if self.pdsr is not None:
+            return self.pdsr.first_requests(task)
         return task.make_requests()
 
     def sampling(self, temperature: float | None = None) -> common_pb2.SamplingParams:
@@ -396,41 +349,9 @@ class Rollout:
         )
 
     # ------------------------------------------------------------------ responses and scores
-    def _pool(self, label: str) -> str:
-        """`label` when some gateway carries it, else "" (any gateway): no pool, no stall."""
-        return label if any(g.pool == label for g in self.pool.members) else ""
-
-    def _long_tail(self, req: Request, resp: gateway_pb2.GenerateResponse) -> bool:
-        """pdsr: route the rest of a prompt after its probe, or continue a capped response on
-        the heavy pool. True when `resp` is not final."""
-        task = req.task
-        full = self.cfg.data.max_response_length
-        lt = self.cfg.rollout.long_tail
-        length = len(resp.token_ids)
-        if req.idx == 0 and not task.routed:
-            task.routed = True
-            self.probes.add(length)
-            r = route(length, self.probes.l_cut(lt.offload_fraction), lt.cap_factor, full)
-            if r.offloaded:
-                self.metrics.long_tail.labels(LongTailAction.OFFLOAD.value).inc()
-            cap = r.max_tokens if r.max_tokens < full else 0
-            rest = [Request(task, i, pool=self._pool(r.pool), max_tokens=cap) for i in range(1, task.n)]
-            for x in rest:
-                task.live[x.idx] = x
-            self.dispatcher.submit(rest)
-            return False
-        if req.max_tokens and capped(length, req.max_tokens, full):
-            self.metrics.long_tail.labels(LongTailAction.CAP_CONTINUE.value).inc()
-            req.continuation = resp
-            req.pool = self._pool(HEAVY)
-            req.max_tokens = 0
-            self.dispatcher.resubmit(req)
-            return True
-        return False
-
     def _on_response(self, req: Request, gw: Gateway, resp: gateway_pb2.GenerateResponse) -> None:
         task = req.task
-        if self.pdsr and task.kind is Kind.TRAIN and self._long_tail(req, resp):
+        if self.pdsr is not None and task.kind is Kind.TRAIN and self.pdsr.continues(req, resp):
             return
         task.responses[req.idx] = resp
         task.response_gateway[req.idx] = gw.address
@@ -480,7 +401,7 @@ class Rollout:
             pipe.hincrby(counters, "completions", len(scores))
             pipe.hincrby(counters, "generated_tokens", tokens)
 
-        progress = await self._redis(lambda: self.store.record(scores, bump))
+        progress = await redis_retry(lambda: self.store.record(scores, bump))
         for task, p in zip(owners, progress, strict=True):
             if p.complete and not task.group_complete and not task.closed:
                 task.group_complete = True
@@ -574,9 +495,9 @@ class Rollout:
                 self.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
             )
             owners.append(task)
-        async with self._outcome_lock:  # status() never sees Redis and memory disagree
+        async with self.outcome_lock:  # status() never sees Redis and memory disagree
             if calls:
-                results = await self._redis(lambda: self.store.finish_many(calls))
+                results = await redis_retry(lambda: self.store.finish_many(calls))
                 for task, res in zip(owners, results, strict=True):
                     self._apply_outcome(task, res)
             reached = self.valid_produced >= self.bound and self.phase == Phase.ROLLING
@@ -585,7 +506,7 @@ class Rollout:
         if reached:
             self.early_stops += 1
             self.metrics.early_stops.inc()
-            await self._redis(lambda: self._incr_counters(early_stops=1))
+            await redis_retry(lambda: self._incr_counters(early_stops=1))
             rest = [t for t in self.tasks.values() if not t.closed]
             if rest and not self.sync:
                 self._cancel(rest, Outcome.REQUEUED, RequeueReason.EARLY_STOP.value)
@@ -618,49 +539,10 @@ class Rollout:
         if self.phase == Phase.STOPPING and not self.tasks:
             self.phase = Phase.STOPPED
 
-    # ------------------------------------------------------------------ drain
-    async def drain_gateway(self, gw: Gateway, abort_in_flight: bool) -> None:
-        """No new requests go to `gw`; with `abort_in_flight` its requests are aborted and continue
-        elsewhere from their partial tokens (an abort we did not ask for is re-dispatched)."""
-        gw.drain_requested = True
-        if abort_in_flight and gw.calls:
-            try:
-                await gw.stub.Abort(
-                    gateway_pb2.AbortRequest(request_ids=list(gw.calls)), metadata=gw.auth, timeout=5.0
-                )
-            except grpc.aio.AioRpcError as err:
-                log.warning("drain abort on %s failed: %s", gw.address, err.code().name)
-
-    # ------------------------------------------------------------------ status
     async def status(self) -> scheduler_pb2.RunStatus:
-        def read() -> Awaitable[list[Any]]:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hgetall(self.keys.counters)
-            pipe.llen(self.keys.prompts)
-            return pipe.execute()
+        from asyncdapo.scheduler.status import run_status
 
-        async with self._outcome_lock:
-            counters, depth = await self._redis(read)
-            phase, in_flight = self.phase, len(self.tasks)
-        self.rtt.count += 1
-        c = {k: int(v) for k, v in _text_map(counters).items()}
-        return scheduler_pb2.RunStatus(
-            run=self.cfg.name,
-            phase=phase,  # type: ignore[arg-type]
-            policy_version=self.version,
-            valid_groups_produced=c.get("valid_produced", 0),
-            valid_groups_bound=self.bound,
-            in_flight_prompts=in_flight,
-            queue_depth=int(depth),
-            outcomes={k[len("outcome:") :]: v for k, v in c.items() if k.startswith("outcome:")},
-            early_stops=c.get("early_stops", 0),
-            aborted_requests=c.get("aborted_requests", 0),
-            aborted_tokens=c.get("aborted_tokens", 0),
-            completions=c.get("completions", 0),
-            generated_tokens=c.get("generated_tokens", 0),
-            mode=self.cfg.rollout.mode.value,
-            max_staleness=self.cfg.rollout.max_staleness,
-        )
+        return await run_status(self)
 
     async def flush_counters(self) -> None:
         """Write the abort counters kept in memory (they are batched, not written per reply)."""
@@ -705,21 +587,6 @@ class Rollout:
         t = asyncio.ensure_future(coro)
         self._spawned.add(t)
         t.add_done_callback(self._spawned.discard)
-
-    async def _redis(self, fn: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-        """Run a Redis operation, retrying through a Redis restart. The scripts are idempotent
-        (attempt and response markers), so a retry after a lost reply cannot double-count."""
-        delay = 0.05
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return await fn()
-            except (RedisConnectionError, RedisTimeoutError) as err:
-                if time.monotonic() > deadline:
-                    raise
-                log.warning("redis unavailable (%s); retrying in %.2f s", err, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
 
 
 def _text_map(m: dict[Any, Any]) -> dict[str, str]:

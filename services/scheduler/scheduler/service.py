@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from asyncdapo.scheduler.evaluate import EvalInputError, evaluate
 from asyncdapo.scheduler.rollout import Rollout
 from asyncdapo.scheduler.weights import PublishError
-from asyncdapo.v1 import scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.v1 import gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,15 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         gw = self.rollout.pool.get(request.address)
         if gw is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"address {request.address!r} is not in the pool")
-        await self.rollout.drain_gateway(gw, request.abort_in_flight)
+        gw.drain_requested = True
+        if request.abort_in_flight and gw.calls:
+            # aborts we did not cause come back with finish=abort and continue elsewhere
+            try:
+                await gw.stub.Abort(
+                    gateway_pb2.AbortRequest(request_ids=list(gw.calls)), metadata=gw.auth, timeout=5.0
+                )
+            except grpc.aio.AioRpcError as err:
+                log.warning("drain abort on %s failed: %s", gw.address, err.code().name)
         return scheduler_pb2.DrainGatewayResponse(gateway=gw.info())
 
     async def Evaluate(self, request, context):

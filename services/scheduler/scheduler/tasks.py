@@ -144,3 +144,22 @@ def build_group(run: str, task: PromptTask) -> rollout_pb2.Group:
             )
         )
     return g
+
+
+@dataclass
+class LengthStats:
+    """Response lengths of everything completed vs. of the groups committed for training (the
+    length bias of early stop)."""
+
+    completed_tokens: int = 0
+    completed: int = 0
+    committed_tokens: int = 0
+    committed: int = 0
+
+    @property
+    def completed_mean(self) -> float:
+        return self.completed_tokens / max(self.completed, 1)
+
+    @property
+    def committed_mean(self) -> float:
+        return self.committed_tokens / max(self.committed, 1)

@@ -206,7 +206,7 @@ async def test_pdsr_offloads_long_probes_and_continues_capped_responses_on_the_h
                 m.get_sample_value("asyncdapo_scheduler_long_tail_total", {"action": "cap_continue"}) or 0
             )
             assert offloaded > 0 and continued > 0
-            l_cut = ro.probes.l_cut(0.2)
+            l_cut = ro.pdsr.probes.l_cut(0.2)
     finally:
         for g in gws:
             await g.server.stop(0)
