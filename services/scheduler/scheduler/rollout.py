@@ -327,8 +327,8 @@ class Rollout:
         self.seq += 1
         self.tasks[task.key] = task
         self.batch_admitted += 1
-        if not ok:
-            log.warning("dropping prompt %s: %s", claim.pid, rec)
+        if not ok or not task.ground_truth:
+            log.warning("dropping prompt %s: %s", claim.pid, rec if not ok else "empty ground_truth")
             self._finish(task, Outcome.DROPPED, DropReason.BAD_PROMPT.value)
             return []
         if not task.prompt_token_ids or len(task.prompt_token_ids) > self.cfg.data.max_prompt_length:

@@ -36,6 +36,17 @@ class ItemScore:
 class VerifierUnavailable(RuntimeError):
     """The verifier could not be reached or kept failing."""
 
+    permanent = False
+
+
+class VerifierRejected(VerifierUnavailable):
+    """The verifier refused the request (4xx): sending it again cannot help."""
+
+    permanent = True
+
+
+RETRYABLE_STATUS = frozenset({408, 425, 429})
+
 
 class Scorer(Protocol):
     async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[ItemScore]:
@@ -79,6 +90,8 @@ class HttpVerifier:
             r = await self.client.post(self.url, json=body)
         except httpx.HTTPError as err:
             raise VerifierUnavailable(f"{type(err).__name__}: {err}") from err
+        if 400 <= r.status_code < 500 and r.status_code not in RETRYABLE_STATUS:
+            raise VerifierRejected(f"HTTP {r.status_code}: {r.text[:200]}")
         if r.status_code != 200:
             raise VerifierUnavailable(f"HTTP {r.status_code}: {r.text[:200]}")
         results = r.json().get("results", [])
@@ -209,7 +222,7 @@ class ScoreBatcher:
             except VerifierUnavailable as err:
                 self.stats.call_failures += 1
                 self.on_call(time.perf_counter() - t0, False)
-                if attempt == self.cfg.max_retries:
+                if attempt == self.cfg.max_retries or err.permanent:
                     log.error(
                         "verifier failed %d times, giving up on %d items: %s", attempt + 1, len(batch), err
                     )

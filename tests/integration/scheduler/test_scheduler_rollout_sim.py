@@ -219,3 +219,26 @@ async def test_pdsr_offloads_long_probes_and_continues_capped_responses_on_the_h
     # offloaded and continued responses finished on the heavy pool, as one group with their probe
     assert any(r.gateway == heavy for g in gs for r in g.responses[1:])
     check_one_outcome_per_attempt(redis_url, "t", ids)
+
+
+async def test_bad_prompts_are_dropped_with_a_reason_not_lost(redis_url: str) -> None:
+    from asyncdapo.prompts import PromptRecord, queue_prompts
+
+    r = redis.Redis.from_url(redis_url)
+    keys = RunKeys("t")
+    pipe = r.pipeline()
+    queue_prompts(pipe, keys, [PromptRecord("long", list(range(1, 100)), "", "mixed", "", 0, 0)])
+    queue_prompts(pipe, keys, [PromptRecord("nogt", [1, 2], "", "", "", 0, 1)])
+    pipe.rpush(keys.prompts, "nodata")
+    pipe.execute()
+    ids = ["long", "nogt", "nodata", *load_prompts(redis_url, "t", ["mixed"] * 8)]
+    async with (
+        sim_gateways(1) as gws,
+        scheduler(run_config(), redis_url, [gws[0].address], RuleScorer()) as ro,
+    ):
+        ro.start_run()
+        await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound")
+        await ro.wait_idle(10)
+    c = counters(redis_url, "t")
+    assert c["outcome:dropped:prompt_too_long"] == 1 and c["outcome:dropped:bad_prompt"] == 2
+    check_one_outcome_per_attempt(redis_url, "t", ids)
