@@ -24,7 +24,7 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def warm_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The demo's assets, smaller: synthetic data and a short, deliberately slippy warm-start."""
+    """The demo's assets, smaller: synthetic data and a short warm-start, half of it refusals."""
     from asyncdapo.data.synth import SynthSpec, synth_splits
     from asyncdapo.data.verl_format import write_examples
     from asyncdapo.sft import supervised_warm_start
@@ -33,7 +33,7 @@ def warm_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     train, val = synth_splits(150, 24, seed=0, spec=SynthSpec(ops=("+", "-"), max_operand=9))
     write_examples(train, root / "data" / "train.parquet")
     write_examples(val, root / "data" / "val.parquet")
-    supervised_warm_start(tiny_model_dir, train, root / "model", steps=200, lr=3e-3, slip_fraction=0.5)
+    supervised_warm_start(tiny_model_dir, train, root / "model", steps=120, lr=3e-3, slip_fraction=0.5)
     return root / "model", root / "data"
 
 
