@@ -478,9 +478,19 @@ class Rollout:
         for task, outcome, reason in items:
             calls.append(self.store.finish_call(task.pid, task.attempt, outcome, reason))
             owners.append(task)
+        oldest_trainable = self.version - self.cfg.rollout.max_staleness
         for key in plan.commit:
             task = self.tasks[key]
             task.closed = True
+            if task.progress.min_version < oldest_trainable:
+                # Outlived its version (sync mode: the rest of a batch still running when the
+                # trainer published). The trainer would drop it as stale, yet it would count
+                # toward the bound and starve the step: it goes back to the queue instead.
+                calls.append(
+                    self.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
+                )
+                owners.append(task)
+                continue
             group = build_group(self.cfg.name, task).SerializeToString()
             calls.append(
                 self.store.finish_call(
