@@ -137,9 +137,8 @@ async def _serve(args: argparse.Namespace, token: str | None) -> None:
         except WeightsError as err:
             if args.engine == "vllm":
                 raise AsyncdapoError(f"--model {args.model!r}: {err}") from None
-    engine = await _build_engine(args)
     server = GatewayServer(
-        engine,
+        None,
         GatewayOptions(
             gateway_id=args.gateway_id or socket.gethostname(),
             pool=args.pool,
@@ -156,10 +155,15 @@ async def _serve(args: argparse.Namespace, token: str | None) -> None:
         GatewayMetrics(),
         validator,
     )
+    # Bind first: the port is ours (health NOT_SERVING) while the engine loads.
     try:
         await server.start()
+    except OSError as err:
+        raise AsyncdapoError(f"--port {args.port} / --metrics-port {args.metrics_port}: {err}") from None
+    try:
+        await server.attach(await _build_engine(args))
     except BaseException:
-        await engine.shutdown()
+        await server.stop(grace_s=0)
         raise
     await server.serve_until_signal()
 

@@ -1,7 +1,8 @@
 """The gateway process: grpc.aio server (Gateway + reflection + standard health), metrics HTTP,
 engine start, and graceful drain on SIGTERM.
 
-Lifecycle: engine start → gRPC server bound (health NOT_SERVING) → SERVING. On SIGTERM/SIGINT:
+Lifecycle: gRPC server bound (health NOT_SERVING, RPCs UNAVAILABLE) → engine start → SERVING.
+On SIGTERM/SIGINT:
 health NOT_SERVING and Load.draining, new Generate calls get UNAVAILABLE, in-flight requests get
 `drain_timeout_s` to finish, the rest are aborted (they return partial tokens), then the server
 and the engine stop.
@@ -51,11 +52,15 @@ class ServerSettings:
 
 
 class GatewayServer:
-    """One gateway: engine + servicer + gRPC server. `start()` then `serve_until_signal()` or `stop()`."""
+    """One gateway: engine + servicer + gRPC server. `start()` then `serve_until_signal()` or `stop()`.
+
+    With `engine=None`, `start()` binds the port and answers health NOT_SERVING (and RPCs
+    UNAVAILABLE) until `attach(engine)`: the port is held while a slow engine loads.
+    """
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | None,
         options: GatewayOptions,
         settings: ServerSettings,
         metrics: GatewayMetrics,
@@ -96,9 +101,13 @@ class GatewayServer:
             ),
             server,
         )
-        self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        address = f"{self.settings.host}:{self.settings.port}"
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as err:  # grpc raises on a port in use
+            raise OSError(f"cannot bind the gateway to {address}: {err}") from None
         if self.port == 0:
-            raise OSError(f"cannot bind the gateway to {self.settings.host}:{self.settings.port}")
+            raise OSError(f"cannot bind the gateway to {address}")
         await server.start()
         self._server = server
         if self.settings.metrics_port is not None:
@@ -107,16 +116,31 @@ class GatewayServer:
             self._metrics_http, _ = start_http_server(
                 self.settings.metrics_port, addr=self.settings.host, registry=self.metrics.registry
             )
+        if self.engine is None:
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            log.info(
+                "gateway %s listening on %s:%d; engine starting",
+                self.options.gateway_id,
+                self.settings.host,
+                self.port,
+            )
+        else:
+            await self.attach(self.engine)
+        return self.port
+
+    async def attach(self, engine: Engine) -> None:
+        """Serve with `engine` from now on: health SERVING."""
+        self.engine = engine
+        self.service.attach(engine)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._monitor = asyncio.get_running_loop().create_task(self._watch_engine())
         log.info(
             "gateway %s serving %s engine on %s:%d",
             self.options.gateway_id,
-            self.engine.info.kind,
+            engine.info.kind,
             self.settings.host,
             self.port,
         )
-        return self.port
 
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
@@ -127,7 +151,7 @@ class GatewayServer:
         while True:
             await asyncio.sleep(self.settings.health_poll_s)
             self.service.current_load()
-            if not self.engine.is_healthy():
+            if self.engine is not None and not self.engine.is_healthy():
                 log.error("engine is not healthy: health NOT_SERVING")
                 await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
                 return
@@ -152,7 +176,8 @@ class GatewayServer:
             await self._server.stop(grace_s)
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
-        await self.engine.shutdown()
+        if self.engine is not None:
+            await self.engine.shutdown()
 
     async def serve_until_signal(self) -> None:
         """Serve until SIGTERM/SIGINT, then drain and stop."""

@@ -46,6 +46,7 @@ _STATUS = {
     Rejection.DUPLICATE_ID: grpc.StatusCode.ALREADY_EXISTS,
     Rejection.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Rejection.DRAINING: grpc.StatusCode.UNAVAILABLE,
+    Rejection.STARTING: grpc.StatusCode.UNAVAILABLE,
 }
 _FINISH_PB = {
     Finish.STOP: common_pb2.FINISH_REASON_STOP,
@@ -78,16 +79,16 @@ class GatewayOptions:
 class GatewayService(gateway_pb2_grpc.GatewayServicer):
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | None,
         options: GatewayOptions,
         metrics: GatewayMetrics,
         validator: WeightsValidator | None = None,
     ) -> None:
-        self._engine = engine
+        self._engine: Engine | None = None
+        self._limits = ModelLimits(0, 0)
         self._options = options
         self._metrics = metrics
         self._validator = validator
-        self._limits = ModelLimits(engine.info.max_model_len, engine.info.vocab_size)
         self._inflight: dict[str, float] = {}  # request id -> start (monotonic)
         self._idle = asyncio.Event()
         self._idle.set()
@@ -97,6 +98,18 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self._paused = False
         self._draining = False
         metrics.weight_version.set(self._version)
+        if engine is not None:
+            self.attach(engine)
+
+    def attach(self, engine: Engine) -> None:
+        """Start serving with `engine` (until then every RPC but GetLoad answers UNAVAILABLE)."""
+        self._limits = ModelLimits(engine.info.max_model_len, engine.info.vocab_size)
+        self._engine = engine
+
+    async def _ready(self, context: grpc.aio.ServicerContext) -> Engine:
+        if self._engine is None:
+            await self._reject(context, Rejection.STARTING, "the engine is still starting: retry shortly")
+        return self._engine  # type: ignore[return-value]
 
     # --- state other components read ---
 
@@ -124,11 +137,12 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     ) -> gateway_pb2.GenerateResponse:
         if self._draining:
             await self._reject(context, Rejection.DRAINING, "gateway is draining: send the request elsewhere")
+        engine = await self._ready(context)
         rid = request.request_id or uuid.uuid4().hex
         if rid in self._inflight:
             await self._reject(context, Rejection.DUPLICATE_ID, f"request_id {rid!r} is already in flight")
         try:
-            inp = validate_generate(request, self._limits, self._engine.tokenize, rid)
+            inp = validate_generate(request, self._limits, engine.tokenize, rid)
         except RequestError as err:
             await self._reject(context, err.reason, str(err))
 
@@ -140,7 +154,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             if inp.engine.sampling.max_tokens == 0:  # the continuation already used every token
                 out = EngineOutput([], [], Finish.LENGTH, [])
             else:
-                out = await self._engine.generate(inp.engine)
+                out = await engine.generate(inp.engine)
         except asyncio.CancelledError:
             self._metrics.aborts.labels(AbortCause.CLIENT_CANCELLED.value).inc()
             raise
@@ -177,19 +191,21 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def Abort(
         self, request: gateway_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.AbortResponse:
+        engine = await self._ready(context)
         if not request.all and not request.request_ids:
             await self._reject(context, Rejection.INVALID_ARGUMENT, "request_ids is empty and all is false")
         if request.all:
             ids = list(self._inflight)
         else:
             ids = [rid for rid in dict.fromkeys(request.request_ids) if rid in self._inflight]
-        await self._engine.abort(ids)
+        await engine.abort(ids)
         self._metrics.aborts.labels(AbortCause.ABORT_RPC.value).inc(len(ids))
         return gateway_pb2.AbortResponse(aborted_ids=ids)
 
     async def Pause(
         self, request: gateway_pb2.PauseRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.PauseResponse:
+        engine = await self._ready(context)
         mode = _PAUSE_MODES.get(request.mode)
         if mode is None:
             await self._reject(context, Rejection.INVALID_ARGUMENT, f"mode {request.mode} is not a PauseMode")
@@ -200,7 +216,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 f"wait_timeout_s must be >= 0, got {request.wait_timeout_s}",
             )
         async with self._control:
-            result = await self._engine.pause(mode, request.wait_timeout_s)
+            result = await engine.pause(mode, request.wait_timeout_s)
             self._set_paused(True)
         self._metrics.aborts.labels(AbortCause.PAUSE.value).inc(result.aborted)
         held = len(self._inflight) if mode is PauseMode.KEEP else max(0, len(self._inflight) - result.aborted)
@@ -210,14 +226,16 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def Resume(
         self, request: gateway_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ResumeResponse:
+        engine = await self._ready(context)
         async with self._control:
-            await self._engine.resume()
+            await engine.resume()
             self._set_paused(False)
         return gateway_pb2.ResumeResponse()
 
     async def LoadWeights(
         self, request: gateway_pb2.LoadWeightsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.LoadWeightsResponse:
+        engine = await self._ready(context)
         if request.version < 0:
             await self._reject(
                 context, Rejection.INVALID_ARGUMENT, f"version must be >= 0, got {request.version}"
@@ -231,12 +249,12 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             auto_pause = not self._paused
             try:
                 if auto_pause:
-                    await self._engine.pause(PauseMode.KEEP)
+                    await engine.pause(PauseMode.KEEP)
                 try:
-                    await self._engine.load_weights(str(path), request.version)
+                    await engine.load_weights(str(path), request.version)
                 finally:
                     if auto_pause:
-                        await self._engine.resume()
+                        await engine.resume()
             except EngineError as err:
                 log.error("LoadWeights version %d from %s failed: %s", request.version, path, err)
                 await context.abort(grpc.StatusCode.INTERNAL, str(err))
@@ -264,6 +282,14 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     # --- load ---
 
     def current_load(self) -> gateway_pb2.Load:
+        if self._engine is None:
+            return gateway_pb2.Load(
+                gateway_id=self._options.gateway_id,
+                capacity=self._options.capacity,
+                weight_version=self._version,
+                draining=self._draining,
+                pool=self._options.pool,
+            )
         load = self._engine.load()
         self._metrics.observe_load(load)
         in_flight = len(self._inflight)
@@ -318,7 +344,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             pass
         victims = list(self._inflight)
         log.warning("drain deadline: aborting %d in-flight request(s)", len(victims))
-        await self._engine.abort(victims)
+        if self._engine is not None:
+            await self._engine.abort(victims)
         self._metrics.aborts.labels(AbortCause.DRAIN.value).inc(len(victims))
         try:  # let the aborted calls send their partial responses
             await asyncio.wait_for(self._idle.wait(), 5.0)

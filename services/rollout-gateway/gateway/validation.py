@@ -26,6 +26,7 @@ class Rejection(StrEnum):
     DUPLICATE_ID = "duplicate_id"
     UNAUTHENTICATED = "unauthenticated"
     DRAINING = "draining"
+    STARTING = "starting"  # the engine is still loading
 
 
 class RequestError(ValueError):

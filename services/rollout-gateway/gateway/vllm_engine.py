@@ -15,8 +15,7 @@ from a stat logger vLLM calls every step.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
+import gc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +31,6 @@ from asyncdapo.gateway.engine import (
     Sampling,
 )
 from asyncdapo.gateway.versions import Runs, runs_from_spans
-
-log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "asyncdapo.gateway.vllm_worker_ext.GatewayWorkerExtension"
 _FINISH = {"stop": Finish.STOP, "length": Finish.LENGTH, "abort": Finish.ABORT}
@@ -186,6 +183,9 @@ class VllmEngine:
         llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=loggers, disable_log_stats=True)
         await llm.update_weight_version(str(settings.initial_version))
         engine = cls(llm, probe, settings)
+        # A traceback kept by a lazy import during warm-up can pin this frame; it must not pin
+        # the AsyncLLM past shutdown().
+        del llm
         await engine._warm_up()
         return engine
 
@@ -233,20 +233,16 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
 
         rid = request.request_id
-        params = self.sampling_params(request)
-        (engine_input,) = self._llm.renderer.render_cmpl(
-            [TokensPrompt(prompt_token_ids=request.prompt_token_ids)]
-        )
-        arrival = time.monotonic()
         self._active.add(rid)
         self._registering.add(rid)
         try:
             try:
-                queue = await self._llm.add_request(rid, engine_input, params)
+                prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+                (engine_input,) = self._llm.renderer.render_cmpl([prompt])
+                queue = await self._llm.add_request(rid, engine_input, self.sampling_params(request))
             finally:
                 self._registering.discard(rid)
-            if rid in self._early_aborts:
-                self._early_aborts.discard(rid)
+            if rid in self._early_aborts:  # Abort arrived while vLLM did not know the request yet
                 await self._llm.abort(rid)
             try:
                 while True:
@@ -265,7 +261,7 @@ class VllmEngine:
         finally:
             self._active.discard(rid)
             self._early_aborts.discard(rid)
-        return _to_output(out, arrival)
+        return _to_output(out)
 
     async def abort(self, request_ids: list[str]) -> None:
         known = [rid for rid in request_ids if rid in self._active]
@@ -324,9 +320,22 @@ class VllmEngine:
 
     async def shutdown(self) -> None:
         self._llm.shutdown()
+        # Collect the AsyncLLM now: left to interpreter exit, its __del__ calls shutdown() again
+        # after module teardown and prints a TypeError.
+        self._llm = _ShutDown()
+        gc.collect()
 
 
-def _to_output(out: Any, arrival: float) -> EngineOutput:
+class _ShutDown:
+    """Stands in for the AsyncLLM after shutdown."""
+
+    errored = True
+
+    def __getattr__(self, name: str) -> Any:
+        raise EngineError("the vLLM engine is shut down")
+
+
+def _to_output(out: Any) -> EngineOutput:
     completion = out.outputs[0]
     finish = _FINISH.get(str(completion.finish_reason))
     if finish is None:

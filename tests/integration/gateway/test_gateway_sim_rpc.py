@@ -204,3 +204,35 @@ def test_cli_reports_bad_flags(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "--model is required" in out.stderr
+
+
+async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from asyncdapo.gateway.metrics import GatewayMetrics
+    from asyncdapo.gateway.server import GatewayServer, ServerSettings
+    from asyncdapo.gateway.service import GatewayOptions
+    from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+
+    server = GatewayServer(
+        None,
+        GatewayOptions(gateway_id="late", capacity=4),
+        ServerSettings(port=0, token=gateway_token),
+        GatewayMetrics(CollectorRegistry()),
+    )
+    port = await server.start()
+    try:
+        async with GatewayClient(f"127.0.0.1:{port}", token=gateway_token) as c:
+            assert not await c.healthy()
+            load = await c.get_load()
+            assert (load.gateway_id, load.engine, load.running) == ("late", "", 0)
+            code, details = await _code(c.generate("early", [1], Sampling(max_tokens=2)))
+            assert code is grpc.StatusCode.UNAVAILABLE and "starting" in details
+            code, _ = await _code(c.pause())
+            assert code is grpc.StatusCode.UNAVAILABLE
+            await server.attach(SimulatedEngine(SimTiming(base_step_s=0.001), max_concurrency=4))
+            assert await c.healthy()
+            r = await c.generate("ok", [1], Sampling(max_tokens=3, ignore_eos=True))
+            assert r.finish_reason is Finish.LENGTH and len(r.token_ids) == 3
+    finally:
+        await server.stop(grace_s=0)
