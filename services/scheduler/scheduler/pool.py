@@ -220,8 +220,9 @@ class GatewayPool:
             self.members.remove(gw)
         if gw.watch_task:
             gw.watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gw.watch_task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await gw.watch_task
         self.mark_down(gw, "removed from the pool")
         await gw.channel.close()
 
@@ -250,8 +251,11 @@ class GatewayPool:
         while not gw.removed:
             call = gw.stub.WatchLoad(gateway_pb2.WatchLoadRequest(interval_ms=self.watch_interval_ms))
             try:
-                while True:
-                    load = await asyncio.wait_for(call.read(), self.stale_after_s)
+                while not gw.removed:
+                    # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation
+                    # that races with the read, and the watcher would then never stop
+                    async with asyncio.timeout(self.stale_after_s):
+                        load = await call.read()
                     if load is grpc.aio.EOF:
                         raise ConnectionError("load stream ended")
                     gw.load = load

@@ -282,7 +282,8 @@ class Rollout:
         poll = self.queue_poll_s
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_admission.wait(), poll)
+                async with asyncio.timeout(poll):  # not wait_for: it can swallow a cancellation (3.11)
+                    await self._wake_admission.wait()
             self._wake_admission.clear()
             k = self.admissible(self.claim_chunk)
             if k == 0:
