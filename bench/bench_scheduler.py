@@ -132,7 +132,8 @@ def _cfg(name: str, **rollout: Any) -> Any:
             "name": name,
             "data": {"train_batch_size": b, "max_response_length": MAX_TOKENS, "max_prompt_length": 64},
             "reward": {"overlong_buffer": {"len": 32}, "verifier_batch_size": 64, "verifier_concurrency": 8},
-            "rollout": {"n": 8, "seed": 1, **rollout},
+            # no per-response seed: a requeued prompt draws new lengths, so lengths are independent
+            "rollout": {"n": 8, "seed": None, **rollout},
             "trainer": {"ppo_mini_batch_size": b},
         }
     )
@@ -224,7 +225,7 @@ async def versions(
     if mode == "async":
         extra["early_stop_order"] = order
         extra["admission"] = {"policy": "greedy"}
-    cfg = _cfg(f"bench-{mode}-{order}", train_batch_size=8, **extra)
+    cfg = _cfg(f"bench-{mode}-{order}", train_batch_size=16, **extra)
     _queue(redis_url, cfg.name, 40_000)
     snap = tmp / "weights"
     if not snap.exists():
@@ -317,6 +318,8 @@ async def bench(gateway_counts: list[int], seconds: float, nversions: int) -> No
         f"p99_dispatch_saturated_ms={r['tp']['dispatch_p99_ms']:.3f} "
         f"cpu_bound_completions_per_s={1e6 / r['tp']['cpu_us_per_completion']:.0f} "
         f"async_vs_sync_speedup={r['sync']['s_per_version'] / r['any']['s_per_version']:.2f} "
+        f"length_bias_any={r['any']['trained_mean_len'] / natural:.3f} "
+        f"length_bias_fifo={r['fifo']['trained_mean_len'] / natural:.3f} "
         f"gateways={max(gateway_counts)}"
     )
 
@@ -349,7 +352,10 @@ def _report(g: int, res: dict[str, Any], natural: float) -> None:
     print(
         f"async (any) vs sync: {res['sync']['s_per_version'] / res['any']['s_per_version']:.2f}x faster per version;"
         f" length bias (trained/natural): any {res['any']['trained_mean_len'] / natural:.3f},"
-        f" fifo {res['fifo']['trained_mean_len'] / natural:.3f}, sync {res['sync']['trained_mean_len'] / natural:.3f}",
+        f" fifo {res['fifo']['trained_mean_len'] / natural:.3f}, sync {res['sync']['trained_mean_len'] / natural:.3f}"
+        f" (trained/completed: any {res['any']['trained_mean_len'] / res['any']['completed_mean_len']:.3f},"
+        f" fifo {res['fifo']['trained_mean_len'] / res['fifo']['completed_mean_len']:.3f},"
+        f" sync {res['sync']['trained_mean_len'] / res['sync']['completed_mean_len']:.3f})",
         flush=True,
     )
 
