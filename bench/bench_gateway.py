@@ -132,17 +132,26 @@ class Direct:
 async def _round(
     kind: str, run_one: Any, prompts: list[list[int]], max_tokens: int, tag: str, pids: list[int]
 ) -> tuple[float, float]:
-    """Tokens/s (wall) and CPU milliseconds per 1k tokens of the frontend processes of this path."""
-    cpu0, t0 = _cpu_s(pids), time.perf_counter()
+    """Tokens/s (wall) and CPU milliseconds per 1k tokens of the frontend processes of this path
+    (`pids`: the first is the process serving the path, the rest count as client)."""
+    cpu0 = [_cpu_s([pid]) for pid in pids]
+    t0 = time.perf_counter()
     counts = await asyncio.gather(*(run_one(f"{tag}-{i}", p, max_tokens, i) for i, p in enumerate(prompts)))
-    wall, cpu = time.perf_counter() - t0, _cpu_s(pids) - cpu0
+    wall = time.perf_counter() - t0
+    cpu = [_cpu_s([pid]) - c for pid, c in zip(pids, cpu0, strict=True)]
     tokens = sum(counts)
     assert tokens == len(prompts) * max_tokens, (
         f"{kind}: {tokens} tokens, expected {len(prompts) * max_tokens}"
     )
-    rate, cpu_per_k = tokens / wall, cpu * 1e6 / tokens
+    rate, cpu_per_k = tokens / wall, sum(cpu) * 1e6 / tokens
+    split = (
+        f" (server {cpu[0] * 1e6 / tokens:.0f} + client {sum(cpu[1:]) * 1e6 / tokens:.0f})"
+        if len(pids) > 1
+        else ""
+    )
     print(
-        f"  {kind:8s} {tokens} tokens in {wall:.2f} s: {rate:6,.0f} tokens/s, frontend {cpu_per_k:4.0f} CPU-ms/1k tokens",
+        f"  {kind:8s} {tokens} tokens in {wall:.2f} s: {rate:6,.0f} tokens/s, "
+        f"frontend {cpu_per_k:3.0f} CPU-ms/1k tokens{split}",
         flush=True,
     )
     return rate, cpu_per_k
@@ -176,12 +185,24 @@ async def _wait_healthy(client: Any, proc: subprocess.Popen, log: Path, timeout_
         await asyncio.sleep(0.5)
 
 
+async def _wait_in_flight(client: Any, n: int, tokens_each: int, timeout_s: float = 120) -> None:
+    """Wait until `n` requests are in flight on the gateway, then until the engine has generated
+    about `tokens_each` tokens for each of them."""
+    deadline = time.monotonic() + timeout_s
+    while (load := await client.get_load()).in_flight < n:
+        assert time.monotonic() < deadline, f"only {load.in_flight} of {n} requests reached the gateway"
+        await asyncio.sleep(0.005)
+    base = load.generated_tokens_total
+    while (await client.get_load()).generated_tokens_total < base + tokens_each * n:
+        assert time.monotonic() < deadline, "the engine is not generating"
+        await asyncio.sleep(0.005)
+
+
 async def _abort_latencies(client: Any, prompts: list[list[int]], rounds: int) -> list[float]:
     from asyncdapo.gateway.engine import Finish, Sampling
 
     latencies: list[float] = []
     for r in range(rounds):
-        base = (await client.get_load()).generated_tokens_total
         ended: dict[str, float] = {}
         partial: list[int] = []
 
@@ -196,11 +217,7 @@ async def _abort_latencies(client: Any, prompts: list[list[int]], rounds: int) -
             partial.append(len(res.token_ids))
 
         tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
-        while True:  # every request has reached the gateway, and generation is under way
-            load = await client.get_load()
-            if load.in_flight == len(prompts) and load.generated_tokens_total >= base + 4 * len(prompts):
-                break
-            await asyncio.sleep(0.01)
+        await _wait_in_flight(client, len(prompts), tokens_each=4)
         t0 = time.perf_counter()
         aborted = await client.abort(all=True)
         await asyncio.gather(*tasks)
@@ -230,9 +247,7 @@ async def _reload_pauses(
             asyncio.create_task(client.generate(f"reload-{r}-{i}", p, sampling))
             for i, p in enumerate(prompts[:16])
         ]
-        base = (await client.get_load()).generated_tokens_total
-        while (await client.get_load()).generated_tokens_total < base + 32:
-            await asyncio.sleep(0.01)
+        await _wait_in_flight(client, len(tasks), tokens_each=2)
         version += 1
         t0 = time.perf_counter()
         paused = await client.pause(PauseMode.KEEP)
