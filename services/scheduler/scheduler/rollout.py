@@ -466,7 +466,13 @@ class Rollout:
                 self._wake_finisher.set()
 
     async def _finish_round(self) -> None:
-        plan = self.ledger.plan(self.bound - self.valid_produced) if len(self.ledger) else Plan()
+        # sync (verl's loop): filter and commit only once every prompt of the generation batch is done
+        batch_running = self.sync and len(self.ledger) > self.ledger.ready
+        plan = (
+            self.ledger.plan(self.bound - self.valid_produced)
+            if len(self.ledger) and not batch_running
+            else Plan()
+        )
         if plan.abort:
             aborted = [self.tasks[k] for k in plan.abort]
             if self.cfg.rollout.requeue_aborted:
