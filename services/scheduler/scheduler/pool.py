@@ -1,7 +1,8 @@
 """The gateway pool: addresses (a static list or the DNS of a headless Service, re-resolved), one
 gRPC channel per gateway, live load from `WatchLoad`, up/down/draining state.
 
-A gateway is up once it has sent a `Load`; it goes down when its load stream breaks or stays
+A gateway is up once it has sent a `Load` naming its engine (a gateway binds its port before its
+engine has loaded and reports no engine until then); it goes down when its load stream breaks or stays
 silent past `stale_after_s`, or when a request to it fails at the transport level
 (`report_failure`). Going down cancels the calls the rollout has in flight there (`on_down`), so
 they are re-dispatched at once instead of waiting for a dead connection. The watcher keeps
@@ -261,6 +262,10 @@ class GatewayPool:
                     gw.load = load
                     gw.last_load_at = time.monotonic()
                     backoff = 0.05
+                    if not load.engine:  # listening, but its engine is still starting
+                        if gw.up:
+                            self.mark_down(gw, "engine not attached")
+                        continue
                     if not gw.up:
                         gw.up = True
                         gw.last_error = ""

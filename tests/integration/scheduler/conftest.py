@@ -63,12 +63,13 @@ def _wait_ready(gws: list[VllmGatewayProc], timeout_s: float) -> None:
                 if gw.proc.poll() is not None:
                     raise RuntimeError(f"vLLM gateway exited ({gw.proc.returncode}); see {gw.log}")
                 try:
-                    stub.GetLoad(gateway_pb2.GetLoadRequest(), timeout=2)
-                    break
+                    if stub.GetLoad(gateway_pb2.GetLoadRequest(), timeout=2).engine:  # engine attached
+                        break
                 except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"vLLM gateway {gw.address} not ready; see {gw.log}") from None
-                    time.sleep(1.0)
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"vLLM gateway {gw.address} not ready; see {gw.log}")
+                time.sleep(1.0)
 
 
 @pytest.fixture(scope="session")
