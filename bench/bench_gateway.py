@@ -158,7 +158,9 @@ async def _round(
 
 
 # ------------------------------------------------------------------ the gateway process
-def _start_gateway(model: Path, workdir: Path, max_concurrency: int) -> tuple[subprocess.Popen, str]:
+def _start_gateway(
+    model: Path, workdir: Path, max_concurrency: int, extra: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
     from asyncdapo.local.ports import free_port
 
     token_file = workdir / "token"
@@ -168,7 +170,7 @@ def _start_gateway(model: Path, workdir: Path, max_concurrency: int) -> tuple[su
         sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "vllm", "--model", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--token-file", str(token_file),
         "--max-concurrency", str(max_concurrency), "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32",
-        "--enforce-eager", "--log-level", "WARNING",
+        "--enforce-eager", "--log-level", "WARNING", *(extra or []),
     ]  # fmt: skip
     log = (workdir / "gateway.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -296,7 +298,7 @@ async def _gateway_phase(
     from asyncdapo.gateway.client import GatewayClient
     from asyncdapo.gateway.engine import Sampling
 
-    proc, target = _start_gateway(model, workdir, args.requests)
+    proc, target = _start_gateway(model, workdir, args.requests, args.gateway_arg)
     try:
         async with GatewayClient(target, token=TOKEN) as client:
             await _wait_healthy(client, proc, workdir / "gateway.log")
@@ -383,6 +385,12 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64, help="prompts per round (= in flight)")
+    parser.add_argument(
+        "--gateway-arg",
+        action="append",
+        default=[],
+        help="extra `asyncdapo gateway` flag, e.g. --no-engine-stats",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--abort-rounds", type=int, default=3)

@@ -81,7 +81,6 @@ class EngineLoad:
     kv_cache_usage: float  # 0..1
     generated_tokens_total: int
     prompt_tokens_total: int = 0
-    preemptions_total: int = 0
     prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits_total: int = 0  # of which found
 

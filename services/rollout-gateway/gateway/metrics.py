@@ -2,7 +2,7 @@
 
 The CLI registers them in the process-wide default registry (where vLLM's own `vllm:*` metrics
 also appear with `--vllm-metrics`); tests pass a private registry. The engine's stats (running,
-waiting, KV usage, prompt tokens, preemptions, prefix-cache lookups) are re-exported as
+waiting, KV usage, prompt tokens, prefix-cache lookups) are re-exported as
 `engine_*` / `kv_cache_usage` gauges, refreshed every second and on each GetLoad.
 """
 
@@ -64,9 +64,6 @@ class GatewayMetrics:
                 p + "engine_prompt_tokens",
                 "Prompt tokens the engine prefilled (recompute included).",
                 registry=r,
-            ),
-            "preemptions_total": Gauge(
-                p + "engine_preemptions", "Requests the engine preempted (KV cache full).", registry=r
             ),
             "prefix_cache_queries_total": Gauge(
                 p + "engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r

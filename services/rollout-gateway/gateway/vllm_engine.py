@@ -8,8 +8,8 @@ request with the sampled tokens' log-probs), `abort`, `pause_generation(mode=kee
 sampled, so version runs are exact even for outputs in flight during a pause), and
 `reset_prefix_cache(reset_running_requests=True)` after a reload so no KV computed by the old
 weights is reused: requests held across the reload recompute their prefix with the new weights.
-Load and engine stats (running, waiting, KV usage, tokens, preemptions, prefix-cache hits) come
-from a stat logger vLLM calls every step.
+Load and engine stats (running, waiting, KV usage, tokens, prefix-cache hits) come from the
+scheduler stats vLLM sends every step (see `vllm_stats.py`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from asyncdapo.gateway.engine import (
     Sampling,
 )
 from asyncdapo.gateway.versions import Runs, runs_from_spans
+from asyncdapo.gateway.vllm_stats import LoadProbe, quiet_prometheus_logger
 
 WORKER_EXTENSION = "asyncdapo.gateway.vllm_worker_ext.GatewayWorkerExtension"
 _FINISH = {"stop": Finish.STOP, "length": Finish.LENGTH, "abort": Finish.ABORT}
@@ -52,7 +53,7 @@ class VllmSettings:
     logprobs_mode: str = "processed_logprobs"
     enable_prefix_caching: bool = True
     initial_version: int = 0
-    vllm_metrics: bool = False  # vLLM's own `vllm:*` Prometheus metrics (costs frontend CPU)
+    vllm_metrics: bool = False  # vLLM's own `vllm:*` Prometheus metrics (cost frontend CPU)
     extra: dict[str, Any] = field(default_factory=dict)  # more AsyncEngineArgs fields
 
     def engine_args(self) -> Any:
@@ -68,6 +69,7 @@ class VllmSettings:
             enable_prefix_caching=self.enable_prefix_caching,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
+            enable_logging_iteration_details=True,  # per-step token counts in SchedulerStats
         )
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
@@ -79,82 +81,10 @@ class VllmSettings:
         return AsyncEngineArgs(**kwargs)
 
 
-class _LoadProbe:
-    """A vLLM stat logger that keeps the latest scheduler stats and counts tokens, preemptions and
-    prefix-cache hits (the engine stats the gateway re-exports)."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage = 0.0
-        self.generated_tokens = 0
-        self.prompt_tokens = 0
-        self.preemptions = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-
-    def stat_logger(self) -> Any:
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        probe = self
-
-        class _Logger(StatLoggerBase):
-            def __init__(self, vllm_config: Any = None, engine_index: int = 0) -> None:
-                pass
-
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # type: ignore[no-untyped-def]
-                if scheduler_stats is not None:
-                    probe.running = scheduler_stats.num_running_reqs
-                    probe.waiting = scheduler_stats.num_waiting_reqs
-                    probe.kv_cache_usage = scheduler_stats.kv_cache_usage
-                    probe.prefix_queries += scheduler_stats.prefix_cache_stats.queries
-                    probe.prefix_hits += scheduler_stats.prefix_cache_stats.hits
-                if iteration_stats is not None:
-                    probe.generated_tokens += iteration_stats.num_generation_tokens
-                    probe.prompt_tokens += iteration_stats.num_prompt_tokens
-                    probe.preemptions += iteration_stats.num_preempted_reqs
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return _Logger
-
-
-def _without_vllm_prometheus() -> Any:
-    """A stand-in for vLLM's Prometheus stat logger (vLLM installs its own unless one is given).
-
-    vLLM's logger observes histograms per token and per request in the frontend process; on the
-    tiny CPU model that is ~40 % of the frontend's CPU time. The gateway re-exports the engine
-    stats it needs (see `_LoadProbe`); `--vllm-metrics` turns the full `vllm:*` set back on.
-    """
-    from vllm.v1.metrics.loggers import PrometheusStatLogger
-
-    class _NoVllmPrometheus(PrometheusStatLogger):
-        def __init__(self, vllm_config: Any = None, engine_indexes: list[int] | None = None) -> None:
-            self.engine_indexes = engine_indexes or [0]
-
-        def record(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def record_admission_rejection(self, reason: str) -> None:
-            pass
-
-        def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
-            pass
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-        def log(self) -> None:
-            pass
-
-    return _NoVllmPrometheus
-
-
 class VllmEngine:
     """A vLLM AsyncLLM behind the `Engine` protocol. Create with `await VllmEngine.start(settings)`."""
 
-    def __init__(self, llm: Any, probe: _LoadProbe, settings: VllmSettings) -> None:
+    def __init__(self, llm: Any, probe: LoadProbe, settings: VllmSettings) -> None:
         self._llm = llm
         self._probe = probe
         self._settings = settings
@@ -175,12 +105,22 @@ class VllmEngine:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        probe = _LoadProbe()
+        probe = LoadProbe()
         vllm_config = settings.engine_args().create_engine_config(UsageContext.ENGINE_CONTEXT)
         loggers = [probe.stat_logger()]
         if not settings.vllm_metrics:
-            loggers.append(_without_vllm_prometheus())
-        llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=loggers, disable_log_stats=True)
+            loggers.append(quiet_prometheus_logger())
+        # Built off the event loop, so that its output handler starts only with the first request
+        # and reads `log_stats` then: False skips vLLM's per-request frontend statistics, while the
+        # engine core (told at construction that stats are on) keeps sending SchedulerStats.
+        llm = await asyncio.to_thread(
+            AsyncLLM.from_vllm_config,
+            vllm_config,
+            stat_loggers=loggers,
+            disable_log_stats=not settings.vllm_metrics,
+        )
+        if not settings.vllm_metrics:
+            llm.log_stats = False
         await llm.update_weight_version(str(settings.initial_version))
         engine = cls(llm, probe, settings)
         # A traceback kept by a lazy import during warm-up can pin this frame; it must not pin
@@ -310,7 +250,6 @@ class VllmEngine:
             kv_cache_usage=float(p.kv_cache_usage),
             generated_tokens_total=p.generated_tokens,
             prompt_tokens_total=p.prompt_tokens,
-            preemptions_total=p.preemptions,
             prefix_cache_queries_total=p.prefix_queries,
             prefix_cache_hits_total=p.prefix_hits,
         )

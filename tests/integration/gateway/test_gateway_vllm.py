@@ -301,4 +301,6 @@ async def test_load_and_metrics_while_generating(vllm_gateway, prompt, gateway_t
         ln for ln in text.splitlines() if ln.startswith("asyncdapo_gateway_engine_prompt_tokens ")
     ]
     assert prompt_tokens and float(prompt_tokens[0].split()[1]) > 0
-    assert "asyncdapo_gateway_engine_preemptions" in text and "asyncdapo_gateway_kv_cache_usage" in text
+    assert (
+        "asyncdapo_gateway_engine_prefix_cache_queries" in text and "asyncdapo_gateway_kv_cache_usage" in text
+    )

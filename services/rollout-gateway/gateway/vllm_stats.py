@@ -1,0 +1,87 @@
+"""Engine statistics from vLLM at the lowest frontend cost.
+
+vLLM's statistics have two halves. The engine core sends `SchedulerStats` with every step
+(running, waiting, KV-cache usage, prefix-cache lookups and, with
+`enable_logging_iteration_details`, the tokens scheduled in the step): cheap, and all the load a
+scheduler needs. The frontend builds `IterationStats` per request per step (latencies) and vLLM's
+Prometheus logger observes histograms per token: on the tiny CPU model these cost about half of
+the frontend's CPU time. The gateway keeps the first half (`LoadProbe`) and, unless `vllm:*`
+metrics are asked for, drops the second (`quiet_prometheus_logger`, and `AsyncLLM.log_stats =
+False` before its output handler starts, see `vllm_engine.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LoadProbe:
+    """Latest scheduler stats and running totals, fed by a vLLM stat logger (`stat_logger()`)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.generated_tokens = 0  # tokens sampled (decode steps + completed prefills)
+        self.prompt_tokens = 0  # prompt tokens computed (recompute after a reload included)
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    def record(self, scheduler_stats: Any) -> None:
+        if scheduler_stats is None:
+            return
+        self.running = scheduler_stats.num_running_reqs
+        self.waiting = scheduler_stats.num_waiting_reqs
+        self.kv_cache_usage = scheduler_stats.kv_cache_usage
+        self.prefix_queries += scheduler_stats.prefix_cache_stats.queries
+        self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
+        details = scheduler_stats.iteration_details
+        if details is not None and not details.is_dummy:
+            # A request whose prefill completes in this step samples its first token too (exact
+            # without chunked prefill; a live figure, the responses carry the exact counts).
+            self.generated_tokens += details.num_generation_tokens + details.num_ctx_requests
+            self.prompt_tokens += details.num_ctx_tokens
+
+    def stat_logger(self) -> Any:
+        """A per-engine vLLM stat logger factory that feeds this probe."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        probe = self
+
+        class _ProbeLogger(StatLoggerBase):
+            def __init__(self, vllm_config: Any = None, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # type: ignore[no-untyped-def]
+                probe.record(scheduler_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _ProbeLogger
+
+
+def quiet_prometheus_logger() -> Any:
+    """A stand-in for vLLM's Prometheus stat logger, which vLLM installs unless one is given."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    class _QuietPrometheus(PrometheusStatLogger):
+        def __init__(self, vllm_config: Any = None, engine_indexes: list[int] | None = None) -> None:
+            self.engine_indexes = engine_indexes or [0]
+
+        def record(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record_admission_rejection(self, reason: str) -> None:
+            pass
+
+        def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+            pass
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+        def log(self) -> None:
+            pass
+
+    return _QuietPrometheus
