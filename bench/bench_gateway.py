@@ -3,13 +3,14 @@ tiny model, against vLLM `AsyncLLM` called in-process on the same prompts (the b
 in the same run).
 
 1. throughput: the same batch of prompts (fixed length: ignore_eos, max_tokens), first through an
-   AsyncLLM in this process, then through the gateway (a real `asyncdapo gateway` process, gRPC
-   client here) with identical engine and sampling settings. The two engines never run at the
-   same time: both pin their worker to the same core, and an idle vLLM worker busy-polls for a
-   second after each step, which would tax whichever path ran next. tokens/s = generated tokens /
-   wall time of a round; medians over rounds, ratio = gateway / direct. Also the frontend CPU
-   time per 1k tokens (direct: AsyncLLM's frontend; gateway: its process plus the gRPC client),
-   the measure of the gateway's added work that load from other processes moves least.
+   AsyncLLM called in-process (in a child process of its own), then through the gateway (a real
+   `asyncdapo gateway` process, gRPC client here) with identical engine and sampling settings.
+   The two engines never run at the same time: both pin their worker to the same core, and an
+   idle vLLM worker busy-polls for a second after each step, which would tax whichever path ran
+   next. tokens/s = generated tokens / wall time of a round; medians over rounds, ratio =
+   gateway / direct. Also the frontend CPU time per 1k tokens (direct: AsyncLLM's frontend;
+   gateway: its process plus the gRPC client), the measure of the gateway's added work that load
+   from other processes moves least.
 2. abort latency: 64 requests in flight on the gateway, one Abort(all); per request, the time from
    sending Abort to its Generate returning (with partial tokens), p50 / p99 over several rounds.
 3. reload pause: Pause(keep) → LoadWeights(next snapshot) → Resume with requests in flight; the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import os
 import statistics
 import subprocess
@@ -244,25 +246,27 @@ async def _reload_pauses(
     held: list[int] = []
     version = (await client.get_load()).weight_version
     for r in range(rounds):
-        sampling = Sampling(max_tokens=512, ignore_eos=True)
+        sampling = Sampling(max_tokens=900, ignore_eos=True)
         tasks = [
             asyncio.create_task(client.generate(f"reload-{r}-{i}", p, sampling))
-            for i, p in enumerate(prompts[:16])
+            for i, p in enumerate(prompts)
         ]
         await _wait_in_flight(client, len(tasks), tokens_each=2)
         version += 1
         t0 = time.perf_counter()
         paused = await client.pause(PauseMode.KEEP)
-        assert paused.in_flight == 16, f"{paused.in_flight} of 16 requests still in flight at the pause"
+        assert paused.in_flight == len(tasks), (
+            f"{paused.in_flight} of {len(tasks)} requests in flight at the pause"
+        )
         out = await client.load_weights(version, str(snapshots[version % len(snapshots)]))
         await client.resume()
         pauses.append((time.perf_counter() - t0) * 1000)
         reloads.append(out.reload_s * 1000)
         results = await asyncio.gather(*tasks)
         for res in results:
-            assert len(res.token_ids) == 512 and res.version_runs[-1][0] == version, res.version_runs
+            assert len(res.token_ids) == 900 and res.version_runs[-1][0] == version, res.version_runs
         held.append(sum(len(res.version_runs) == 2 for res in results))
-    print(f"  requests carrying both versions, per reload: {held} of 16", flush=True)
+    print(f"  requests carrying both versions, per reload: {held} of {len(prompts)}", flush=True)
     return pauses, reloads
 
 
@@ -324,7 +328,10 @@ async def _gateway_phase(
                 f"p99={_percentile(aborts, 0.99):.1f} ms max={max(aborts):.1f} ms",
                 flush=True,
             )
-            print("reload pause: Pause(keep) -> LoadWeights -> Resume with 16 requests in flight", flush=True)
+            print(
+                f"reload pause: Pause(keep) -> LoadWeights -> Resume with {args.requests} requests in flight",
+                flush=True,
+            )
             pauses, reloads = await _reload_pauses(client, prompts, [model, other], args.reload_rounds)
             print(
                 f"  pause window median={statistics.median(pauses):.0f} ms "
@@ -343,10 +350,32 @@ async def _gateway_phase(
                 proc.wait()
 
 
+def _run_direct_child(model: Path, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """The baseline phase in a fresh process: a shut-down AsyncLLM leaves tasks and threads behind
+    that would slow this process's event loop (the gateway client) afterwards."""
+    cmd = [sys.executable, __file__, "--direct-phase", str(model), "--requests", str(args.requests),
+           "--max-tokens", str(args.max_tokens), "--rounds", str(args.rounds)]  # fmt: skip
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=900, check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("DIRECT_ROUNDS "):
+            return [tuple(r) for r in json.loads(line.removeprefix("DIRECT_ROUNDS "))]
+        print(line, flush=True)
+    raise RuntimeError("the baseline phase printed no DIRECT_ROUNDS line")
+
+
+async def _direct_child_main(args: argparse.Namespace) -> None:
+    model = Path(args.direct_phase)
+    rounds = await _direct_phase(model, _prompts(model, args.requests), args)
+    print("DIRECT_ROUNDS " + json.dumps(rounds), flush=True)
+
+
 async def main(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.direct_phase:
+        await _direct_child_main(args)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         workdir = Path(tmp)
         model, other = _build_models(workdir)
@@ -355,9 +384,11 @@ async def main(args: argparse.Namespace) -> None:
             f"tiny model; {args.requests} prompts x {args.max_tokens} tokens (ignore_eos), {args.rounds} rounds",
             flush=True,
         )
-        print("throughput: vLLM AsyncLLM in this process (baseline)", flush=True)
-        direct_rounds = await _direct_phase(model, prompts, args)
-        await asyncio.sleep(3)  # let the baseline engine's processes exit
+        print(
+            "throughput: vLLM AsyncLLM called in-process (baseline; in a child process of its own)",
+            flush=True,
+        )
+        direct_rounds = _run_direct_child(model, args)
         print("throughput: through the gateway (gRPC, separate process)", flush=True)
         gw_rounds, aborts, pauses = await _gateway_phase(model, other, prompts, args, workdir)
 
@@ -389,10 +420,11 @@ if __name__ == "__main__":
         "--gateway-arg",
         action="append",
         default=[],
-        help="extra `asyncdapo gateway` flag, e.g. --no-engine-stats",
+        help="extra `asyncdapo gateway` flag, e.g. --gateway-arg=--vllm-metrics",
     )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--abort-rounds", type=int, default=3)
     parser.add_argument("--reload-rounds", type=int, default=3)
+    parser.add_argument("--direct-phase", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     asyncio.run(main(parser.parse_args()))

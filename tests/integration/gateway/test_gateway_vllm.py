@@ -22,6 +22,7 @@ from asyncdapo.gateway.engine import Finish, PauseMode, Sampling
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 LOGPROB_TOL = 2e-3
+LONG = Sampling(max_tokens=900, ignore_eos=True)  # prompt + 900 fits the 1024-token context
 
 
 class HfReference:
@@ -91,6 +92,19 @@ async def _wait_tokens(c: GatewayClient, baseline: int, n: int, timeout_s: float
         await asyncio.sleep(0.02)
 
 
+async def _start_long(c: GatewayClient, tag: str, n: int, prompt: list[int]) -> list[asyncio.Task]:
+    """Start `n` long requests and return once all are in flight and generating. Many at once keep
+    each one slow enough (the tiny model runs ~1000 tokens/s per request alone) to act on it."""
+    base = (await c.get_load()).generated_tokens_total
+    tasks = [asyncio.create_task(c.generate(f"{tag}-{i}", prompt, LONG)) for i in range(n)]
+    deadline = time.monotonic() + 120
+    while (await c.get_load()).in_flight < n:
+        assert time.monotonic() < deadline, "requests did not reach the gateway"
+        await asyncio.sleep(0.01)
+    await _wait_tokens(c, base, 2 * n)
+    return tasks
+
+
 async def _rpc_error(coro: object) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await coro  # type: ignore[misc]
@@ -121,18 +135,18 @@ async def test_text_prompt_uses_the_served_tokenizer(vllm_gateway, prompt) -> No
 
 async def test_abort_mid_generation_returns_partial_tokens(vllm_gateway, hf, prompt, gateway_token) -> None:
     async with GatewayClient(vllm_gateway.target, token=gateway_token) as c:
-        base = (await c.get_load()).generated_tokens_total
-        task = asyncio.create_task(c.generate("abort-1", prompt, Sampling(max_tokens=900, ignore_eos=True)))
-        await _wait_tokens(c, base, 8)
+        tasks = await _start_long(c, "abort", 16, prompt)
         t0 = time.monotonic()
-        assert await c.abort(["abort-1"]) == ["abort-1"]
-        r = await task
+        assert await c.abort(["abort-0"]) == ["abort-0"]
+        first = await tasks[0]
         latency = time.monotonic() - t0
-    assert r.finish_reason is Finish.ABORT
-    assert 0 < len(r.token_ids) < 900
+        assert sorted(await c.abort(all=True)) == sorted(f"abort-{i}" for i in range(1, 16))
+        rest = await asyncio.wait_for(asyncio.gather(*tasks[1:]), 30)
     assert latency < 5.0, f"abort took {latency:.2f} s"
-    _consistent(r)
-    assert _close(r.logprobs, hf.logprobs(vllm_gateway.model_dir, prompt, r.token_ids))
+    for r in [first, *rest]:
+        assert r.finish_reason is Finish.ABORT and 0 < len(r.token_ids) < LONG.max_tokens
+        _consistent(r)
+    assert _close(first.logprobs, hf.logprobs(vllm_gateway.model_dir, prompt, first.token_ids))
 
 
 async def test_pause_keep_reload_resume_carries_two_versions(
@@ -142,16 +156,9 @@ async def test_pause_keep_reload_resume_carries_two_versions(
     async with GatewayClient(vllm_gateway.target, token=gateway_token) as c:
         v0 = (await c.get_load()).weight_version
         before = await c.generate("seeded-before", prompt, Sampling(max_tokens=16, seed=11, ignore_eos=True))
-        base = (await c.get_load()).generated_tokens_total
-        held = [
-            asyncio.create_task(
-                c.generate(f"held-{i}", prompt, Sampling(max_tokens=96, seed=i, ignore_eos=True))
-            )
-            for i in range(2)
-        ]
-        await _wait_tokens(c, base, 12)
+        held = await _start_long(c, "held", 16, prompt)
         paused = await c.pause(PauseMode.KEEP)
-        assert (paused.aborted, paused.in_flight) == (0, 2)
+        assert (paused.aborted, paused.in_flight) == (0, 16)
         frozen = (await c.get_load()).generated_tokens_total
         await asyncio.sleep(0.3)
         load = await c.get_load()
@@ -169,27 +176,24 @@ async def test_pause_keep_reload_resume_carries_two_versions(
             await c.load_weights(v0 + 2, str(model_dir))  # back to the served model for other tests
     for r in results:
         _consistent(r)
-        assert r.finish_reason is Finish.LENGTH and len(r.token_ids) == 96
+        assert r.finish_reason is Finish.LENGTH and len(r.token_ids) == LONG.max_tokens
         assert [v for v, _ in r.version_runs] == [v0, v0 + 1]
+    for r in results[:2]:
         n_old = r.version_runs[0][1]
         # Old tokens: old weights. New tokens: new weights over the whole prefix (KV recomputed).
         assert _close(r.logprobs[:n_old], hf.logprobs(model_dir, prompt, r.token_ids[:n_old]))
-        new_ref = hf.logprobs(other_weights, prompt, r.token_ids)[n_old:]
-        assert _close(r.logprobs[n_old:], new_ref)
+        assert _close(r.logprobs[n_old:], hf.logprobs(other_weights, prompt, r.token_ids)[n_old:])
     assert after.version_runs == [(v0 + 1, 16)]
     assert not _close(after.logprobs, before.logprobs)  # same seed, different weights
     assert _close(after.logprobs, hf.logprobs(other_weights, prompt, after.token_ids))
 
 
 async def test_pause_abort_and_pause_wait(vllm_gateway, prompt, gateway_token) -> None:
-    long = Sampling(max_tokens=900, ignore_eos=True)
     async with GatewayClient(vllm_gateway.target, token=gateway_token) as c:
-        base = (await c.get_load()).generated_tokens_total
-        tasks = [asyncio.create_task(c.generate(f"pa-{i}", prompt, long)) for i in range(2)]
-        await _wait_tokens(c, base, 8)
-        assert (await c.pause(PauseMode.ABORT)).aborted == 2
+        tasks = await _start_long(c, "pa", 16, prompt)
+        assert (await c.pause(PauseMode.ABORT)).aborted == 16
         for r in await asyncio.wait_for(asyncio.gather(*tasks), 30):
-            assert r.finish_reason is Finish.ABORT and 0 < len(r.token_ids) < 900
+            assert r.finish_reason is Finish.ABORT and 0 < len(r.token_ids) < LONG.max_tokens
             _consistent(r)
         queued = asyncio.create_task(c.generate("queued", prompt, Sampling(max_tokens=4, ignore_eos=True)))
         await asyncio.sleep(0.3)
@@ -197,12 +201,11 @@ async def test_pause_abort_and_pause_wait(vllm_gateway, prompt, gateway_token) -
         await c.resume()
         assert (await asyncio.wait_for(queued, 60)).finish_reason is Finish.LENGTH
 
-        base = (await c.get_load()).generated_tokens_total
-        slow = asyncio.create_task(c.generate("pw-1", prompt, long))
-        await _wait_tokens(c, base, 4)
-        waited = await c.pause(PauseMode.WAIT, wait_timeout_s=0.5)
-        assert waited.aborted == 1
-        assert (await asyncio.wait_for(slow, 30)).finish_reason is Finish.ABORT
+        tasks = await _start_long(c, "pw", 16, prompt)
+        waited = await c.pause(PauseMode.WAIT, wait_timeout_s=0.2)
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        cut = [r for r in results if r.finish_reason is Finish.ABORT]
+        assert waited.aborted == len(cut) > 0  # the rest finished within the wait
         await c.resume()
         assert (await c.pause(PauseMode.WAIT)).aborted == 0  # nothing in flight: immediate
         await c.resume()
@@ -277,17 +280,12 @@ async def test_control_rpcs_need_the_token(vllm_gateway) -> None:
 
 async def test_load_and_metrics_while_generating(vllm_gateway, prompt, gateway_token) -> None:
     async with GatewayClient(vllm_gateway.target, token=gateway_token) as c:
-        base = (await c.get_load()).generated_tokens_total
-        tasks = [
-            asyncio.create_task(c.generate(f"load-{i}", prompt, Sampling(max_tokens=900, ignore_eos=True)))
-            for i in range(3)
-        ]
-        await _wait_tokens(c, base, 10)
+        tasks = await _start_long(c, "load", 16, prompt)
         load = await c.get_load()
-        assert load.in_flight == 3 and load.running >= 1 and load.kv_cache_usage > 0
+        assert load.in_flight == 16 and load.running >= 1 and load.kv_cache_usage > 0
         assert (load.engine, load.pool, load.capacity, load.gateway_id) == ("vllm", "fast", 64, "gw-test")
         async for item in c.watch_load(interval_ms=50):
-            assert item.in_flight == 3
+            assert item.in_flight == 16
             break
         await c.abort(all=True)
         await asyncio.gather(*tasks)
