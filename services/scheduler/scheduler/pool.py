@@ -8,6 +8,10 @@ silent past `stale_after_s`, or when a request to it fails at the transport leve
 they are re-dispatched at once instead of waiting for a dead connection. The watcher keeps
 reconnecting with exponential backoff; the first `Load` brings the gateway back up.
 
+Every `Load` is also handed to `on_load`: a report can make a gateway eligible again without any
+up/down change (it resumed after a weight update, caught up with the weights, drained its queue),
+and requests waiting for a gateway must then be placed; nothing else would wake them.
+
 `Gateway` exposes the attributes of `dispatch.GatewayView`, so the pure dispatcher reads it
 directly without a copy per decision.
 """
@@ -146,6 +150,7 @@ class GatewayPool:
         stale_after_s: float | None = None,
         on_up: Callable[[Gateway], None] | None = None,
         on_down: Callable[[Gateway], None] | None = None,
+        on_load: Callable[[Gateway], None] | None = None,
     ) -> None:
         self.spec = spec
         self.token = token
@@ -154,6 +159,7 @@ class GatewayPool:
         self.stale_after_s = stale_after_s or max(3.0, 10 * watch_interval_ms / 1000)
         self.on_up = on_up or (lambda gw: None)
         self.on_down = on_down or (lambda gw: None)
+        self.on_load = on_load or (lambda gw: None)
         self.gateways: dict[str, Gateway] = {}
         self.members: list[Gateway] = []  # stable order for dispatch tie-breaks
         self._resolver: asyncio.Task[None] | None = None
@@ -271,6 +277,7 @@ class GatewayPool:
                         gw.last_error = ""
                         log.info("gateway %s up (%s engine)", gw.address, load.engine or "?")
                         self.on_up(gw)
+                    self.on_load(gw)
             except asyncio.CancelledError:
                 call.cancel()
                 raise
@@ -279,6 +286,7 @@ class GatewayPool:
                 # a silent stream may also be our own loop stalling: ask once before giving up
                 try:
                     gw.load = await gw.stub.GetLoad(gateway_pb2.GetLoadRequest(), timeout=1.0)
+                    self.on_load(gw)
                     continue
                 except grpc.aio.AioRpcError:
                     self.mark_down(gw, f"no load report for {self.stale_after_s:.1f} s")

@@ -129,6 +129,7 @@ class Rollout:
         )
         pool.on_down = self.dispatcher.cancel_calls
         pool.on_up = self._on_gateway_up
+        pool.on_load = self._on_gateway_load
 
         self.phase = Phase.IDLE
         self.version = 0
@@ -249,6 +250,12 @@ class Rollout:
         if self.uri and gw.weight_version < self.version and gw.address not in self.syncing:
             self._spawn(resync(self, gw))
         self.dispatcher.pump()
+
+    def _on_gateway_load(self, gw: Gateway) -> None:
+        # A report can unblock requests that no gateway took (the gateway resumed after a weight
+        # update, or its older report said paused or stale weights): place them now.
+        if self.dispatcher.pending:
+            self.dispatcher.pump()
 
     # ------------------------------------------------------------------ admission
     def admission_state(self) -> AdmissionState:

@@ -26,7 +26,7 @@ from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
 from asyncdapo.scheduler.rollout import Rollout
 from asyncdapo.scheduler.scoring import ItemScore
-from asyncdapo.v1 import rollout_pb2
+from asyncdapo.v1 import rollout_pb2, scheduler_pb2
 
 FAST_SIM = {
     "base_step_s": 0.002,
@@ -152,12 +152,33 @@ async def scheduler(
         await r.aclose()
 
 
-async def wait_for(cond: Any, timeout_s: float, what: str) -> None:
+async def wait_for(cond: Any, timeout_s: float, what: str, state: Any = None) -> None:
+    """Poll `cond` until it holds; on timeout the error carries `state()` (what the run looked
+    like), so a failure on a slow CI machine explains itself."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not cond():
         if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"{what} not reached after {timeout_s} s")
+            detail = f"; state: {state()}" if state is not None else ""
+            raise TimeoutError(f"{what} not reached after {timeout_s} s{detail}")
         await asyncio.sleep(0.01)
+
+
+def rollout_state(ro: Rollout, redis_url: str, run: str) -> dict[str, Any]:
+    """The scheduler's phase, counts, queue and gateways: what a stalled test needs to show."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    return {
+        "phase": scheduler_pb2.RunPhase.Name(ro.phase),
+        "version": ro.version,
+        "valid_produced": ro.valid_produced,
+        "bound": ro.bound,
+        "tasks_in_flight": len(ro.tasks),
+        "dispatch_queue": len(ro.dispatcher.pending),
+        "prompt_queue": r.llen(RunKeys(run).prompts),
+        "counters": counters(redis_url, run),
+        "gateways": [
+            (g.address, g.up, g.in_flight, g.weight_version, g.paused, g.last_error) for g in ro.pool.members
+        ],
+    }
 
 
 def groups(redis_url: str, run: str) -> list[rollout_pb2.Group]:

@@ -7,6 +7,7 @@ and test_scheduler_vllm.py.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import redis
@@ -16,6 +17,7 @@ from scheduler_harness import (
     counters,
     groups,
     load_prompts,
+    rollout_state,
     run_config,
     scheduler,
     sim_gateways,
@@ -25,7 +27,7 @@ from scheduler_harness import (
 
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.rollout import Phase
-from asyncdapo.v1 import gateway_pb2
+from asyncdapo.v1 import common_pb2, gateway_pb2
 
 
 async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: str, tmp_path: Path) -> None:
@@ -242,3 +244,28 @@ async def test_bad_prompts_are_dropped_with_a_reason_not_lost(redis_url: str) ->
     c = counters(redis_url, "t")
     assert c["outcome:dropped:prompt_too_long"] == 1 and c["outcome:dropped:bad_prompt"] == 2
     check_one_outcome_per_attempt(redis_url, "t", ids)
+
+
+async def test_requests_wait_out_a_paused_gateway_and_go_when_it_resumes(redis_url: str) -> None:
+    """Only a load report says the gateway resumed (someone else paused it, or a report from the
+    pause arrived after our own weight update): requests waiting for it must then be placed."""
+    cfg = run_config()
+    load_prompts(redis_url, "t", ["mixed"] * 8)
+    async with (
+        sim_gateways(1) as gws,
+        scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer()) as ro,
+    ):
+        gw = ro.pool.members[0]
+        await gw.stub.Pause(gateway_pb2.PauseRequest(mode=common_pb2.PAUSE_MODE_KEEP))
+        await wait_for(lambda: gw.load.paused, 5, "the paused load report")
+        ro.start_run()
+        await wait_for(lambda: len(ro.dispatcher.pending) > 0, 10, "requests waiting for a gateway")
+        await asyncio.sleep(0.3)  # several load reports: still paused, nothing is sent
+        assert gw.in_flight == 0
+        await gw.stub.Resume(gateway_pb2.ResumeRequest())
+        await wait_for(
+            lambda: ro.phase == Phase.BOUND,
+            30,
+            "bound after the gateway resumed",
+            state=lambda: rollout_state(ro, redis_url, "t"),
+        )

@@ -19,6 +19,7 @@ from scheduler_harness import (
     check_one_outcome_per_attempt,
     counters,
     groups,
+    rollout_state,
     run_config,
     scheduler,
     wait_for,
@@ -87,6 +88,10 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
     addrs = [g.address for g in vllm_gateways]
     try:
         async with scheduler(cfg, redis_url, addrs, verifier, token=GATEWAY_TOKEN) as ro:
+
+            def show() -> dict[str, object]:
+                return rollout_state(ro, redis_url, "t")
+
             problems = _problem_prompts(warm_model_dir)
             answer = await _calibrate(ro, problems)
             recs = [
@@ -108,7 +113,12 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
 
             # version 0: exactly B valid groups; everything else in flight aborted on the gateways
             ro.start_run()
-            await wait_for(lambda: ro.phase == Phase.BOUND, 180, "bound of version 0")
+            await wait_for(
+                lambda: ro.phase == Phase.BOUND,
+                180,
+                "bound of version 0",
+                state=show,
+            )
             await ro.wait_idle(30)
             assert ro.valid_produced == 2 and len(groups(redis_url, "t")) == 2
             assert ro.dispatcher.abort_requested > 0 and ro.dispatcher.aborted_requests > 0
@@ -135,7 +145,10 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
             assert counters(redis_url, "t")["completions"] == before
             ver = VerifierServer(workers=1, port=vport).start()
             await wait_for(
-                lambda: ro.phase == Phase.BOUND and ro.valid_produced == 4, 180, "bound of version 1"
+                lambda: ro.phase == Phase.BOUND and ro.valid_produced == 4,
+                180,
+                "bound of version 1",
+                state=show,
             )
             await ro.wait_idle(30)
             await _idle_gateways(ro)
@@ -144,10 +157,18 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
             pub = await ro.publish_weights(2, str(warm_model_dir), common_pb2.PAUSE_MODE_KEEP)
             assert all(r.ok for r in pub.results)
             victim = ro.pool.get(vllm_gateways[1].address)
-            await wait_for(lambda: victim.in_flight > 0 or ro.phase == Phase.BOUND, 60, "work on the victim")
+            await wait_for(
+                lambda: victim.in_flight > 0 or ro.phase == Phase.BOUND,
+                60,
+                "work on the victim",
+                state=show,
+            )
             vllm_gateways[1].kill()
             await wait_for(
-                lambda: ro.phase == Phase.BOUND and ro.valid_produced == 6, 180, "bound of version 2"
+                lambda: ro.phase == Phase.BOUND and ro.valid_produced == 6,
+                180,
+                "bound of version 2",
+                state=show,
             )
             await ro.wait_idle(30)
             assert not victim.up
