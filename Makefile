@@ -108,7 +108,7 @@ bench-scheduler: install
 bench-trainer: install
 	$(BIN)/python bench/bench_trainer.py
 
-bench-e2e: install
+bench-e2e: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 	$(BIN)/python bench/bench_e2e.py
 
 clean:

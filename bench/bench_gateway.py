@@ -189,50 +189,62 @@ async def _wait_healthy(client: Any, proc: subprocess.Popen, log: Path, timeout_
         await asyncio.sleep(0.5)
 
 
-async def _wait_in_flight(client: Any, n: int, tokens_each: int, timeout_s: float = 120) -> None:
-    """Wait until `n` requests are in flight on the gateway, then until the engine has generated
-    about `tokens_each` tokens for each of them."""
+async def _all_in_flight(
+    client: Any, tasks: list[asyncio.Task], tokens_each: int, timeout_s: float = 120
+) -> bool:
+    """True once every request of `tasks` is in flight on the gateway and the engine has generated
+    about `tokens_each` tokens for each; False if one finished first (a stalled, shared machine)."""
     deadline = time.monotonic() + timeout_s
+    n = len(tasks)
     while (load := await client.get_load()).in_flight < n:
+        if any(t.done() for t in tasks):
+            return False
         assert time.monotonic() < deadline, f"only {load.in_flight} of {n} requests reached the gateway"
         await asyncio.sleep(0.005)
     base = load.generated_tokens_total
     while (await client.get_load()).generated_tokens_total < base + tokens_each * n:
         assert time.monotonic() < deadline, "the engine is not generating"
         await asyncio.sleep(0.005)
+    return not any(t.done() for t in tasks)
+
+
+async def _discard(client: Any, tasks: list[asyncio.Task], what: str) -> None:
+    await client.abort(all=True)
+    await asyncio.gather(*tasks)
+    print(f"  {what}: discarded, a request finished before all were in flight (machine stalled)", flush=True)
 
 
 async def _abort_latencies(client: Any, prompts: list[list[int]], rounds: int) -> list[float]:
     from asyncdapo.gateway.engine import Finish, Sampling
 
+    sampling = Sampling(max_tokens=900, ignore_eos=True)
     latencies: list[float] = []
-    for r in range(rounds):
-        ended: dict[str, float] = {}
-        partial: list[int] = []
+    for attempt in range(3 * rounds):
+        if len(latencies) >= rounds * len(prompts):
+            break
 
-        async def one(
-            i: int, prompt: list[int], ended: dict = ended, partial: list = partial, r: int = r
-        ) -> None:
-            res = await client.generate(
-                f"abort-{r}-{i}", prompt, Sampling(max_tokens=900, ignore_eos=True, seed=i)
-            )
-            assert res.finish_reason is Finish.ABORT, "a request finished before the abort"
-            ended[res.request_id] = time.perf_counter()
-            partial.append(len(res.token_ids))
+        async def one(i: int, prompt: list[int], attempt: int = attempt) -> tuple[Any, float]:
+            res = await client.generate(f"abort-{attempt}-{i}", prompt, sampling)
+            return res, time.perf_counter()
 
         tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
-        await _wait_in_flight(client, len(prompts), tokens_each=4)
+        if not await _all_in_flight(client, tasks, tokens_each=4):
+            await _discard(client, tasks, f"round {attempt}")
+            continue
         t0 = time.perf_counter()
         aborted = await client.abort(all=True)
-        await asyncio.gather(*tasks)
+        results = await asyncio.gather(*tasks)
         assert len(aborted) == len(prompts), f"{len(aborted)} of {len(prompts)} in flight at abort"
-        this = [(t - t0) * 1000 for t in ended.values()]
+        assert all(res.finish_reason is Finish.ABORT for res, _ in results)
+        this = [(t - t0) * 1000 for _, t in results]
+        partial = [len(res.token_ids) for res, _ in results]
         print(
-            f"  round {r}: p50={_percentile(this, 0.5):.1f} ms max={max(this):.1f} ms "
+            f"  round {attempt}: p50={_percentile(this, 0.5):.1f} ms max={max(this):.1f} ms "
             f"(partial responses: {min(partial)}..{max(partial)} tokens)",
             flush=True,
         )
         latencies += this
+    assert latencies, "no abort round completed"
     return latencies
 
 
@@ -241,32 +253,37 @@ async def _reload_pauses(
 ) -> tuple[list[float], list[float]]:
     from asyncdapo.gateway.engine import PauseMode, Sampling
 
+    sampling = Sampling(max_tokens=900, ignore_eos=True)
     pauses: list[float] = []
     reloads: list[float] = []
     held: list[int] = []
     version = (await client.get_load()).weight_version
-    for r in range(rounds):
-        sampling = Sampling(max_tokens=900, ignore_eos=True)
+    for attempt in range(3 * rounds):
+        if len(pauses) >= rounds:
+            break
         tasks = [
-            asyncio.create_task(client.generate(f"reload-{r}-{i}", p, sampling))
+            asyncio.create_task(client.generate(f"reload-{attempt}-{i}", p, sampling))
             for i, p in enumerate(prompts)
         ]
-        await _wait_in_flight(client, len(tasks), tokens_each=2)
+        if not await _all_in_flight(client, tasks, tokens_each=2):
+            await _discard(client, tasks, f"reload {attempt}")
+            continue
         version += 1
         t0 = time.perf_counter()
         paused = await client.pause(PauseMode.KEEP)
-        assert paused.in_flight == len(tasks), (
-            f"{paused.in_flight} of {len(tasks)} requests in flight at the pause"
-        )
         out = await client.load_weights(version, str(snapshots[version % len(snapshots)]))
         await client.resume()
         pauses.append((time.perf_counter() - t0) * 1000)
         reloads.append(out.reload_s * 1000)
         results = await asyncio.gather(*tasks)
-        for res in results:
+        for res in results:  # every held request completes, its last tokens from the new weights
             assert len(res.token_ids) == 900 and res.version_runs[-1][0] == version, res.version_runs
         held.append(sum(len(res.version_runs) == 2 for res in results))
-    print(f"  requests carrying both versions, per reload: {held} of {len(prompts)}", flush=True)
+        print(
+            f"  reload {attempt}: {paused.in_flight} held at the pause, {held[-1]} carry both versions",
+            flush=True,
+        )
+    assert pauses, "no reload round completed"
     return pauses, reloads
 
 

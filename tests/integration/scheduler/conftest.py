@@ -8,7 +8,9 @@ which gives groups reward variance.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +32,7 @@ def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
     out = tmp_path_factory.mktemp("scheduler-warm-model")
     train, _ = synth_splits(8, 0, seed=3, spec=SynthSpec(ops=("+",), max_operand=9))
-    supervised_warm_start(tiny_model_dir, train, out, steps=40, batch_size=16, lr=3e-3, slip_fraction=0.5)
+    supervised_warm_start(tiny_model_dir, train, out, steps=120, batch_size=16, lr=3e-3, slip_fraction=0.5)
     return out
 
 
@@ -45,9 +47,11 @@ class VllmGatewayProc:
         return f"127.0.0.1:{self.port}"
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
+        """SIGKILL the gateway's whole process group, as when its pod dies: a SIGKILL of the
+        gateway process alone would leave vLLM's engine-core processes running (~2 GiB each)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
 
 
 def _wait_ready(gws: list[VllmGatewayProc], timeout_s: float) -> None:
@@ -91,7 +95,7 @@ def vllm_gateways(
              "--port", str(port), "--metrics-port", "0", "--max-concurrency", "32", "--max-model-len", "512",
              "--dtype", "float32", "--enforce-eager", "--token-file", str(token_file),
              "--gateway-id", f"vllm-{core}", "--log-level", "WARNING"],
-            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         gws.append(VllmGatewayProc(proc, port, log))
     try:
@@ -101,7 +105,6 @@ def vllm_gateways(
         for gw in gws:
             if gw.proc.poll() is None:
                 gw.proc.terminate()
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     gw.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    gw.kill()
+            gw.kill()  # whatever of its process group is left

@@ -9,6 +9,7 @@ fan-out through real LoadWeights, and a gateway killed mid-rollout without losin
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from asyncdapo.verifier.local import VerifierServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+INTEGER = re.compile(r"-?[0-9]+")
 NEVER = "12345"  # a ground truth the model never produces: those groups are all wrong → filtered
 
 
@@ -49,21 +51,30 @@ def _problem_prompts(model_dir: Path) -> list[tuple[list[int], str]]:
     return [(prompt_token_ids(e, tok), e.ground_truth) for e in train]
 
 
-async def _calibrate(ro: Rollout, prompts: list[tuple[list[int], str]]) -> str:
-    """The answer the warm model gives most often (it mostly ignores the question): using it as
-    ground truth makes groups right *sometimes*, i.e. valid."""
+async def _calibrate(ro: Rollout, prompts: list[tuple[list[int], str]]) -> list[str]:
+    """Per problem, a ground truth that makes its groups right *sometimes* (i.e. valid): the
+    answer the warm model gives closest to half the time (it mostly ignores the question, and
+    which answers it favours varies by problem and run). A single answer for all problems was
+    rare on some runs: nearly every group came out all-wrong and the prompt queue ran dry."""
     req = scheduler_pb2.EvaluateRequest(
         prompts=[
             scheduler_pb2.EvalPrompt(id=str(i), prompt_token_ids=ids, ground_truth=gt)
             for i, (ids, gt) in enumerate(prompts)
         ],
-        n=8,
+        n=16,
         sampling=common_pb2.SamplingParams(max_tokens=32, temperature=1.0),
     )
-    res = await evaluate(ro, req)
-    preds = Counter(p for r in res.results for p in r.pred if p)
-    assert preds, f"the warm-started model never answered: {res}"
-    return preds.most_common(1)[0][0]
+    res = {int(r.id): r for r in (await evaluate(ro, req)).results}
+    # integers only: a ground truth math-verify cannot parse is an item error, not a wrong answer
+    overall = Counter(p for r in res.values() for p in r.pred if INTEGER.fullmatch(p))
+    assert overall, f"the warm-started model never answered with a number: {res}"
+    answers = []
+    for i in range(len(prompts)):
+        counts = Counter(p for p in res[i].pred if INTEGER.fullmatch(p))
+        n = len(res[i].pred)
+        best = min(counts, key=lambda a: abs(counts[a] / n - 0.5), default=overall.most_common(1)[0][0])
+        answers.append(best)
+    return answers
 
 
 async def _idle_gateways(ro: Rollout) -> None:
@@ -80,7 +91,7 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
     cfg = run_config(
         model={"path": str(warm_model_dir)},
         data={"train_batch_size": 2, "max_response_length": 32, "max_prompt_length": 256},
-        rollout={"n": 8, "max_concurrent_prompts": 12, "admission": {"policy": "greedy"}, "seed": 11},
+        rollout={"n": 8, "max_concurrent_prompts": 24, "admission": {"policy": "greedy"}, "seed": 11},
         reward={"overlong_buffer": {"len": 8}, "verifier_max_retries": 40},
         trainer={"ppo_mini_batch_size": 2},
     )
@@ -93,13 +104,13 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
                 return rollout_state(ro, redis_url, "t")
 
             problems = _problem_prompts(warm_model_dir)
-            answer = await _calibrate(ro, problems)
+            answers = await _calibrate(ro, problems)
             recs = [
                 PromptRecord(
                     f"e{i // 8}-{i % 8}",
                     problems[i % 8][0],
                     "",
-                    answer if i % 3 else NEVER,
+                    answers[i % 8] if i % 3 else NEVER,
                     "synth",
                     i // 8,
                     i % 8,
@@ -180,7 +191,7 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
     assert [(g.min_version, g.max_version) for g in gs] == [(0, 0)] * 2 + [(1, 1)] * 2 + [(2, 2)] * 2
     for g in gs:
         accs = [r.acc for r in g.responses]
-        assert len(accs) == 8 and 0 < sum(accs) < 8 and g.ground_truth == answer
+        assert len(accs) == 8 and 0 < sum(accs) < 8 and g.ground_truth in answers
         for r in g.responses:
             assert len(r.token_ids) == len(r.logprobs) > 0 and r.reward == pytest.approx(
                 r.score + r.overlong_penalty
