@@ -91,7 +91,7 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
     cfg = run_config(
         model={"path": str(warm_model_dir)},
         data={"train_batch_size": 2, "max_response_length": 32, "max_prompt_length": 256},
-        rollout={"n": 8, "max_concurrent_prompts": 24, "admission": {"policy": "greedy"}, "seed": 11},
+        rollout={"n": 8, "max_concurrent_prompts": 48, "admission": {"policy": "greedy"}, "seed": 11},
         reward={"overlong_buffer": {"len": 8}, "verifier_max_retries": 40},
         trainer={"ppo_mini_batch_size": 2},
     )
