@@ -36,7 +36,6 @@ from asyncdapo.scheduler.dispatch import DispatchPolicy
 from asyncdapo.scheduler.dispatcher import Dispatcher
 from asyncdapo.scheduler.group_state import (
     DropReason,
-    FinishResult,
     GroupStore,
     Outcome,
     RequeueReason,
@@ -46,7 +45,7 @@ from asyncdapo.scheduler.group_state import (
     is_valid,
     redis_retry,
 )
-from asyncdapo.scheduler.ledger import CommitLedger, Plan
+from asyncdapo.scheduler.ledger import CommitLedger
 from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.pdsr import PdsrRouter
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
@@ -58,7 +57,6 @@ from asyncdapo.scheduler.tasks import (
     PromptTask,
     Request,
     Score,
-    build_group,
     version_range,
 )
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
@@ -473,91 +471,9 @@ class Rollout:
                 self._wake_finisher.set()
 
     async def _finish_round(self) -> None:
-        # sync (verl's loop): filter and commit only once every prompt of the generation batch is done
-        batch_running = self.sync and len(self.ledger) > self.ledger.ready
-        plan = (
-            self.ledger.plan(self.bound - self.valid_produced)
-            if len(self.ledger) and not batch_running
-            else Plan()
-        )
-        if plan.abort:
-            aborted = [self.tasks[k] for k in plan.abort]
-            if self.cfg.rollout.requeue_aborted:
-                self._cancel(aborted, Outcome.REQUEUED, RequeueReason.EARLY_STOP.value)
-            else:
-                self._cancel(aborted, Outcome.DROPPED, DropReason.EARLY_STOP.value)
-        items = self._to_finish
-        self._to_finish = []
-        calls, owners = [], []
-        for task, outcome, reason in items:
-            calls.append(self.store.finish_call(task.pid, task.attempt, outcome, reason))
-            owners.append(task)
-        oldest_trainable = self.version - self.cfg.rollout.max_staleness
-        for key in plan.commit:
-            task = self.tasks[key]
-            task.closed = True
-            if task.progress.min_version < oldest_trainable:
-                # Outlived its version (sync mode: the rest of a batch still running when the
-                # trainer published). The trainer would drop it as stale, yet it would count
-                # toward the bound and starve the step: it goes back to the queue instead.
-                calls.append(
-                    self.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
-                )
-                owners.append(task)
-                continue
-            group = build_group(self.cfg.name, task).SerializeToString()
-            calls.append(
-                self.store.finish_call(
-                    task.pid, task.attempt, Outcome.VALID, bound=self.bound, group=group, version=self.version
-                )
-            )
-            owners.append(task)
-        for key in reversed(plan.requeue):
-            task = self.tasks[key]
-            task.closed = True
-            calls.append(
-                self.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
-            )
-            owners.append(task)
-        async with self.outcome_lock:  # status() never sees Redis and memory disagree
-            if calls:
-                results = await redis_retry(lambda: self.store.finish_many(calls))
-                for task, res in zip(owners, results, strict=True):
-                    self._apply_outcome(task, res)
-            reached = self.valid_produced >= self.bound and self.phase == Phase.ROLLING
-            if reached:
-                self.phase = Phase.BOUND
-        if reached:
-            self.early_stops += 1
-            self.metrics.early_stops.inc()
-            await redis_retry(lambda: self._incr_counters(early_stops=1))
-            rest = [t for t in self.tasks.values() if not t.closed]
-            if rest and not self.sync:
-                self._cancel(rest, Outcome.REQUEUED, RequeueReason.EARLY_STOP.value)
-        self._maybe_stopped()
-        self._update_gauges()
-        self._wake_admission.set()
-        if self._to_finish:
-            self._wake_finisher.set()
+        from asyncdapo.scheduler.finisher import finish_round
 
-    def _apply_outcome(self, task: PromptTask, res: FinishResult) -> None:
-        self.tasks.pop(task.key, None)
-        if res.label.startswith(("dup:", "stale")):
-            log.warning(
-                "outcome of %s attempt %d was already recorded: %s", task.pid, task.attempt, res.label
-            )
-            return
-        outcome, _, reason = res.label.partition(":")
-        self.metrics.outcomes.labels(outcome, reason).inc()
-        if outcome == Outcome.VALID:
-            self.valid_produced = max(self.valid_produced, res.valid_produced)
-            self.metrics.groups.labels(str(self.version)).inc()
-            self.metrics.staleness.observe(self.version - task.progress.min_version)
-            for resp in task.responses:
-                self.lengths.committed += 1
-                self.lengths.committed_tokens += len(resp.token_ids)
-        if not self.tasks and self.sync:
-            self.batch_admitted = 0  # the generation batch is done
+        await finish_round(self)
 
     def _maybe_stopped(self) -> None:
         if self.phase == Phase.STOPPING and not self.tasks:
