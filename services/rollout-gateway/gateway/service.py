@@ -30,6 +30,7 @@ import grpc
 
 from asyncdapo.gateway.engine import Engine, EngineError, EngineOutput, Finish, PauseMode
 from asyncdapo.gateway.metrics import AbortCause, GatewayMetrics
+from asyncdapo.gateway.stream import serve_stream
 from asyncdapo.gateway.validation import ModelLimits, Rejection, RequestError, validate_generate
 from asyncdapo.gateway.versions import concat
 from asyncdapo.gateway.weights import WeightsError, WeightsProblem, WeightsValidator, read_dir, resolve_uri
@@ -135,16 +136,48 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GenerateResponse:
-        if self._draining:
-            await self._reject(context, Rejection.DRAINING, "gateway is draining: send the request elsewhere")
-        engine = await self._ready(context)
-        rid = request.request_id or uuid.uuid4().hex
-        if rid in self._inflight:
-            await self._reject(context, Rejection.DUPLICATE_ID, f"request_id {rid!r} is already in flight")
         try:
+            return await self.generate_one(request)
+        except RequestError as err:
+            await context.abort(_STATUS[err.reason], str(err))
+        except EngineError as err:
+            await context.abort(grpc.StatusCode.INTERNAL, str(err))
+        raise AssertionError("unreachable")  # context.abort raises
+
+    async def GenerateStream(
+        self,
+        request_iterator: AsyncIterator[gateway_pb2.GenerateStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
+        async for msg in serve_stream(request_iterator, self._generate_streamed, _stream_error):
+            yield msg
+
+    async def _generate_streamed(self, request: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
+        return await self.generate_one(request, require_id=True)
+
+    async def generate_one(
+        self, request: gateway_pb2.GenerateRequest, require_id: bool = False
+    ) -> gateway_pb2.GenerateResponse:
+        """One Generate request, unary or streamed: raises RequestError (a rejection, counted) or
+        EngineError; a cancelled caller aborts the request on the engine. A streamed request needs
+        its own id: the client matches responses by it."""
+        try:
+            if require_id and not request.request_id:
+                raise RequestError(
+                    Rejection.INVALID_ARGUMENT, "request_id is empty: GenerateStream matches responses by it"
+                )
+            if self._draining:
+                raise RequestError(Rejection.DRAINING, "gateway is draining: send the request elsewhere")
+            engine = self._engine
+            if engine is None:
+                raise RequestError(Rejection.STARTING, "the engine is still starting: retry shortly")
+            rid = request.request_id or uuid.uuid4().hex
+            if rid in self._inflight:
+                raise RequestError(Rejection.DUPLICATE_ID, f"request_id {rid!r} is already in flight")
             inp = validate_generate(request, self._limits, engine.tokenize, rid)
         except RequestError as err:
-            await self._reject(context, err.reason, str(err))
+            self._metrics.rejected.labels(err.reason.value).inc()
+            raise
 
         start = time.monotonic()
         self._inflight[rid] = start
@@ -160,7 +193,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             raise
         except EngineError as err:
             log.error("generate %s failed: %s", rid, err)
-            await context.abort(grpc.StatusCode.INTERNAL, str(err))
+            raise
         finally:
             del self._inflight[rid]
             self._metrics.in_flight.dec()
@@ -355,6 +388,18 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     def stop_watchers(self) -> None:
         self._stopping.set()
+
+
+def _stream_error(request_id: str, err: Exception) -> gateway_pb2.GenerateError:
+    """What unary Generate would have answered for `err`, as a per-request stream error."""
+    if isinstance(err, RequestError):
+        code, message = _STATUS[err.reason], str(err)
+    elif isinstance(err, EngineError):
+        code, message = grpc.StatusCode.INTERNAL, str(err)
+    else:  # a bug: report it on this request instead of breaking the client's whole stream
+        log.error("generate %s failed unexpectedly", request_id, exc_info=err)
+        code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
+    return gateway_pb2.GenerateError(request_id=request_id, code=code.value[0], message=message)
 
 
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):

@@ -39,6 +39,11 @@ class GatewayStub:
                 request_serializer=asyncdapo_dot_v1_dot_gateway__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=asyncdapo_dot_v1_dot_gateway__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateStream = channel.stream_stream(
+                '/asyncdapo.v1.Gateway/GenerateStream',
+                request_serializer=asyncdapo_dot_v1_dot_gateway__pb2.GenerateStreamRequest.SerializeToString,
+                response_deserializer=asyncdapo_dot_v1_dot_gateway__pb2.GenerateStreamResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/asyncdapo.v1.Gateway/Abort',
                 request_serializer=asyncdapo_dot_v1_dot_gateway__pb2.AbortRequest.SerializeToString,
@@ -76,6 +81,24 @@ class GatewayServicer:
 
     def Generate(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateStream(self, request_iterator, context):
+        """Many Generate requests over one long-lived bidirectional stream: the per-call cost of a
+        unary RPC (HTTP/2 stream setup, a Python task per call) is paid once per stream instead of
+        once per request. Each request goes through exactly the validation and engine path of unary
+        Generate (same errors, metrics, drain and pause behaviour; no token needed).
+        - Responses arrive in completion order, not request order; match them by request_id.
+        - A request the gateway rejects comes back as a GenerateError with the code and message that
+        unary Generate would have returned; the stream itself stays open.
+        - Closing the request side ends the stream once every request sent has been answered;
+        cancelling the stream (or losing the connection) aborts its in-flight requests on the
+        engine, and no response is sent for them.
+        - A request id must be unique among the in-flight requests of the gateway (unary and
+        streamed alike), else ALREADY_EXISTS.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -123,6 +146,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=asyncdapo_dot_v1_dot_gateway__pb2.GenerateRequest.FromString,
                     response_serializer=asyncdapo_dot_v1_dot_gateway__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=asyncdapo_dot_v1_dot_gateway__pb2.GenerateStreamRequest.FromString,
+                    response_serializer=asyncdapo_dot_v1_dot_gateway__pb2.GenerateStreamResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -182,6 +210,33 @@ class Gateway:
             '/asyncdapo.v1.Gateway/Generate',
             asyncdapo_dot_v1_dot_gateway__pb2.GenerateRequest.SerializeToString,
             asyncdapo_dot_v1_dot_gateway__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/asyncdapo.v1.Gateway/GenerateStream',
+            asyncdapo_dot_v1_dot_gateway__pb2.GenerateStreamRequest.SerializeToString,
+            asyncdapo_dot_v1_dot_gateway__pb2.GenerateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
