@@ -7,8 +7,9 @@ Per gateway count:
 1. throughput: async mode with a bound far away (no early stop), a fixed total concurrency;
    completions/s, Redis round trips per completion, and the scheduler's CPU time per completion
    (its projected rate on one dedicated core); then added dispatch latency p50/p99 (request
-   dispatchable → Generate issued) at about half that rate — at saturation every queue grows, so
-   the saturated p99 is printed too but is a throughput figure, not a latency one.
+   dispatchable → handed to its gateway's GenerateStream) at about half that rate — at
+   saturation every queue grows, so the saturated p99 is printed too but is a throughput figure,
+   not a latency one.
 2. early stop (s = 0, several policy versions, PublishWeights between them), order `any` and
    `fifo`: abort fan-out p50/p99, seconds per version, and the length bias of early stop — mean
    response length of the groups committed for training vs. every completed response vs. the

@@ -112,15 +112,19 @@ def pick(
     chosen gateway before the next is scored, so a prompt's n requests spread by load, and the
     affinity bonus (gateways already serving this prompt share its prefix cache) applies to
     gateways in `affinity` and to the ones chosen earlier in this call."""
-    eligible, rejected = filter_gateways(views, policy)
+    rejected: dict[str, RejectReason] = {}
     heap: list[tuple[float, int, int]] = []
-    for i, v in enumerate(eligible):
-        heap.append((score(v, policy, v.address in affinity), i, 0))
+    for i, v in enumerate(views):  # filter and score in one pass: this runs once per prompt
+        reason = reject_reason(v, policy)
+        if reason is None:
+            heap.append((score(v, policy, v.address in affinity), i, 0))
+        else:
+            rejected[v.address] = reason
     heapq.heapify(heap)
     chosen: list[str] = []
     while heap and len(chosen) < count:
         _, i, extra = heapq.heappop(heap)
-        v = eligible[i]
+        v = views[i]
         chosen.append(v.address)
         extra += 1
         if v.in_flight + extra < policy.max_in_flight:

@@ -1,5 +1,6 @@
-"""Dispatch I/O: the queue of requests waiting for a gateway, Generate calls, their failures,
-and the abort fan-out. Decisions come from the pure `dispatch.pick`.
+"""Dispatch I/O: the queue of requests waiting for a gateway, Generate requests over one
+`GenerateStream` per gateway, their failures, and the abort fan-out. Decisions come from the pure
+`dispatch.pick`.
 
 Invariants:
 - the queue is served head first and a prompt's queued requests are placed together, so the
@@ -9,7 +10,10 @@ Invariants:
   and only while its task is current (not cancelled, not closed, the request not superseded);
 - a request that failed at the transport level or was aborted by someone else (a pause, a drain)
   is dispatched again — with its partial tokens when the gateway returned them — until
-  `max_tries`, then `on_give_up` is called.
+  `max_tries`, then `on_give_up` is called;
+- `gw.calls` holds exactly the requests in flight on the gateway's live stream (`gw.in_flight`
+  is its size); a broken stream empties it and re-dispatches them all, oldest first, after
+  the gateway is marked down.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
 
 import grpc
 
 from asyncdapo.scheduler.dispatch import DispatchPolicy, pick
+from asyncdapo.scheduler.gateway_stream import GatewayStream
 from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.scheduler.tasks import PromptTask, Request, request_seed
@@ -33,6 +37,7 @@ from asyncdapo.v1 import common_pb2, gateway_pb2
 log = logging.getLogger(__name__)
 
 FINISH_ABORT = common_pb2.FINISH_REASON_ABORT
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class Dispatcher:
@@ -64,7 +69,7 @@ class Dispatcher:
         self._keep = keep_latencies
         self._pumping = False
         self._t_capacity = 0.0
-        self._calls: set[asyncio.Task[None]] = set()
+        self._streams: dict[Gateway, GatewayStream] = {}
         self._pools: dict[str, DispatchPolicy] = {}
 
     def set_min_weight_version(self, version: int) -> None:
@@ -128,11 +133,18 @@ class Dispatcher:
             self._pumping = False
         self.metrics.dispatch_queue.set(len(self.pending))
 
+    def _stream(self, gw: Gateway) -> GatewayStream:
+        s = self._streams.get(gw)
+        if s is None or s.dead:
+            s = self._streams[gw] = GatewayStream(gw, self._on_message, self._on_broken, self._on_sent)
+        return s
+
     def _start(self, req: Request, gw: Gateway) -> None:
         task = req.task
         if task.base_msg is None:
             task.base_msg = task.base_request()
-        msg = gateway_pb2.GenerateRequest()
+        stream = self._stream(gw)
+        msg = stream.add(req)
         msg.CopyFrom(task.base_msg)
         msg.request_id = req.make_rid()
         if req.max_tokens:
@@ -145,39 +157,78 @@ class Dispatcher:
             msg.continuation_token_ids.extend(c.token_ids)
             msg.continuation_logprobs.extend(c.logprobs)
             msg.continuation_versions.extend(c.version_runs)
-        call = gw.stub.Generate(msg)
-        req.gateway, req.call = gw, call
-        gw.calls[req.rid] = call
+        req.gateway, req.call = gw, stream
+        gw.calls[req.rid] = req
         gw.in_flight += 1
         task.gateways.add(gw.address)
-        lat = time.perf_counter() - max(req.t_ready, self._t_capacity)
-        self.metrics.dispatch_latency.observe(lat)
-        if len(self.dispatch_s) < self._keep:
-            self.dispatch_s.append(lat)
-        t = asyncio.ensure_future(self._await_call(req, gw, call))
-        self._calls.add(t)
-        t.add_done_callback(self._calls.discard)
+        # added latency counts from when the request could go somewhere: ready, and a slot free
+        if self._t_capacity > req.t_ready:
+            req.t_ready = self._t_capacity
 
-    async def _await_call(self, req: Request, gw: Gateway, call: Any) -> None:
-        resp: gateway_pb2.GenerateResponse | None = None
-        err: BaseException | None = None
-        try:
-            resp = await call
-        except asyncio.CancelledError as e:  # we cancelled the call (gateway down, shutdown)
-            err = e
-        except grpc.aio.AioRpcError as e:
-            err = e
-        finally:
-            gw.calls.pop(req.rid, None)
+    def _on_sent(self, reqs: list[Request]) -> None:
+        now = time.perf_counter()
+        lats = [now - r.t_ready for r in reqs]
+        observe = self.metrics.dispatch_latency.observe
+        for lat in lats:
+            observe(lat)
+        if len(self.dispatch_s) < self._keep:
+            self.dispatch_s.extend(lats)
+
+    def _on_message(self, stream: GatewayStream, msg: gateway_pb2.GenerateStreamResponse) -> None:
+        gw = stream.gw
+        calls = gw.calls
+        for resp in msg.responses:
+            req = calls.pop(resp.request_id, None)
+            if req is None:  # not ours any more (the stream broke and it was re-dispatched)
+                continue
             gw.in_flight -= 1
-            self._t_capacity = time.perf_counter()
-        if self.closed:
-            return
-        self._on_result(req, gw, resp, err)
+            if not self.closed:
+                self._on_result(req, gw, resp, None)
+        for e in msg.errors:
+            req = calls.pop(e.request_id, None)
+            if req is None:
+                continue
+            gw.in_flight -= 1
+            code = _CODES.get(e.code, grpc.StatusCode.UNKNOWN)
+            log.warning("gateway %s rejected %s: %s: %s", gw.address, e.request_id, code.name, e.message)
+            if self.closed:
+                continue
+            # as for a unary call: a gateway that answers UNAVAILABLE is presumed down, which
+            # re-dispatches the rest of its stream too
+            self.pool.report_failure(gw, code, e.message)
+            self._on_result(req, gw, None, code.name, e.message)
+        self._t_capacity = time.perf_counter()
         self.pump()
 
+    def _on_broken(self, stream: GatewayStream, code: str, details: str) -> None:
+        """The stream failed (gateway gone, connection lost, server stopped): mark the gateway
+        down and re-dispatch everything that was in flight on it."""
+        gw = stream.gw
+        if self._streams.get(gw) is stream:
+            del self._streams[gw]
+        reqs = self._take_calls(gw, stream)
+        if self.closed:
+            return
+        self.pool.presume_down(gw, f"generate stream: {code}: {details}")
+        for req in reversed(reqs):  # re-dispatch goes to the head: keep their order
+            self._on_result(req, gw, None, code, details)
+        self.pump()
+
+    def _take_calls(self, gw: Gateway, stream: GatewayStream) -> list[Request]:
+        reqs = [r for r in gw.calls.values() if r.call is stream]
+        for r in reqs:
+            del gw.calls[r.rid]
+        gw.in_flight -= len(reqs)
+        self._t_capacity = time.perf_counter()
+        return reqs
+
     def _on_result(
-        self, req: Request, gw: Gateway, resp: gateway_pb2.GenerateResponse | None, err: BaseException | None
+        self,
+        req: Request,
+        gw: Gateway,
+        resp: gateway_pb2.GenerateResponse | None,
+        err: str | None,
+        detail: str = "",
     ) -> None:
         task = req.task
         req.gateway = req.call = None
@@ -187,11 +238,8 @@ class Dispatcher:
                 self.metrics.aborted_tokens.inc(len(resp.token_ids))
             return
         if err is not None:
-            code = err.code().name if isinstance(err, grpc.aio.AioRpcError) else "CANCELLED"
-            self.metrics.gateway_errors.labels(gw.address, code).inc()
-            if isinstance(err, grpc.aio.AioRpcError):
-                self.pool.report_failure(gw, err)
-            self._redispatch(req, "gateway_failure", None)
+            self.metrics.gateway_errors.labels(gw.address, err).inc()
+            self._redispatch(req, "gateway_failure", None, f"{err} from {gw.address}: {detail}")
             return
         assert resp is not None
         if resp.finish_reason == FINISH_ABORT:
@@ -202,20 +250,31 @@ class Dispatcher:
         del task.live[req.idx]
         self.on_response(req, gw, resp)
 
-    def _redispatch(self, req: Request, why: str, partial: gateway_pb2.GenerateResponse | None) -> None:
+    def _redispatch(
+        self, req: Request, why: str, partial: gateway_pb2.GenerateResponse | None, detail: str = ""
+    ) -> None:
         req.tries += 1
         req.continuation = partial
         if req.tries >= self.max_tries:
-            self.on_give_up(req, f"request failed {req.tries} times ({why})")
+            last = f"; last: {detail}" if detail else ""
+            self.on_give_up(req, f"request failed {req.tries} times ({why}{last})")
             return
         self.metrics.redispatched.labels(why).inc()
         req.t_ready = time.perf_counter()
         self.pending.appendleft(req)
 
     def cancel_calls(self, gw: Gateway) -> None:
-        """The gateway is down: cancel what is in flight there; each call's handler re-dispatches."""
-        for call in list(gw.calls.values()):
-            call.cancel()
+        """The gateway is down: cancel its stream and re-dispatch what was in flight there."""
+        stream = self._streams.pop(gw, None)
+        if stream is None or stream.dead:
+            return
+        stream.close()
+        reqs = self._take_calls(gw, stream)
+        if self.closed:
+            return
+        for req in reversed(reqs):
+            self._on_result(req, gw, None, "CANCELLED", "gateway down")
+        self.pump()
 
     async def abort(self, tasks: Iterable[PromptTask]) -> int:
         """Abort the in-flight requests of (already cancelled) tasks on every gateway in parallel;
@@ -250,6 +309,7 @@ class Dispatcher:
 
     def close(self) -> None:
         self.closed = True
-        for gw in self.pool.members:
-            for call in list(gw.calls.values()):
-                call.cancel()
+        for gw, stream in list(self._streams.items()):
+            stream.close()
+            self._take_calls(gw, stream)
+        self._streams.clear()

@@ -231,16 +231,10 @@ class GroupStore:
         if not scores:
             return []
         keys = [self.keys.prompt(s.pid) for s in scores]
-        args: list[Any] = []
-        for s in scores:
-            args += [
-                s.attempt,
-                s.idx,
-                repr(float(s.metric)),
-                repr(float(s.reward)),
-                s.min_version,
-                s.max_version,
-            ]
+        args = [
+            f"{s.attempt} {s.idx} {float(s.metric)!r} {float(s.reward)!r} {s.min_version} {s.max_version}"
+            for s in scores
+        ]
         (reply,) = await self.scripts.run_many([("record", keys, args)], extra)
         return [parse_progress(r) for r in reply]
 

@@ -13,7 +13,7 @@ Floats are returned as strings: Redis truncates Lua numbers to integers in repli
 
 from __future__ import annotations
 
-RECORD_FIELDS = 6  # ARGV entries per response in RECORD
+RECORD_FIELDS = 1  # ARGV entries per response in RECORD (one packed string)
 FINISH_FIELDS = 7  # ARGV entries per attempt in FINISH
 
 # KEYS: prompts, claimed, counters.  ARGV: max_count, owner, now_ms, prompt_key_prefix, n
@@ -34,7 +34,9 @@ if #out > 0 then redis.call('HINCRBY', KEYS[3], 'admitted', #out / 2) end
 return out
 """
 
-# KEYS: the prompt key of each response.  ARGV, per response: attempt, idx, metric, reward, vmin, vmax
+# KEYS: the prompt key of each response.  ARGV, per response: one string
+# "attempt idx metric reward vmin vmax" (one argument, not six: the client's command packing
+# costs per argument, and this script runs once per scored batch of up to 64 responses)
 # Returns one reply per response: {status, done, n[, mean, std, rmean, rstd, vmin, vmax]}, status
 # ok|complete|dup|stale; the statistics only when the group is complete or the response a
 # duplicate (small replies for the common case).
@@ -42,8 +44,7 @@ RECORD = """
 local out = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local b = (i - 1) * 6
-  local a = ARGV[b + 1]
+  local a, idx, xs, rs, v1, v2 = string.match(ARGV[i], '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
   local st = redis.call('HMGET', key, 'attempt', 'n', 'done', 'mean', 'm2', 'rmean', 'rm2',
                         'vmin', 'vmax', 'o:' .. a)
   if st[1] ~= a or st[10] then
@@ -55,20 +56,20 @@ for i = 1, #KEYS do
     local rmean, rm2 = tonumber(st[6]), tonumber(st[7])
     local vmin, vmax = st[8], st[9]
     local status = 'ok'
-    if redis.call('HSETNX', key, 'r:' .. a .. ':' .. ARGV[b + 2], 1) == 0 then
+    if redis.call('HSETNX', key, 'r:' .. a .. ':' .. idx, 1) == 0 then
       status = 'dup'
     else
       done = done + 1
-      local x = tonumber(ARGV[b + 3])
+      local x = tonumber(xs)
       local d = x - mean
       mean = mean + d / done
       m2 = m2 + d * (x - mean)
-      local r = tonumber(ARGV[b + 4])
+      local r = tonumber(rs)
       local dr = r - rmean
       rmean = rmean + dr / done
       rm2 = rm2 + dr * (r - rmean)
-      if vmin == '' or tonumber(ARGV[b + 5]) < tonumber(vmin) then vmin = ARGV[b + 5] end
-      if vmax == '' or tonumber(ARGV[b + 6]) > tonumber(vmax) then vmax = ARGV[b + 6] end
+      if vmin == '' or tonumber(v1) < tonumber(vmin) then vmin = v1 end
+      if vmax == '' or tonumber(v2) > tonumber(vmax) then vmax = v2 end
       redis.call('HSET', key, 'done', done, 'mean', string.format('%.17g', mean),
                  'm2', string.format('%.17g', m2), 'rmean', string.format('%.17g', rmean),
                  'rm2', string.format('%.17g', rm2), 'vmin', vmin, 'vmax', vmax)

@@ -47,9 +47,11 @@ async def update_one(
                 gateway_pb2.LoadWeightsRequest(version=version, uri=uri), metadata=gw.auth, timeout=timeout_s
             )
             gw.load.weight_version = loaded.version  # do not wait for the next load report
+            gw.refresh()
         finally:
             await gw.stub.Resume(gateway_pb2.ResumeRequest(), metadata=gw.auth, timeout=timeout_s)
             gw.load.paused = False
+            gw.refresh()
     except grpc.aio.AioRpcError as err:
         gw.last_error = f"weight update to v{version}: {err.code().name}: {err.details()}"
         return scheduler_pb2.GatewayResult(

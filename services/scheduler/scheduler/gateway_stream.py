@@ -1,0 +1,96 @@
+"""One long-lived `GenerateStream` to one gateway: the transport under the dispatcher.
+
+Requests placed while the writer is busy (or within one dispatcher pump, which never yields) are
+sent together in one message; each response message is handed whole to `on_message`, so the
+dispatcher pumps once per message, not once per response. The stream knows nothing about tasks,
+retries or the pool: any failure of the stream is reported once through `on_broken`, and the
+dispatcher decides what to re-dispatch.
+
+Invariants:
+- after `close()` or `on_broken`, the stream is dead: nothing more is written, read or reported;
+- `on_broken` is called at most once, and never after `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from asyncdapo.v1 import gateway_pb2
+
+
+class GatewayStream:
+    def __init__(
+        self,
+        gw: Any,  # pool.Gateway
+        on_message: Callable[[GatewayStream, gateway_pb2.GenerateStreamResponse], None],
+        on_broken: Callable[[GatewayStream, str, str], None],
+        on_sent: Callable[[list[Any]], None],
+    ) -> None:
+        self.gw = gw
+        self.dead = False
+        self._on_message = on_message
+        self._on_broken = on_broken
+        self._on_sent = on_sent
+        self._outbox = gateway_pb2.GenerateStreamRequest()
+        self._outbox_reqs: list[Any] = []
+        self._wake = asyncio.Event()
+        self.call = gw.stub.GenerateStream()
+        self._writer = asyncio.create_task(self._write_loop())
+        self._reader = asyncio.create_task(self._read_loop())
+
+    def add(self, req: Any) -> gateway_pb2.GenerateRequest:
+        """A new request message in the next write, to be filled in by the caller (no copy)."""
+        self._outbox_reqs.append(req)
+        self._wake.set()
+        return self._outbox.requests.add()
+
+    def close(self) -> None:
+        """Cancel the stream: the gateway aborts whatever is still running on it."""
+        if self.dead:
+            return
+        self.dead = True
+        self.call.cancel()
+        me = asyncio.current_task()
+        for t in (self._writer, self._reader):
+            if t is not me:
+                t.cancel()
+
+    def _broken(self, code: str, details: str) -> None:
+        if self.dead:
+            return
+        self.close()
+        self._on_broken(self, code, details)
+
+    async def _write_loop(self) -> None:
+        try:
+            while not self.dead:
+                await self._wake.wait()
+                self._wake.clear()
+                if not self._outbox_reqs:
+                    continue
+                msg, reqs = self._outbox, self._outbox_reqs
+                self._outbox, self._outbox_reqs = gateway_pb2.GenerateStreamRequest(), []
+                self._on_sent(reqs)
+                await self.call.write(msg)
+        except grpc.aio.AioRpcError as err:
+            self._broken(err.code().name, err.details() or "")
+        except asyncio.InvalidStateError:  # the call already ended: the reader reports why
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(1.0)
+            self._broken("UNAVAILABLE", "generate stream ended while writing")
+
+    async def _read_loop(self) -> None:
+        try:
+            while not self.dead:
+                msg = await self.call.read()
+                if msg is grpc.aio.EOF:
+                    self._broken("UNAVAILABLE", "generate stream ended by the gateway")
+                    return
+                self._on_message(self, msg)
+        except grpc.aio.AioRpcError as err:
+            self._broken(err.code().name, err.details() or "")
