@@ -97,7 +97,8 @@ async def sim_gateways(count: int, **kw: Any) -> AsyncIterator[list[SimGateway]]
         yield gws
     finally:
         for g in gws:
-            await g.server.stop(0)
+            async with _named_timeout(20, f"stopping sim gateway {g.address}"):
+                await g.server.stop(0)
 
 
 def run_config(**over: Any) -> RunConfig:
@@ -147,9 +148,21 @@ async def scheduler(
     try:
         yield rollout
     finally:
-        await rollout.close()
-        await pool.close()
+        async with _named_timeout(20, "rollout.close()"):
+            await rollout.close()
+        async with _named_timeout(20, "pool.close()"):
+            await pool.close()
         await r.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _named_timeout(seconds: float, what: str) -> AsyncIterator[None]:
+    """A teardown step that hangs fails the test and names itself, instead of hanging the suite."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise TimeoutError(f"teardown: {what} did not return within {seconds:.0f} s") from None
 
 
 async def wait_for(cond: Any, timeout_s: float, what: str, state: Any = None) -> None:
