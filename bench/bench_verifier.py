@@ -195,6 +195,14 @@ async def bench_latency(
     return latencies
 
 
+def _metric(url: str, name: str) -> float:
+    """One sample of the service's /metrics (the whole run, all phases)."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(f"{name} not in the service's /metrics")
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
@@ -208,6 +216,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=128, help="items per request at saturation")
     p.add_argument("--request-items", type=int, default=4, help="items per request at half load")
     p.add_argument("--duration-s", type=float, default=8.0, help="length of the half-load phase")
+    p.add_argument("--spare-workers", type=int, default=None, help="service spare workers (default: its own)")
+    p.add_argument("--stall-after-s", type=float, default=None, help="service stall line (default: its own)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -229,7 +239,9 @@ def main() -> int:
     raw_parallel = bench_raw_parallel(pairs, args.workers)
     print(f"raw math-verify, {args.workers} processes at once: {raw_parallel:.0f} items/s")
 
-    with VerifierServer(workers=args.workers, timeout_s=5.0) as server:
+    extra = [f"--spare-workers={args.spare_workers}"] if args.spare_workers is not None else []
+    extra += [f"--stall-after-s={args.stall_after_s}"] if args.stall_after_s is not None else []
+    with VerifierServer(workers=args.workers, timeout_s=5.0, extra_args=extra) as server:
         pid = server.pid
         parent0, workers0 = tree_cpu_s(pid)
         sat = asyncio.run(bench_saturation(server.url, pairs, args.batch, senders=2 * args.workers + 2))
@@ -242,6 +254,7 @@ def main() -> int:
         lat = asyncio.run(
             bench_latency(server.url, pairs, sat_small / 2, args.request_items, args.duration_s, args.seed)
         )
+        stalls = _metric(server.url, "asyncdapo_verifier_stalled_items_total")
     raw_after, _, _ = bench_raw(pairs)
     raw = (raw_before + raw_after) / 2
     ratio = sat / (args.workers * raw)
@@ -265,6 +278,7 @@ def main() -> int:
         ("latency p50 ms", f"{p50:.1f}"),
         ("latency p99 ms (goal <= 50)", f"{p99:.1f}"),
         ("latency mean ms", f"{statistics.fmean(lat) * 1e3:.1f}"),
+        ("stalled items (a spare took their place)", f"{stalls:.0f}"),
         ("load average after", f"{os.getloadavg()[0]:.2f}"),
     ]
     print()

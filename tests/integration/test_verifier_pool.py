@@ -81,3 +81,31 @@ def test_close_fails_unfinished_work_and_refuses_new() -> None:
         future.result(timeout=10)
     with pytest.raises(PoolClosed):
         pool.submit([("1", "A: 1")])
+
+
+@pytest.mark.parametrize("spares", [1, 0])
+def test_a_spare_scores_new_requests_while_a_worker_is_stuck(spares: int) -> None:
+    stalls: list[None] = []
+    with WorkerPool(
+        1,
+        timeout_s=2.0,
+        soft_timeout_s=None,
+        spares=spares,
+        stall_after_s=0.05,
+        on_stall=lambda: stalls.append(None),
+    ) as pool:
+        assert pool.wait_ready(60)
+        stuck = pool.submit([("2", NESTED_FRAC)])
+        time.sleep(0.2)  # the stuck item is running: the one worker's place is free only with a spare
+        t0 = time.monotonic()
+        assert [v.acc for v in pool.submit([("1", "A: 1"), ("5", "A: 4")]).result(timeout=30)] == [
+            True,
+            False,
+        ]
+        waited = time.monotonic() - t0
+        assert stuck.result(timeout=10)[0].status is ItemStatus.TIMEOUT
+    if spares:
+        assert waited < 1.0, f"a new request waited {waited:.2f} s behind a stuck item despite a spare"
+        assert len(stalls) == 1
+    else:  # the request waits for the watchdog to free the only process
+        assert waited > 1.5

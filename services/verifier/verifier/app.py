@@ -71,9 +71,12 @@ def create_app(settings: VerifierSettings) -> FastAPI:
             timeout_s=settings.timeout_s,
             soft_timeout_s=settings.soft_timeout_s,
             max_chunk=settings.max_chunk,
+            spares=settings.spare_workers,
+            stall_after_s=settings.stall_after_s,
             start_method=settings.start_method,
             on_restart=metrics.on_restart,
             on_item=metrics.on_item,
+            on_stall=metrics.stalled_items.inc,
         )
         await asyncio.to_thread(pool.start)
         metrics.track_pool(lambda: pool.ready_workers, lambda: pool.queued)

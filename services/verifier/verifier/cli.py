@@ -15,6 +15,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to bind (default 8000)")
     p.add_argument("--workers", type=int, help="scoring processes (default: usable CPU cores)")
+    p.add_argument(
+        "--spare-workers",
+        type=int,
+        dest="spare_workers",
+        help="extra processes taking work while a worker is stuck on a slow item (default: 1 per 8 cores)",
+    )
+    p.add_argument(
+        "--stall-after-s",
+        type=float,
+        dest="stall_after_s",
+        help="an item running longer than this frees its place for a spare (default 0.025)",
+    )
     p.add_argument("--timeout-s", type=float, dest="timeout_s", help="hard per-item timeout (default 5)")
     p.add_argument(
         "--no-cooperative-timeout",

@@ -19,6 +19,20 @@ class VerifierSettings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address to bind.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port to bind.")
     workers: int = Field(default_factory=_cores, ge=1, le=256, description="Scoring processes.")
+    spare_workers: int = Field(
+        default_factory=lambda: max(1, -(-_cores() // 8)),
+        ge=0,
+        le=256,
+        description="Extra scoring processes that take new work while a worker is stuck on a slow item "
+        "(past stall_after_s), so one slow item does not hold up the requests behind it.",
+    )
+    stall_after_s: float = Field(
+        default=0.025,
+        gt=0,
+        le=600,
+        description="An item running longer than this no longer counts against `workers` (math-verify "
+        "takes ~1 ms on a typical item).",
+    )
     timeout_s: float = Field(
         default=5.0, gt=0, le=600, description="Hard per-item time budget, enforced by killing the worker."
     )

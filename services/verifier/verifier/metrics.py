@@ -45,6 +45,11 @@ class VerifierMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.stalled_items = Counter(
+            "asyncdapo_verifier_stalled_items",
+            "Items that ran past stall_after_s while other items waited (a spare worker took their place).",
+            registry=self.registry,
+        )
         self.workers_ready = Gauge(
             "asyncdapo_verifier_workers_ready", "Worker processes warmed and serving.", registry=self.registry
         )

@@ -9,6 +9,12 @@ One manager thread owns all pool state; callers only touch a thread-safe inbox. 
   `timeout`, the unstarted rest of the chunk goes back to the front of the queue, a fresh worker
   takes the slot. A worker that dies on its own turns its current item into `error`.
 
+Stalls: math-verify is ~1 ms per item, but a rare item takes 100× that. A worker whose current item
+has run past `stall_after_s` is *stalled*: it stops counting against `workers` (the number of items
+scored at once, normally one per core), and a spare process takes new work in its place. Without
+spares, every request arriving during a slow item waits behind it for a core; with them, only the
+slow item's own request does.
+
 Invariants: every submitted item is resolved exactly once (a verdict, or the pool's failure for the
 whole batch); a batch's future completes once all of its items are resolved, results in order.
 """
@@ -85,13 +91,20 @@ class WorkerPool:
         timeout_s: float,
         soft_timeout_s: float | None = None,
         max_chunk: int = 32,
+        spares: int = 0,
+        stall_after_s: float = 0.025,
         start_method: str = "forkserver",
         on_restart: Callable[[RestartReason], None] | None = None,
         on_item: Callable[[ItemStatus, float], None] | None = None,
+        on_stall: Callable[[], None] | None = None,
     ) -> None:
-        if workers < 1 or timeout_s <= 0 or max_chunk < 1:
-            raise ValueError("workers >= 1, timeout_s > 0 and max_chunk >= 1 are required")
-        self.size = workers
+        if workers < 1 or timeout_s <= 0 or max_chunk < 1 or spares < 0 or stall_after_s <= 0:
+            raise ValueError(
+                "workers >= 1, timeout_s > 0, max_chunk >= 1, spares >= 0 and stall_after_s > 0 are required"
+            )
+        self.concurrency = workers  # items scored at once, stalled ones not counted
+        self.size = workers + spares  # processes
+        self.stall_after_s = stall_after_s
         self.timeout_s = timeout_s
         self.soft_timeout_s = soft_timeout_s
         self.max_chunk = max_chunk
@@ -101,11 +114,13 @@ class WorkerPool:
             self._ctx.set_forkserver_preload(["asyncdapo.verifier.worker", "asyncdapo.verifier.scoring"])
         self._on_restart = on_restart or (lambda reason: None)
         self._on_item = on_item or (lambda status, seconds: None)
+        self._on_stall = on_stall or (lambda: None)
+        self._stalls_seen: dict[int, int] = {}  # slot -> seq of the item last counted as stalled
         self._lock = threading.Lock()
         self._inbox: deque[tuple[_Batch, Sequence[tuple[str, str]]]] = deque()
         self._queued = 0  # items submitted and not yet sent to a worker (under _lock)
         self._pending: deque[_Item] = deque()
-        self._workers: list[_Worker | None] = [None] * workers
+        self._workers: list[_Worker | None] = [None] * self.size
         self._respawn_at: dict[int, float] = {}
         self._crash_streak: dict[int, int] = {}
         self._seq = 0
@@ -230,6 +245,12 @@ class WorkerPool:
                 begun = start if int(seq) in w.assigned else w.last_event
                 deadlines.append(begun + self.timeout_s)
         deadlines += self._respawn_at.values()
+        if self._pending:  # a worker crossing the stall line frees a place for them
+            for w in self._workers:
+                if w is not None and int(w.state[SEQ]) in w.assigned:
+                    at = w.state[START] + self.stall_after_s
+                    if at > now:
+                        deadlines.append(at)
         if not deadlines:
             return None
         return min(max(min(deadlines) - now, 0.002), _MAX_POLL_S)
@@ -278,8 +299,26 @@ class WorkerPool:
             if seq in w.assigned and now - start > self.timeout_s:
                 self._replace(w, RestartReason.TIMEOUT)
 
+    def _stalled(self, w: _Worker, now: float) -> bool:
+        seq = int(w.state[SEQ])  # read before START: see worker.py
+        return seq in w.assigned and now - w.state[START] > self.stall_after_s
+
     def _dispatch(self) -> None:
+        if not self._pending:
+            return
+        now = time.monotonic()
+        busy = 0
+        for w in self._workers:
+            if w is None or not w.assigned:
+                continue
+            if not self._stalled(w, now):
+                busy += 1
+            elif self._stalls_seen.get(w.slot) != int(w.state[SEQ]):
+                self._stalls_seen[w.slot] = int(w.state[SEQ])
+                self._on_stall()
+        places = self.concurrency - busy
         idle = [w for w in self._workers if w is not None and w.ready and not w.assigned]
+        del idle[max(places, 0) :]
         while idle and self._pending:
             n = min(self.max_chunk, math.ceil(len(self._pending) / len(idle)))
             w = idle.pop()
