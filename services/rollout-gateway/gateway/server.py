@@ -35,6 +35,7 @@ from asyncdapo.gateway.weights import WeightsValidator
 from asyncdapo.v1 import gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
+_STOP_SLACK_S = 10.0  # beyond the grace period, for grpc to cancel and reap the handlers
 
 # Responses carry up to max_model_len token ids and log-probs: far below this, but not 4 MiB-safe
 # for long-context models.
@@ -173,7 +174,14 @@ class GatewayServer:
         if self._monitor is not None:
             self._monitor.cancel()
         if self._server is not None:
-            await self._server.stop(grace_s)
+            try:  # grpc waits for every handler; one stuck handler must not stop the shutdown
+                async with asyncio.timeout(grace_s + _STOP_SLACK_S):
+                    await self._server.stop(grace_s)
+            except TimeoutError:
+                log.error(
+                    "gRPC server did not stop within %.0f s; going on with the shutdown",
+                    grace_s + _STOP_SLACK_S,
+                )
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         if self.engine is not None:

@@ -8,19 +8,25 @@ Invariants:
 - every request read is answered exactly once (a response or an error) unless the stream is
   cancelled; cancelling the stream (client gone, server stopping) cancels the requests still
   running, which aborts them on the engine;
-- the stream ends only after the client closed its side and every request has been answered.
+- the stream ends only after the client closed its side and every request has been answered;
+- ending the stream never waits long on its requests: they are cancelled and given
+  `CANCEL_WAIT_S` to finish, so a request stuck in its engine cannot hold up the server's shutdown
+  (grpc's `stop()` waits for every handler).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from asyncdapo.v1 import gateway_pb2
 
 RunOne = Callable[[gateway_pb2.GenerateRequest], Awaitable[gateway_pb2.GenerateResponse]]
 ToError = Callable[[str, Exception], gateway_pb2.GenerateError]
+
+CANCEL_WAIT_S = 5.0
+log = logging.getLogger(__name__)
 
 
 async def serve_stream(
@@ -67,8 +73,9 @@ async def serve_stream(
                 break
         reader.result()  # a broken request side ends the stream with its error
     finally:
-        reader.cancel()
-        for t in list(running):
+        left = {reader, *running}
+        for t in left:
             t.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(reader, *running, return_exceptions=True)
+        _, stuck = await asyncio.wait(left, timeout=CANCEL_WAIT_S)
+        if stuck:
+            log.error("generate stream closed with %d task(s) still not finished after cancel", len(stuck))

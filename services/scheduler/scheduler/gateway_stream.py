@@ -8,19 +8,24 @@ dispatcher decides what to re-dispatch.
 
 Invariants:
 - after `close()` or `on_broken`, the stream is dead: nothing more is written, read or reported;
-- `on_broken` is called at most once, and never after `close()`.
+- `on_broken` is called at most once, and never after `close()`;
+- the reader and writer never end silently: any failure, a bug included, breaks the stream, so
+  its requests are re-dispatched instead of waiting forever for an answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from asyncdapo.v1 import gateway_pb2
+
+log = logging.getLogger(__name__)
 
 
 class GatewayStream:
@@ -66,6 +71,12 @@ class GatewayStream:
         self.close()
         self._on_broken(self, code, details)
 
+    def _own_cancel(self) -> bool:
+        """Whether a CancelledError is ours (`close`). grpc also raises it from a call cancelled
+        by someone else (its channel closed): that breaks the stream instead."""
+        task = asyncio.current_task()
+        return self.dead or (task is not None and task.cancelling() > 0)
+
     async def _write_loop(self) -> None:
         try:
             while not self.dead:
@@ -83,6 +94,13 @@ class GatewayStream:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(1.0)
             self._broken("UNAVAILABLE", "generate stream ended while writing")
+        except asyncio.CancelledError:
+            if self._own_cancel():
+                raise
+            self._broken("CANCELLED", "generate stream cancelled (channel closed)")
+        except Exception as err:
+            log.exception("generate stream writer to %s failed", self.gw.address)
+            self._broken("INTERNAL", f"stream writer failed: {err!r}")
 
     async def _read_loop(self) -> None:
         try:
@@ -94,3 +112,10 @@ class GatewayStream:
                 self._on_message(self, msg)
         except grpc.aio.AioRpcError as err:
             self._broken(err.code().name, err.details() or "")
+        except asyncio.CancelledError:
+            if self._own_cancel():
+                raise
+            self._broken("CANCELLED", "generate stream cancelled (channel closed)")
+        except Exception as err:  # a bug handling a message: its requests go elsewhere, loudly
+            log.exception("generate stream reader from %s failed", self.gw.address)
+            self._broken("INTERNAL", f"stream reader failed: {err!r}")
