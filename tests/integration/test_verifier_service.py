@@ -18,7 +18,8 @@ from asyncdapo.verifier.schemas import ScoreItem
 
 TIMEOUT_S = 2.0
 NESTED_FRAC = "The answer is $\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}$"
-LIMIT_ARGS = ["--max-items-per-request=64", "--max-response-bytes=65536"]
+LIMIT_ARGS = ["--max-items-per-request=64", "--max-response-bytes=65536", "--spare-workers=1"]
+PROCESSES = 3  # 2 workers + 1 spare
 
 
 def _server(tmp_path_factory: pytest.TempPathFactory, name: str, *args: str) -> Iterator[VerifierServer]:
@@ -116,14 +117,20 @@ def test_limits_are_rejected_naming_the_limit(verifier: VerifierServer) -> None:
 def test_health_readiness_metrics_and_docs(verifier: VerifierServer) -> None:
     assert httpx.get(f"{verifier.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{verifier.url}/readyz")
-    assert ready.status_code == 200 and ready.json() == {"ready": True, "workers_ready": 2, "workers": 2}
+    assert ready.status_code == 200 and ready.json() == {
+        "ready": True,
+        "workers_ready": PROCESSES,
+        "workers": 2,
+        "spare_workers": 1,
+    }
     httpx.post(f"{verifier.url}/v1/score", json={"items": [_item("m", "A: 1", "1")]})
     assert _metric(verifier.url, "asyncdapo_verifier_requests_total", code="200") >= 1
     assert _metric(verifier.url, "asyncdapo_verifier_items_total", status="ok") >= 1
     assert _metric(verifier.url, "asyncdapo_verifier_request_seconds_count") >= 1
     assert _metric(verifier.url, "asyncdapo_verifier_item_seconds_count") >= 1
     assert _metric(verifier.url, "asyncdapo_verifier_worker_restarts_total", reason="timeout") >= 0
-    assert _metric(verifier.url, "asyncdapo_verifier_workers_ready") == 2
+    assert _metric(verifier.url, "asyncdapo_verifier_workers_ready") == PROCESSES
+    assert _metric(verifier.url, "asyncdapo_verifier_stalled_items_total") >= 0
     openapi = httpx.get(f"{verifier.url}/openapi.json").json()
     assert {"/v1/score", "/healthz", "/readyz", "/metrics"} <= set(openapi["paths"])
     assert httpx.get(f"{verifier.url}/docs").status_code == 200
@@ -181,7 +188,9 @@ async def test_pathological_item_times_out_while_others_are_scored(
         assert "worker process killed" in got["stuck"]["error"]
         # The replacement warms up and the pool is back at full strength.
         wait_until(
-            lambda: _metric(server.url, "asyncdapo_verifier_workers_ready") == 2, 30, "replacement worker"
+            lambda: _metric(server.url, "asyncdapo_verifier_workers_ready") == PROCESSES,
+            30,
+            "replacement worker",
         )
     else:
         assert restarts == 0

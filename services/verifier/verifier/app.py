@@ -149,6 +149,7 @@ def create_app(settings: VerifierSettings) -> FastAPI:
             "ready": ready,
             "workers_ready": pool.ready_workers if pool else 0,
             "workers": settings.workers,
+            "spare_workers": settings.spare_workers,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
