@@ -9,9 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from asyncdapo.errors import AsyncdapoError
+
+# grpc's core logs every GOAWAY at INFO (a line per connection whenever a peer restarts); the
+# services log the failures that matter themselves. Read when grpc loads, so set before any import.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 # name -> module with `register(subparsers)`; a module that is not part of this build is skipped.
 SUBCOMMANDS: dict[str, str] = {

@@ -298,6 +298,9 @@ class Dispatcher:
             except grpc.aio.AioRpcError as err:
                 log.warning("abort on %s failed: %s", gw.address, err.code().name)
                 return 0
+            except Exception:  # a bug must not cost the other gateways their abort
+                log.exception("abort on %s failed", gw.address)
+                return 0
 
         confirmed = sum(await asyncio.gather(*(one(g, r) for g, r in by_gw.items())))
         dt = time.perf_counter() - t0

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from vllm_gateway_proc import GATEWAY_TOKEN, VllmGatewayProc
 
 from asyncdapo.local.ports import free_port
-
-GATEWAY_TOKEN = "scheduler-test-token"
 
 
 @pytest.fixture(scope="session")
@@ -34,24 +31,6 @@ def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     train, _ = synth_splits(8, 0, seed=3, spec=SynthSpec(ops=("+",), max_operand=9))
     supervised_warm_start(tiny_model_dir, train, out, steps=120, batch_size=16, lr=3e-3, slip_fraction=0.5)
     return out
-
-
-@dataclass
-class VllmGatewayProc:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def kill(self) -> None:
-        """SIGKILL the gateway's whole process group, as when its pod dies: a SIGKILL of the
-        gateway process alone would leave vLLM's engine-core processes running (~2 GiB each)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
 
 
 def _wait_ready(gws: list[VllmGatewayProc], timeout_s: float) -> None:
