@@ -58,3 +58,18 @@ def test_in_worker_alarm_turns_a_stall_into_timeout(own_sigalrm: None) -> None:
     assert elapsed < 3.0
     # The alarm is disarmed afterwards: a normal item right after is scored normally.
     assert score_guarded("18", "A: 18", soft_timeout_s=0.5).acc is True
+
+
+def test_a_ground_truth_is_parsed_once_and_gives_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncdapo.verifier import scoring
+
+    scoring._parse_gold.cache_clear()
+    parsed: list[str] = []
+    real = scoring._parse
+    monkeypatch.setattr(scoring, "_parse", lambda text: parsed.append(text) or real(text))
+    right = scoring.score_pair("\\frac{1}{2}", "so $\\boxed{0.5}$")
+    wrong = scoring.score_pair("\\frac{1}{2}", "so $\\boxed{2}$")
+    assert parsed.count("\\frac{1}{2}") == 1  # the second item reused the first one's parse
+    assert (right.acc, wrong.acc) == (True, False)
+    scoring._parse_gold.cache_clear()
+    assert scoring.score_pair("\\frac{1}{2}", "so $\\boxed{0.5}$") == right
