@@ -126,3 +126,8 @@ def test_worker_records_round_trip(verdict: Verdict) -> None:
     record = encode(7, verdict, 0.25)
     assert all(type(v) in (int, str, bool, float, type(None)) for v in record)  # cheap to pickle
     assert decode(record) == (7, verdict, 0.25)
+
+
+def test_spare_workers_follow_workers_not_the_machine() -> None:
+    assert [VerifierSettings(workers=w).spare_workers for w in (1, 8, 9, 64)] == [1, 1, 2, 8]
+    assert VerifierSettings(workers=2, spare_workers=0).spare_workers == 0

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--spare-workers",
         type=int,
         dest="spare_workers",
-        help="extra processes taking work while a worker is stuck on a slow item (default: 1 per 8 cores)",
+        help="extra processes taking work while a worker is stuck on a slow item (default: 1 per 8 workers, at least 1)",
     )
     p.add_argument(
         "--stall-after-s",

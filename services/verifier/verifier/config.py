@@ -20,7 +20,8 @@ class VerifierSettings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535, description="Port to bind.")
     workers: int = Field(default_factory=_cores, ge=1, le=256, description="Scoring processes.")
     spare_workers: int = Field(
-        default_factory=lambda: max(1, -(-_cores() // 8)),
+        # from `workers`, not the machine: in a pod, the affinity mask shows every core of the node
+        default_factory=lambda data: max(1, -(-data.get("workers", 1) // 8)),
         ge=0,
         le=256,
         description="Extra scoring processes that take new work while a worker is stuck on a slow item "
