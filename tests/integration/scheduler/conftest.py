@@ -65,13 +65,15 @@ def vllm_gateways(
     token_file = root / "token"
     token_file.write_text(GATEWAY_TOKEN)
     gws = []
+    # 8 sequences at a time per engine: the test's requests queue in vLLM, so some are still
+    # running when the bound aborts them (with 32 the engines had sometimes finished them all)
     for core in (0, 1):
         port = free_port()
         log = root / f"gateway-{core}.log"
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=str(core), VLLM_CPU_KVCACHE_SPACE="1")
         proc = subprocess.Popen(
             [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "vllm", "--model", str(warm_model_dir),
-             "--port", str(port), "--metrics-port", "0", "--max-concurrency", "32", "--max-model-len", "512",
+             "--port", str(port), "--metrics-port", "0", "--max-concurrency", "8", "--max-model-len", "512",
              "--dtype", "float32", "--enforce-eager", "--token-file", str(token_file),
              "--gateway-id", f"vllm-{core}", "--log-level", "WARNING"],
             env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
