@@ -72,8 +72,8 @@ class GatewayMetrics:
                 p + "engine_prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r
             ),
         }
-        for finish in Finish:
-            self.requests.labels(finish.value)
+        # bound once: `labels()` is a locked dict lookup, and this one is taken per request
+        self.requests_by_finish = {finish: self.requests.labels(finish.value) for finish in Finish}
         for reason in Rejection:
             self.rejected.labels(reason.value)
         for cause in AbortCause:

@@ -201,7 +201,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 self._idle.set()
 
         elapsed = time.monotonic() - start
-        self._metrics.requests.labels(out.finish.value).inc()
+        self._metrics.requests_by_finish[out.finish].inc()
         self._metrics.generated_tokens.inc(len(out.token_ids))
         self._metrics.request_seconds.observe(elapsed)
         return gateway_pb2.GenerateResponse(

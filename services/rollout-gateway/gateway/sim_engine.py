@@ -83,7 +83,7 @@ class _State(Enum):
     PAUSED_ALL = "paused_all"  # nothing steps (keep mode)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: `in` / `remove` on the running list must not compare fields
 class _SimRequest:
     request: EngineRequest
     rng: random.Random
@@ -144,9 +144,10 @@ class SimulatedEngine:
 
     async def generate(self, request: EngineRequest) -> EngineOutput:
         self._ensure_loop()
-        rng = random.Random(
-            request.sampling.seed if request.sampling.seed is not None else self._rng.random()
-        )
+        # A seeded request draws from its own generator (reproducible); others share the engine's,
+        # which saves seeding a Mersenne Twister per request.
+        seed = request.sampling.seed
+        rng = random.Random(seed) if seed is not None else self._rng
         natural = self.timing.natural_length(rng)
         if request.sampling.ignore_eos or natural >= request.sampling.max_tokens:
             target, finish = request.sampling.max_tokens, Finish.LENGTH
@@ -159,9 +160,9 @@ class SimulatedEngine:
         self._waiting.append(req)
         self._wake.set()
         try:
-            return await asyncio.shield(req.done)
+            return await req.done
         except asyncio.CancelledError:
-            self._finish(req, Finish.ABORT)
+            self._drop(req)  # the caller's cancel also cancelled `done`
             raise
 
     async def abort(self, request_ids: list[str]) -> None:
@@ -232,18 +233,23 @@ class SimulatedEngine:
         if self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine-steps")
 
-    def _finish(self, req: _SimRequest, finish: Finish) -> None:
-        if req.done.done():
-            return
-        self._by_id.pop(req.request.request_id, None)
+    def _drop(self, req: _SimRequest) -> None:
+        """Forget `req` (finished or cancelled)."""
+        if self._by_id.get(req.request.request_id) is req:
+            del self._by_id[req.request.request_id]
         if req in self._running:
             self._running.remove(req)
         elif req in self._waiting:
             self._waiting.remove(req)
-        queue_s = (req.first_token_at or time.monotonic()) - req.arrival
-        req.done.set_result(EngineOutput(req.tokens, req.logprobs, finish, req.versions.runs, queue_s))
         if not self._running:
             self._drained.set()
+
+    def _finish(self, req: _SimRequest, finish: Finish) -> None:
+        if req.done.done():
+            return
+        self._drop(req)
+        queue_s = (req.first_token_at or time.monotonic()) - req.arrival
+        req.done.set_result(EngineOutput(req.tokens, req.logprobs, finish, req.versions.runs, queue_s))
 
     async def _run(self) -> None:
         while not self._closed:
