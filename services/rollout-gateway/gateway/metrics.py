@@ -18,6 +18,7 @@ from asyncdapo.gateway.validation import Rejection
 
 class AbortCause(StrEnum):
     ABORT_RPC = "abort_rpc"
+    ABORT_STREAM = "abort_stream"  # abort_ids on GenerateStream
     PAUSE = "pause"
     DRAIN = "drain"
     CLIENT_CANCELLED = "client_cancelled"

@@ -149,7 +149,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         request_iterator: AsyncIterator[gateway_pb2.GenerateStreamRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[gateway_pb2.GenerateStreamResponse]:
-        async for msg in serve_stream(request_iterator, self._generate_streamed, _stream_error):
+        async for msg in serve_stream(
+            request_iterator, self._generate_streamed, _stream_error, self._abort_streamed
+        ):
             yield msg
 
     async def _generate_streamed(self, request: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
@@ -227,13 +229,19 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         engine = await self._ready(context)
         if not request.all and not request.request_ids:
             await self._reject(context, Rejection.INVALID_ARGUMENT, "request_ids is empty and all is false")
-        if request.all:
-            ids = list(self._inflight)
-        else:
-            ids = [rid for rid in dict.fromkeys(request.request_ids) if rid in self._inflight]
+        ids = list(self._inflight) if request.all else list(dict.fromkeys(request.request_ids))
+        return gateway_pb2.AbortResponse(aborted_ids=await self._abort(engine, ids, AbortCause.ABORT_RPC))
+
+    async def _abort(self, engine: Engine, ids: list[str], cause: AbortCause) -> list[str]:
+        """Abort those of `ids` in flight; returns them."""
+        ids = [rid for rid in ids if rid in self._inflight]
         await engine.abort(ids)
-        self._metrics.aborts.labels(AbortCause.ABORT_RPC.value).inc(len(ids))
-        return gateway_pb2.AbortResponse(aborted_ids=ids)
+        self._metrics.aborts.labels(cause.value).inc(len(ids))
+        return ids
+
+    async def _abort_streamed(self, ids: list[str]) -> list[str]:
+        engine = self._engine
+        return [] if engine is None else await self._abort(engine, ids, AbortCause.ABORT_STREAM)
 
     async def Pause(
         self, request: gateway_pb2.PauseRequest, context: grpc.aio.ServicerContext

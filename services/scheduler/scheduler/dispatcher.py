@@ -37,6 +37,7 @@ from asyncdapo.v1 import common_pb2, gateway_pb2
 log = logging.getLogger(__name__)
 
 FINISH_ABORT = common_pb2.FINISH_REASON_ABORT
+ABORT_TIMEOUT_S = 5.0
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
@@ -277,32 +278,25 @@ class Dispatcher:
         self.pump()
 
     async def abort(self, tasks: Iterable[PromptTask]) -> int:
-        """Abort the in-flight requests of (already cancelled) tasks on every gateway in parallel;
-        queued ones are skipped by `pump`. Returns the ids the gateways confirmed."""
-        by_gw: dict[Gateway, list[str]] = {}
+        """Abort the in-flight requests of (already cancelled) tasks on every gateway in parallel,
+        through each gateway's stream (behind the requests it aborts, so none is missed in
+        transit); queued ones are skipped by `pump`. Returns the ids the gateways confirmed."""
+        by_stream: dict[GatewayStream, list[str]] = {}
         for t in tasks:
             for req in t.live.values():
-                if req.gateway is not None:
-                    by_gw.setdefault(req.gateway, []).append(req.rid)
-        if not by_gw:
+                if req.call is not None:
+                    by_stream.setdefault(req.call, []).append(req.rid)
+        if not by_stream:
             return 0
         t0 = time.perf_counter()
-        self.abort_requested += sum(len(r) for r in by_gw.values())
-
-        async def one(gw: Gateway, rids: list[str]) -> int:
-            try:
-                r = await gw.stub.Abort(
-                    gateway_pb2.AbortRequest(request_ids=rids), metadata=gw.auth, timeout=5.0
-                )
-                return len(r.aborted_ids)
-            except grpc.aio.AioRpcError as err:
-                log.warning("abort on %s failed: %s", gw.address, err.code().name)
-                return 0
-            except Exception:  # a bug must not cost the other gateways their abort
-                log.exception("abort on %s failed", gw.address)
-                return 0
-
-        confirmed = sum(await asyncio.gather(*(one(g, r) for g, r in by_gw.items())))
+        self.abort_requested += sum(len(r) for r in by_stream.values())
+        answers = [stream.abort(rids) for stream, rids in by_stream.items()]
+        done, late = await asyncio.wait(answers, timeout=ABORT_TIMEOUT_S)
+        for stream, fut in zip(by_stream, answers, strict=True):
+            if fut in late:
+                log.warning("abort on %s not answered in %.0f s", stream.gw.address, ABORT_TIMEOUT_S)
+                fut.cancel()
+        confirmed = sum(len(f.result()) for f in done)
         dt = time.perf_counter() - t0
         self.abort_fanout_s.append(dt)
         self.metrics.abort_fanout.observe(dt)

@@ -2,12 +2,15 @@
 
 Requests placed while the writer is busy (or within one dispatcher pump, which never yields) are
 sent together in one message; each response message is handed whole to `on_message`, so the
-dispatcher pumps once per message, not once per response. The stream knows nothing about tasks,
+dispatcher pumps once per message, not once per response. Aborts travel in the stream too
+(`abort`), behind the requests they abort, so the gateway cannot miss a request still in transit;
+each is answered in order with the ids that were aborted. The stream knows nothing about tasks,
 retries or the pool: any failure of the stream is reported once through `on_broken`, and the
 dispatcher decides what to re-dispatch.
 
 Invariants:
-- after `close()` or `on_broken`, the stream is dead: nothing more is written, read or reported;
+- after `close()` or `on_broken`, the stream is dead: nothing more is written, read or reported,
+  and every abort still waiting for its answer gets an empty one;
 - `on_broken` is called at most once, and never after `close()`;
 - the reader and writer never end silently: any failure, a bug included, breaks the stream, so
   its requests are re-dispatched instead of waiting forever for an answer.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +30,8 @@ import grpc
 from asyncdapo.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)
+
+_Abort = tuple[asyncio.Future[list[str]], set[str]]  # an abort's answer, and the ids it asked for
 
 
 class GatewayStream:
@@ -43,6 +49,10 @@ class GatewayStream:
         self._on_sent = on_sent
         self._outbox = gateway_pb2.GenerateStreamRequest()
         self._outbox_reqs: list[Any] = []
+        # aborts of the next write, and those of the writes sent and not answered yet (one answer
+        # per message, shared out to the aborts the message carried)
+        self._outbox_aborts: list[_Abort] = []
+        self._acks: deque[list[_Abort]] = deque()
         self._wake = asyncio.Event()
         self.call = gw.stub.GenerateStream()
         self._writer = asyncio.create_task(self._write_loop())
@@ -54,12 +64,36 @@ class GatewayStream:
         self._wake.set()
         return self._outbox.requests.add()
 
+    def abort(self, rids: list[str]) -> asyncio.Future[list[str]]:
+        """Abort requests of this stream (in the next write, after the requests queued before);
+        the future gets the ids the gateway aborted (empty if the stream dies first)."""
+        fut: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        if self.dead:
+            fut.set_result([])
+            return fut
+        self._outbox.abort_ids.extend(rids)
+        self._outbox_aborts.append((fut, set(rids)))
+        self._wake.set()
+        return fut
+
+    def _answer_aborts(self, msg: gateway_pb2.GenerateStreamResponse) -> None:
+        for ack in msg.aborts:
+            if not self._acks:
+                raise RuntimeError("the gateway answered an abort that was never sent")
+            for fut, rids in self._acks.popleft():
+                if not fut.done():
+                    fut.set_result([rid for rid in ack.aborted_ids if rid in rids])
+
     def close(self) -> None:
         """Cancel the stream: the gateway aborts whatever is still running on it."""
         if self.dead:
             return
         self.dead = True
         self.call.cancel()
+        for fut, _ in [*self._outbox_aborts, *(a for group in self._acks for a in group)]:
+            if not fut.done():
+                fut.set_result([])
+        self._outbox_aborts, self._acks = [], deque()
         me = asyncio.current_task()
         for t in (self._writer, self._reader):
             if t is not me:
@@ -82,11 +116,15 @@ class GatewayStream:
             while not self.dead:
                 await self._wake.wait()
                 self._wake.clear()
-                if not self._outbox_reqs:
+                if not self._outbox_reqs and not self._outbox.abort_ids:
                     continue
                 msg, reqs = self._outbox, self._outbox_reqs
                 self._outbox, self._outbox_reqs = gateway_pb2.GenerateStreamRequest(), []
-                self._on_sent(reqs)
+                if reqs:
+                    self._on_sent(reqs)
+                if self._outbox_aborts:
+                    self._acks.append(self._outbox_aborts)
+                    self._outbox_aborts = []
                 await self.call.write(msg)
         except grpc.aio.AioRpcError as err:
             self._broken(err.code().name, err.details() or "")
@@ -109,6 +147,8 @@ class GatewayStream:
                 if msg is grpc.aio.EOF:
                     self._broken("UNAVAILABLE", "generate stream ended by the gateway")
                     return
+                if msg.aborts:
+                    self._answer_aborts(msg)
                 self._on_message(self, msg)
         except grpc.aio.AioRpcError as err:
             self._broken(err.code().name, err.details() or "")

@@ -136,6 +136,40 @@ async def test_cancelling_the_stream_aborts_its_requests_on_the_engine(sim_gatew
         assert len(r.token_ids) == 2
 
 
+async def test_abort_ids_abort_this_streams_requests_even_those_just_sent(sim_gateway_factory) -> None:
+    gw = sim_gateway_factory()
+    async with grpc.aio.insecure_channel(gw.target) as ch:
+        stub = gateway_pb2_grpc.GatewayStub(ch)
+        other = stub.GenerateStream()  # another client's stream: its requests are not ours to abort
+        await other.write(gateway_pb2.GenerateStreamRequest(requests=[_req("theirs", [1], 100_000)]))
+        call = stub.GenerateStream()
+        await call.write(gateway_pb2.GenerateStreamRequest(requests=[_req("old", [1, 2], 100_000)]))
+        # "new" is aborted in the message that brings it: it has not reached the engine yet
+        await call.write(
+            gateway_pb2.GenerateStreamRequest(
+                requests=[_req("new", [1, 2], 100_000)], abort_ids=["old", "new", "theirs", "unknown"]
+            )
+        )
+        await call.write(gateway_pb2.GenerateStreamRequest(abort_ids=["old"]))  # already aborted
+        responses: dict[str, gateway_pb2.GenerateResponse] = {}
+        acks: list[list[str]] = []
+        async with asyncio.timeout(10):
+            while len(acks) < 2 or len(responses) < 2:
+                msg = await call.read()
+                assert msg is not grpc.aio.EOF
+                responses.update({r.request_id: r for r in msg.responses})
+                acks += [list(a.aborted_ids) for a in msg.aborts]
+        assert acks == [["old", "new"], []]  # one answer per abort message, in order
+        assert set(responses) == {"old", "new"}
+        assert all(r.finish_reason == common_pb2.FINISH_REASON_ABORT for r in responses.values())
+        assert len(responses["new"].token_ids) == len(responses["new"].logprobs)
+        assert await _in_flight(stub) == 1  # "theirs" runs on
+        aborts = gw._registry.get_sample_value("asyncdapo_gateway_aborts_total", {"cause": "abort_stream"})
+        assert aborts == 2
+        call.cancel()
+        other.cancel()
+
+
 async def test_a_draining_gateway_refuses_streamed_requests_as_unavailable(sim_gateway_factory) -> None:
     gw = sim_gateway_factory()
     assert gw.server is not None

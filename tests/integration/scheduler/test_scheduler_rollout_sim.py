@@ -43,14 +43,14 @@ async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: 
         assert ro.valid_produced == 4 and len(groups(redis_url, "t")) == 4
         # the gateways confirmed the aborts, and nothing of ours is left running there
         assert ro.dispatcher.aborted_requests > 0
-        aborted_by_rpc = sum(
+        aborted_in_streams = sum(
             g.server.metrics.registry.get_sample_value(
-                "asyncdapo_gateway_aborts_total", {"cause": "abort_rpc"}
+                "asyncdapo_gateway_aborts_total", {"cause": "abort_stream"}
             )
             or 0
             for g in gws
         )
-        assert aborted_by_rpc == ro.dispatcher.aborted_requests
+        assert aborted_in_streams == ro.dispatcher.aborted_requests
         for g in gws:
             assert g.server.service.in_flight == 0
         assert counters(redis_url, "t")["requeued:early_stop"] > 0

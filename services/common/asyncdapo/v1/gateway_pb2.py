@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from asyncdapo.v1 import common_pb2 as asyncdapo_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61syncdapo/v1/gateway.proto\x12\x0c\x61syncdapo.v1\x1a\x19\x61syncdapo/v1/common.proto\"\xf7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.asyncdapo.v1.SamplingParams\x12\x1e\n\x16\x63ontinuation_token_ids\x18\x05 \x03(\x05\x12\x1d\n\x15\x63ontinuation_logprobs\x18\x06 \x03(\x02\x12\x37\n\x15\x63ontinuation_versions\x18\x07 \x03(\x0b\x32\x18.asyncdapo.v1.VersionRun\"\x84\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.asyncdapo.v1.FinishReason\x12\x15\n\rprompt_length\x18\x05 \x01(\x05\x12.\n\x0cversion_runs\x18\x06 \x03(\x0b\x32\x18.asyncdapo.v1.VersionRun\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\x12\x0f\n\x07queue_s\x18\x08 \x01(\x01\x12\x12\n\ngenerate_s\x18\t \x01(\x01\"H\n\x15GenerateStreamRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.asyncdapo.v1.GenerateRequest\"B\n\rGenerateError\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"x\n\x16GenerateStreamResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.asyncdapo.v1.GenerateResponse\x12+\n\x06\x65rrors\x18\x02 \x03(\x0b\x32\x1b.asyncdapo.v1.GenerateError\"0\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"$\n\rAbortResponse\x12\x13\n\x0b\x61\x62orted_ids\x18\x01 \x03(\t\"M\n\x0cPauseRequest\x12%\n\x04mode\x18\x01 \x01(\x0e\x32\x17.asyncdapo.v1.PauseMode\x12\x16\n\x0ewait_timeout_s\x18\x02 \x01(\x01\"3\n\rPauseResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x05\x12\x11\n\tin_flight\x18\x02 \x01(\x05\"\x0f\n\rResumeRequest\"\x10\n\x0eResumeResponse\"2\n\x12LoadWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0b\n\x03uri\x18\x02 \x01(\t\"M\n\x13LoadWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\x05\x12\x10\n\x08reload_s\x18\x03 \x01(\x01\"\x10\n\x0eGetLoadRequest\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\"\xf5\x01\n\x04Load\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0f\n\x07waiting\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x02\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x05\x12\x16\n\x0eweight_version\x18\x06 \x01(\x03\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x0e\n\x06paused\x18\x08 \x01(\x08\x12\x0c\n\x04pool\x18\t \x01(\t\x12\x0e\n\x06\x65ngine\x18\n \x01(\t\x12\x1e\n\x16generated_tokens_total\x18\x0b \x01(\x03\x12\x15\n\rmax_model_len\x18\x0c \x01(\x05\x32\xd2\x04\n\x07Gateway\x12I\n\x08Generate\x12\x1d.asyncdapo.v1.GenerateRequest\x1a\x1e.asyncdapo.v1.GenerateResponse\x12_\n\x0eGenerateStream\x12#.asyncdapo.v1.GenerateStreamRequest\x1a$.asyncdapo.v1.GenerateStreamResponse(\x01\x30\x01\x12@\n\x05\x41\x62ort\x12\x1a.asyncdapo.v1.AbortRequest\x1a\x1b.asyncdapo.v1.AbortResponse\x12@\n\x05Pause\x12\x1a.asyncdapo.v1.PauseRequest\x1a\x1b.asyncdapo.v1.PauseResponse\x12\x43\n\x06Resume\x12\x1b.asyncdapo.v1.ResumeRequest\x1a\x1c.asyncdapo.v1.ResumeResponse\x12R\n\x0bLoadWeights\x12 .asyncdapo.v1.LoadWeightsRequest\x1a!.asyncdapo.v1.LoadWeightsResponse\x12;\n\x07GetLoad\x12\x1c.asyncdapo.v1.GetLoadRequest\x1a\x12.asyncdapo.v1.Load\x12\x41\n\tWatchLoad\x12\x1e.asyncdapo.v1.WatchLoadRequest\x1a\x12.asyncdapo.v1.Load0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61syncdapo/v1/gateway.proto\x12\x0c\x61syncdapo.v1\x1a\x19\x61syncdapo/v1/common.proto\"\xf7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.asyncdapo.v1.SamplingParams\x12\x1e\n\x16\x63ontinuation_token_ids\x18\x05 \x03(\x05\x12\x1d\n\x15\x63ontinuation_logprobs\x18\x06 \x03(\x02\x12\x37\n\x15\x63ontinuation_versions\x18\x07 \x03(\x0b\x32\x18.asyncdapo.v1.VersionRun\"\x84\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.asyncdapo.v1.FinishReason\x12\x15\n\rprompt_length\x18\x05 \x01(\x05\x12.\n\x0cversion_runs\x18\x06 \x03(\x0b\x32\x18.asyncdapo.v1.VersionRun\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\x12\x0f\n\x07queue_s\x18\x08 \x01(\x01\x12\x12\n\ngenerate_s\x18\t \x01(\x01\"[\n\x15GenerateStreamRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.asyncdapo.v1.GenerateRequest\x12\x11\n\tabort_ids\x18\x02 \x03(\t\"B\n\rGenerateError\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xa5\x01\n\x16GenerateStreamResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.asyncdapo.v1.GenerateResponse\x12+\n\x06\x65rrors\x18\x02 \x03(\x0b\x32\x1b.asyncdapo.v1.GenerateError\x12+\n\x06\x61\x62orts\x18\x03 \x03(\x0b\x32\x1b.asyncdapo.v1.AbortResponse\"0\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"$\n\rAbortResponse\x12\x13\n\x0b\x61\x62orted_ids\x18\x01 \x03(\t\"M\n\x0cPauseRequest\x12%\n\x04mode\x18\x01 \x01(\x0e\x32\x17.asyncdapo.v1.PauseMode\x12\x16\n\x0ewait_timeout_s\x18\x02 \x01(\x01\"3\n\rPauseResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x05\x12\x11\n\tin_flight\x18\x02 \x01(\x05\"\x0f\n\rResumeRequest\"\x10\n\x0eResumeResponse\"2\n\x12LoadWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0b\n\x03uri\x18\x02 \x01(\t\"M\n\x13LoadWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\x05\x12\x10\n\x08reload_s\x18\x03 \x01(\x01\"\x10\n\x0eGetLoadRequest\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\"\xf5\x01\n\x04Load\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0f\n\x07waiting\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x02\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x05\x12\x16\n\x0eweight_version\x18\x06 \x01(\x03\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x0e\n\x06paused\x18\x08 \x01(\x08\x12\x0c\n\x04pool\x18\t \x01(\t\x12\x0e\n\x06\x65ngine\x18\n \x01(\t\x12\x1e\n\x16generated_tokens_total\x18\x0b \x01(\x03\x12\x15\n\rmax_model_len\x18\x0c \x01(\x05\x32\xd2\x04\n\x07Gateway\x12I\n\x08Generate\x12\x1d.asyncdapo.v1.GenerateRequest\x1a\x1e.asyncdapo.v1.GenerateResponse\x12_\n\x0eGenerateStream\x12#.asyncdapo.v1.GenerateStreamRequest\x1a$.asyncdapo.v1.GenerateStreamResponse(\x01\x30\x01\x12@\n\x05\x41\x62ort\x12\x1a.asyncdapo.v1.AbortRequest\x1a\x1b.asyncdapo.v1.AbortResponse\x12@\n\x05Pause\x12\x1a.asyncdapo.v1.PauseRequest\x1a\x1b.asyncdapo.v1.PauseResponse\x12\x43\n\x06Resume\x12\x1b.asyncdapo.v1.ResumeRequest\x1a\x1c.asyncdapo.v1.ResumeResponse\x12R\n\x0bLoadWeights\x12 .asyncdapo.v1.LoadWeightsRequest\x1a!.asyncdapo.v1.LoadWeightsResponse\x12;\n\x07GetLoad\x12\x1c.asyncdapo.v1.GetLoadRequest\x1a\x12.asyncdapo.v1.Load\x12\x41\n\tWatchLoad\x12\x1e.asyncdapo.v1.WatchLoadRequest\x1a\x12.asyncdapo.v1.Load0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,33 +37,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATERESPONSE']._serialized_start=322
   _globals['_GENERATERESPONSE']._serialized_end=582
   _globals['_GENERATESTREAMREQUEST']._serialized_start=584
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=656
-  _globals['_GENERATEERROR']._serialized_start=658
-  _globals['_GENERATEERROR']._serialized_end=724
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=726
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=846
-  _globals['_ABORTREQUEST']._serialized_start=848
-  _globals['_ABORTREQUEST']._serialized_end=896
-  _globals['_ABORTRESPONSE']._serialized_start=898
-  _globals['_ABORTRESPONSE']._serialized_end=934
-  _globals['_PAUSEREQUEST']._serialized_start=936
-  _globals['_PAUSEREQUEST']._serialized_end=1013
-  _globals['_PAUSERESPONSE']._serialized_start=1015
-  _globals['_PAUSERESPONSE']._serialized_end=1066
-  _globals['_RESUMEREQUEST']._serialized_start=1068
-  _globals['_RESUMEREQUEST']._serialized_end=1083
-  _globals['_RESUMERESPONSE']._serialized_start=1085
-  _globals['_RESUMERESPONSE']._serialized_end=1101
-  _globals['_LOADWEIGHTSREQUEST']._serialized_start=1103
-  _globals['_LOADWEIGHTSREQUEST']._serialized_end=1153
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=1155
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=1232
-  _globals['_GETLOADREQUEST']._serialized_start=1234
-  _globals['_GETLOADREQUEST']._serialized_end=1250
-  _globals['_WATCHLOADREQUEST']._serialized_start=1252
-  _globals['_WATCHLOADREQUEST']._serialized_end=1291
-  _globals['_LOAD']._serialized_start=1294
-  _globals['_LOAD']._serialized_end=1539
-  _globals['_GATEWAY']._serialized_start=1542
-  _globals['_GATEWAY']._serialized_end=2136
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=675
+  _globals['_GENERATEERROR']._serialized_start=677
+  _globals['_GENERATEERROR']._serialized_end=743
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=746
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=911
+  _globals['_ABORTREQUEST']._serialized_start=913
+  _globals['_ABORTREQUEST']._serialized_end=961
+  _globals['_ABORTRESPONSE']._serialized_start=963
+  _globals['_ABORTRESPONSE']._serialized_end=999
+  _globals['_PAUSEREQUEST']._serialized_start=1001
+  _globals['_PAUSEREQUEST']._serialized_end=1078
+  _globals['_PAUSERESPONSE']._serialized_start=1080
+  _globals['_PAUSERESPONSE']._serialized_end=1131
+  _globals['_RESUMEREQUEST']._serialized_start=1133
+  _globals['_RESUMEREQUEST']._serialized_end=1148
+  _globals['_RESUMERESPONSE']._serialized_start=1150
+  _globals['_RESUMERESPONSE']._serialized_end=1166
+  _globals['_LOADWEIGHTSREQUEST']._serialized_start=1168
+  _globals['_LOADWEIGHTSREQUEST']._serialized_end=1218
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=1220
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=1297
+  _globals['_GETLOADREQUEST']._serialized_start=1299
+  _globals['_GETLOADREQUEST']._serialized_end=1315
+  _globals['_WATCHLOADREQUEST']._serialized_start=1317
+  _globals['_WATCHLOADREQUEST']._serialized_end=1356
+  _globals['_LOAD']._serialized_start=1359
+  _globals['_LOAD']._serialized_end=1604
+  _globals['_GATEWAY']._serialized_start=1607
+  _globals['_GATEWAY']._serialized_end=2201
 # @@protoc_insertion_point(module_scope)

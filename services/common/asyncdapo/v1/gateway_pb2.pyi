@@ -48,10 +48,12 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., prompt_length: _Optional[int] = ..., version_runs: _Optional[_Iterable[_Union[_common_pb2.VersionRun, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., queue_s: _Optional[float] = ..., generate_s: _Optional[float] = ...) -> None: ...
 
 class GenerateStreamRequest(_message.Message):
-    __slots__ = ("requests",)
+    __slots__ = ("requests", "abort_ids")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ABORT_IDS_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[GenerateRequest]
-    def __init__(self, requests: _Optional[_Iterable[_Union[GenerateRequest, _Mapping]]] = ...) -> None: ...
+    abort_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, requests: _Optional[_Iterable[_Union[GenerateRequest, _Mapping]]] = ..., abort_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateError(_message.Message):
     __slots__ = ("request_id", "code", "message")
@@ -64,12 +66,14 @@ class GenerateError(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("responses", "errors")
+    __slots__ = ("responses", "errors", "aborts")
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ABORTS_FIELD_NUMBER: _ClassVar[int]
     responses: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
     errors: _containers.RepeatedCompositeFieldContainer[GenerateError]
-    def __init__(self, responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[GenerateError, _Mapping]]] = ...) -> None: ...
+    aborts: _containers.RepeatedCompositeFieldContainer[AbortResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[GenerateError, _Mapping]]] = ..., aborts: _Optional[_Iterable[_Union[AbortResponse, _Mapping]]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_ids", "all")
