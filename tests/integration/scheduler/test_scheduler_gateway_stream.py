@@ -4,6 +4,8 @@ stream are answered in order, and a stream that dies answers the aborts still wa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,11 +43,16 @@ async def _until(cond: Any, what: str, timeout_s: float = 10.0) -> None:
     assert cond(), what
 
 
-async def test_aborts_in_the_stream_are_answered_in_order_and_reach_requests_in_transit() -> None:
+@contextlib.asynccontextmanager
+async def _stream_to_a_sim_gateway() -> AsyncIterator[tuple[Any, GatewayStream, _Recorder]]:
     async with sim_gateways(1) as (g,), grpc.aio.insecure_channel(g.address) as ch:
         rec = _Recorder()
         gw = SimpleNamespace(address=g.address, stub=gateway_pb2_grpc.GatewayStub(ch))
-        stream = GatewayStream(gw, rec.on_message, rec.on_broken, lambda reqs: None)
+        yield g, GatewayStream(gw, rec.on_message, rec.on_broken, lambda reqs: None), rec
+
+
+async def test_aborts_in_the_stream_are_answered_in_order_and_reach_requests_in_transit() -> None:
+    async with _stream_to_a_sim_gateway() as (g, stream, rec):
         _send(stream, "a", 100_000)
         _send(stream, "b", 100_000)
         first = stream.abort(["a"])  # in the same write as the requests it aborts
@@ -64,10 +71,7 @@ async def test_aborts_in_the_stream_are_answered_in_order_and_reach_requests_in_
 
 
 async def test_a_dying_stream_answers_its_pending_aborts_empty() -> None:
-    async with sim_gateways(1) as (g,), grpc.aio.insecure_channel(g.address) as ch:
-        rec = _Recorder()
-        gw = SimpleNamespace(address=g.address, stub=gateway_pb2_grpc.GatewayStub(ch))
-        stream = GatewayStream(gw, rec.on_message, rec.on_broken, lambda reqs: None)
+    async with _stream_to_a_sim_gateway() as (g, stream, rec):
         _send(stream, "a", 100_000)
         await _until(lambda: g.server.service.in_flight == 1, "request started")
         await g.server.stop(0)
