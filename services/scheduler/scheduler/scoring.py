@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import httpx
 
 log = logging.getLogger(__name__)
+SLOW_CALL_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +232,8 @@ class ScoreBatcher:
                 await asyncio.sleep(self._backoff(attempt + 1))
                 continue
             dt = time.perf_counter() - t0
+            if dt > SLOW_CALL_S:  # on the critical path of a rollout: say so
+                log.warning("verifier call took %.1f s for %d items (first %s)", dt, len(items), items[0][0])
             self.stats.calls += 1
             self.on_call(dt, True)
             return res

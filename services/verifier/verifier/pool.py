@@ -43,6 +43,7 @@ from asyncdapo.verifier.worker import worker_main
 
 log = logging.getLogger("asyncdapo.verifier.pool")
 
+SLOW_ITEM_S = 1.0  # an item scored slower than this is logged with its input
 _MAX_POLL_S = 0.25  # safety net: the manager re-checks deadlines at least this often while busy
 _RESPAWN_BACKOFF_MAX_S = 10.0
 
@@ -285,6 +286,11 @@ class WorkerPool:
                 if item is not None:
                     self._resolve(item, verdict)
                     self._on_item(verdict.status, seconds)
+                    if seconds > SLOW_ITEM_S:  # items take ms: name the input that did not
+                        log.warning(
+                            "an item took %.2f s to score (%s; response of %d chars: %.80r)",
+                            seconds, verdict.status, len(item.response), item.response,
+                        )  # fmt: skip
         elif msg[0] == "ready":
             w.ready = True
             self._crash_streak.pop(w.slot, None)
