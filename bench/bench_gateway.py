@@ -7,7 +7,8 @@ in the same run).
    `asyncdapo gateway` process, gRPC client here) with identical engine and sampling settings.
    The two engines never run at the same time: both pin their worker to the same core, and an
    idle vLLM worker busy-polls for a second after each step, which would tax whichever path ran
-   next. tokens/s = generated tokens / wall time of a round; medians over rounds, ratio =
+   next. Both engines get the gateway's CPU-host engine-process settings (`vllm_shm.py`).
+   tokens/s = generated tokens / wall time of a round; medians over rounds, ratio =
    gateway / direct. Also the frontend CPU time per 1k tokens (direct: AsyncLLM's frontend;
    gateway: its process plus the gRPC client), the measure of the gateway's added work that load
    from other processes moves least.
@@ -390,6 +391,13 @@ async def main(args: argparse.Namespace) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the engine-process settings the gateway uses on a CPU host, for the baseline's engine too
+    from vllm.platforms import current_platform
+
+    from asyncdapo.gateway import vllm_shm
+
+    if current_platform.is_cpu():
+        vllm_shm.configure(vllm_shm.CPU_SPIN_S, vllm_shm.CPU_RECHECK_MS)
     if args.direct_phase:
         await _direct_child_main(args)
         return

@@ -54,6 +54,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     v.add_argument("--no-prefix-caching", action="store_true")
     v.add_argument(
+        "--vllm-shm-spin-s",
+        type=float,
+        default=None,
+        help="how long vLLM's engine processes spin after a step before they sleep "
+        "(default: 0.05 on a CPU host, where spinning takes the trainer's cores; vLLM's 1 s elsewhere)",
+    )
+    v.add_argument(
+        "--vllm-shm-recheck-ms",
+        type=int,
+        default=None,
+        help="how often a sleeping vLLM engine process re-checks for work, i.e. what a lost wake-up "
+        "costs (default: 20 on a CPU host; vLLM's 5000 elsewhere)",
+    )
+    v.add_argument(
         "--vllm-metrics",
         action="store_true",
         help="also export vLLM's own vllm:* Prometheus metrics (per-token histograms; costs frontend CPU)",
@@ -192,8 +206,17 @@ async def _build_engine(args: argparse.Namespace) -> Any:
             initial_version=args.initial_version,
             seed=args.seed,
         )
+    from asyncdapo.gateway import vllm_shm
     from asyncdapo.gateway.vllm_engine import VllmEngine, VllmSettings
 
+    spin, recheck = args.vllm_shm_spin_s, args.vllm_shm_recheck_ms
+    if _on_cpu():
+        spin = vllm_shm.CPU_SPIN_S if spin is None else spin
+        recheck = vllm_shm.CPU_RECHECK_MS if recheck is None else recheck
+    try:
+        vllm_shm.configure(spin, recheck)  # read by our vLLM plugin in the engine processes
+    except ValueError as err:
+        raise AsyncdapoError(f"--vllm-shm-spin-s / --vllm-shm-recheck-ms: {err}") from None
     return await VllmEngine.start(
         VllmSettings(
             model=args.model,
@@ -211,3 +234,9 @@ async def _build_engine(args: argparse.Namespace) -> Any:
             extra=_engine_args(args.engine_arg),
         )
     )
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
