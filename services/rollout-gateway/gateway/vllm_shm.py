@@ -66,8 +66,9 @@ def register() -> None:
 
 def _patchable(module: Any) -> bool:
     cond = getattr(module, "SpinCondition", None)
+    init = getattr(cond, "_asyncdapo_original_init", getattr(cond, "__init__", None))  # vLLM's own
     return isinstance(getattr(module, "SHM_READER_RECHECK_INTERVAL_MS", None), int) and (
-        cond is not None and "busy_loop_s" in cond.__init__.__code__.co_varnames
+        init is not None and "busy_loop_s" in init.__code__.co_varnames
     )
 
 
