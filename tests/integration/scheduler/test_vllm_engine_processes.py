@@ -10,20 +10,17 @@ from pathlib import Path
 from vllm_gateway_proc import VllmGatewayProc
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
+def _process_group(pgid: int) -> list[int]:
+    """Processes of a group (the gateway runs in a session of its own: its engine processes too)."""
+    out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                pgrp = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
             except (OSError, ValueError, IndexError):
                 continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
+            if pgrp == pgid:
+                out.append(int(entry.name))
     return out
 
 
@@ -38,7 +35,9 @@ def test_an_idle_vllm_worker_rechecks_every_20_ms(vllm_gateways: list[VllmGatewa
     gw = vllm_gateways[0]  # the other one may have been killed by the outage test
     assert gw.proc.poll() is None, "gateway 0 is not running"
     workers = [
-        p for p in _descendants(gw.proc.pid) if Path(f"/proc/{p}/comm").read_text().startswith("VLLM::Worker")
+        p
+        for p in _process_group(gw.proc.pid)
+        if Path(f"/proc/{p}/comm").read_text().startswith("VLLM::Worker")
     ]
     assert len(workers) == 1, f"expected one vLLM worker under the gateway, found {workers}"
     time.sleep(1.5)  # past the spin after any earlier step (50 ms here, 1 s with vLLM's default)
