@@ -34,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--initial-version", type=int, default=0, help="policy version of the weights in --model")
     p.add_argument("--drain-timeout-s", type=float, default=30.0, help="SIGTERM: time in-flight requests get")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--cpu-affinity",
+        default=None,
+        metavar="CORES",
+        help="pin the gateway and every process it starts (vLLM's engine core and workers) to these "
+        "cores, e.g. 1 or 0-3; the local stack gives each engine its own core",
+    )
     v = p.add_argument_group("vllm engine")
     v.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     v.add_argument("--dtype", default="auto")
@@ -115,6 +122,13 @@ def _check_args(args: argparse.Namespace) -> str | None:
         raise AsyncdapoError("--model is required with --engine vllm")
     if args.model and not Path(args.model).is_dir():
         raise AsyncdapoError(f"--model {args.model!r} is not a directory")
+    if args.cpu_affinity is not None:
+        from asyncdapo.gateway.affinity import parse_cores
+
+        try:
+            parse_cores(args.cpu_affinity)
+        except ValueError as err:
+            raise AsyncdapoError(f"--cpu-affinity {args.cpu_affinity!r}: {err}") from None
     if args.token_file is None:
         return None
     try:
@@ -134,6 +148,14 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     token = _check_args(args)
+    if args.cpu_affinity is not None:
+        from asyncdapo.gateway.affinity import pin
+
+        try:
+            cores = pin(args.cpu_affinity)  # before any engine process or thread exists
+        except ValueError as err:
+            raise AsyncdapoError(f"--cpu-affinity {args.cpu_affinity!r}: {err}") from None
+        logging.getLogger(__name__).info("pinned to core(s) %s", sorted(cores))
     asyncio.run(_serve(args, token))
     return 0
 

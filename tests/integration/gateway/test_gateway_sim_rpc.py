@@ -204,6 +204,13 @@ def test_cli_reports_bad_flags(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "--model is required" in out.stderr
+    for cores, why in (("0-x", "is not a core id or a range"), ("4096", "are not available here")):
+        out = subprocess.run(
+            [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "sim", "--port", "0",
+             "--metrics-port", "0", "--cpu-affinity", cores],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 2 and f"--cpu-affinity '{cores}'" in out.stderr and why in out.stderr, out.stderr
 
 
 async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:

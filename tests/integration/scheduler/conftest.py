@@ -59,7 +59,8 @@ def _wait_ready(gws: list[VllmGatewayProc], timeout_s: float) -> None:
 def vllm_gateways(
     warm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[VllmGatewayProc]]:
-    """Two `asyncdapo gateway --engine vllm` processes on the warm tiny model, one per core."""
+    """Two `asyncdapo gateway --engine vllm` processes on the warm tiny model, one per core (each
+    with all its processes there, as the local stack runs them)."""
     pytest.importorskip("vllm")
     root = tmp_path_factory.mktemp("scheduler-vllm")
     token_file = root / "token"
@@ -75,7 +76,7 @@ def vllm_gateways(
             [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "vllm", "--model", str(warm_model_dir),
              "--port", str(port), "--metrics-port", "0", "--max-concurrency", "8", "--max-model-len", "512",
              "--dtype", "float32", "--enforce-eager", "--token-file", str(token_file),
-             "--gateway-id", f"vllm-{core}", "--log-level", "WARNING"],
+             "--gateway-id", f"vllm-{core}", "--cpu-affinity", str(core), "--log-level", "WARNING"],
             env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         gws.append(VllmGatewayProc(proc, port, log))

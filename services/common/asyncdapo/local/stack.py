@@ -137,8 +137,9 @@ class LocalStack:
         )
 
     def _start_gateways(self) -> None:
-        cores = os.cpu_count() or 1
+        cores = sorted(os.sched_getaffinity(0))  # the cores this stack may use (a cpuset may limit them)
         for i in range(self.opts.gateways):
+            core = str(cores[i % len(cores)])
             port, mport = free_port(), free_port()
             address = f"127.0.0.1:{port}"
             self.ep.gateways.append(address)
@@ -154,9 +155,15 @@ class LocalStack:
                     "--dtype",
                     "float32" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype,
                 ]
+                if self.opts.gateways > 1:
+                    # The whole engine (frontend, engine core, worker) on its core, not only the
+                    # worker: a floating engine core that lands on another engine's core starves
+                    # that engine's pinned worker (gateway/affinity.py has the figures). A lone
+                    # engine keeps the other cores for its engine core and frontend.
+                    argv += ["--cpu-affinity", core]
             # One core per engine: two engines side by side run well only when pinned apart.
             env = {
-                "VLLM_CPU_OMP_THREADS_BIND": str(i % cores),
+                "VLLM_CPU_OMP_THREADS_BIND": core,
                 "VLLM_CPU_KVCACHE_SPACE": "1",
                 **self.opts.extra_env,
             }
