@@ -51,6 +51,10 @@ stop.set()
 def test_pin_covers_existing_threads_later_threads_and_child_processes() -> None:
     core = min(os.sched_getaffinity(0))
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD.format(core=core)], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", _CHILD.format(core=core)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout.split()
     assert out == [f"[{core}]"] * 3, out

@@ -210,7 +210,9 @@ def test_cli_reports_bad_flags(tmp_path: Path) -> None:
              "--metrics-port", "0", "--cpu-affinity", cores],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        assert out.returncode == 2 and f"--cpu-affinity '{cores}'" in out.stderr and why in out.stderr, out.stderr
+        assert out.returncode == 2 and f"--cpu-affinity '{cores}'" in out.stderr and why in out.stderr, (
+            out.stderr
+        )
 
 
 async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:

@@ -70,5 +70,7 @@ def test_cpu_affinity_holds_for_every_engine_process_and_thread(vllm_gateways: l
     comms = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in pids}
     assert any(c.startswith("VLLM::Worker") for c in comms.values()), f"no vLLM worker among {comms}"
     assert any(c.startswith("VLLM::EngineCor") for c in comms.values()), f"no engine core among {comms}"
-    wrong = {f"{comms[p]}/{tid}": cores for p in pids for tid, cores in _allowed_cores(p).items() if cores != "0"}
+    wrong = {
+        f"{comms[p]}/{tid}": cores for p in pids for tid, cores in _allowed_cores(p).items() if cores != "0"
+    }
     assert not wrong, f"threads of gateway 0 allowed on other cores than 0: {wrong}"
