@@ -98,6 +98,14 @@ def test_short_run_trains_early_stops_and_cleans_up(
     assert steps[-1]["rollout/policy_version"] == STEPS
     assert steps[-1]["rollout/aborted_requests"] > 0
     assert (run_dir / "report.md").exists() and (run_dir / "report.png").stat().st_size > 0
+    # Each engine ran on a core of its own, with the model in its engine-core process (no worker).
+    logs = sorted((run_dir / "logs").glob("gateway-*.log"))
+    assert len(logs) == 2, logs
+    pinned = [re.search(r"pinned to core\(s\) \[(\d+)\]", log.read_text()) for log in logs]
+    assert all(pinned) and len({m.group(1) for m in pinned if m}) == min(2, len(os.sched_getaffinity(0))), (
+        pinned
+    )
+    assert not [log.name for log in logs if "(Worker pid=" in log.read_text()]
 
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = RunKeys("e2e-tiny")

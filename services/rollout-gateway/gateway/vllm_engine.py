@@ -54,6 +54,10 @@ class VllmSettings:
     enable_prefix_caching: bool = True
     initial_version: int = 0
     vllm_metrics: bool = False  # vLLM's own `vllm:*` Prometheus metrics (cost frontend CPU)
+    # "uni": the model runs in vLLM's engine-core process, no worker process and no per-step
+    # hand-off between the two (vLLM's CPU platform turns "uni" into "mp"; `start` undoes that).
+    # None: vLLM's choice.
+    executor: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more AsyncEngineArgs fields
 
     def engine_args(self) -> Any:
@@ -107,6 +111,12 @@ class VllmEngine:
 
         probe = LoadProbe()
         vllm_config = settings.engine_args().create_engine_config(UsageContext.ENGINE_CONTEXT)
+        if settings.executor is not None:
+            # Set after the platform's config check on purpose. vLLM's CPU platform forces "mp"
+            # because a model run in the process that called it would miss the OpenMP/tcmalloc
+            # LD_PRELOAD; AsyncLLM always spawns the engine core after that check, so the
+            # preloads reach it and it binds its OpenMP threads itself.
+            vllm_config.parallel_config.distributed_executor_backend = settings.executor
         loggers = [probe.stat_logger()]
         if not settings.vllm_metrics:
             loggers.append(quiet_prometheus_logger())

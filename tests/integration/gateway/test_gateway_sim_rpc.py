@@ -204,6 +204,14 @@ def test_cli_reports_bad_flags(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "--model is required" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "vllm", "--model", str(tmp_path),
+         "--vllm-executor", "uni"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--vllm-executor uni on a CPU host needs --cpu-affinity" in out.stderr, (
+        out.stderr
+    )
     for cores, why in (("0-x", "is not a core id or a range"), ("4096", "are not available here")):
         out = subprocess.run(
             [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "sim", "--port", "0",

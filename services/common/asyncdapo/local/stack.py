@@ -161,6 +161,9 @@ class LocalStack:
                     # that engine's pinned worker (gateway/affinity.py has the figures). A lone
                     # engine keeps the other cores for its engine core and frontend.
                     argv += ["--cpu-affinity", core]
+                    # pinned, the model can run in the engine-core process: no per-step hand-off
+                    # to a worker process (15-20 % less rollout time per step on 2 cores)
+                    argv += ["--vllm-executor", "uni"]
             # One core per engine: two engines side by side run well only when pinned apart.
             env = {
                 "VLLM_CPU_OMP_THREADS_BIND": core,
