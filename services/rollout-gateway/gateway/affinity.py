@@ -43,18 +43,8 @@ def pin(spec: str) -> set[int]:
     allowed = os.sched_getaffinity(0)
     outside = sorted(cores - allowed)
     if outside:
-        raise ValueError(f"core(s) {outside} are not available here (allowed: {_ranges(allowed)})")
+        raise ValueError(f"core(s) {outside} are not available here (allowed: {sorted(allowed)})")
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), cores)
     return cores
-
-
-def _ranges(cores: set[int]) -> str:
-    out: list[str] = []
-    for c in sorted(cores):
-        if out and out[-1].split("-")[-1] == str(c - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{c}"
-        else:
-            out.append(str(c))
-    return ",".join(out)
