@@ -282,6 +282,7 @@ def report(results: dict[str, ModeResult]) -> None:
         ("early stops", lambda r: str(r.status["rollout/early_stops"])),
         ("valid-group ratio", lambda r: f"{r.status['rollout/valid_group_ratio']:.3f}"),
         ("outcomes", lambda r: json.dumps(r.status["rollout/outcomes"], sort_keys=True)),
+        ("attempts per finished prompt (mean)", lambda r: f"{r.mean_of('asyncdapo_scheduler_prompt_attempts'):.2f}"),
         ("groups dropped by the trainer", lambda r: str(r.dropped)),
         ("gateway Generate call s (mean)", lambda r: f"{r.mean_of('asyncdapo_gateway_request_seconds'):.3f}"),
         ("verifier call s (mean)", lambda r: f"{r.mean_of('asyncdapo_scheduler_verifier_latency_seconds'):.3f}"),

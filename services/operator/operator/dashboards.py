@@ -134,6 +134,24 @@ ROLLOUT = Dashboard(
             core=True,
         ),
         Panel(
+            "Attempts per finished prompt",
+            (
+                _q(
+                    f"sum by (run) (rate(asyncdapo_scheduler_prompt_attempts_sum{{{RUN}}}{RATE})) / "
+                    f"sum by (run) (rate(asyncdapo_scheduler_prompt_attempts_count{{{RUN}}}{RATE}))",
+                    "mean {{run}}",
+                ),
+                _q(
+                    "histogram_quantile(0.99, sum by (le, run) "
+                    f"(rate(asyncdapo_scheduler_prompt_attempts_bucket{{{RUN}}}{RATE})))",
+                    "p99 {{run}}",
+                ),
+            ),
+            description="1 + the early stops that aborted and requeued a prompt before its outcome. "
+            "Above ~1.5 the rollout keeps cutting the same long prompts: their tokens are generated "
+            "again and again (s = 0 and early stop order `any`).",
+        ),
+        Panel(
             "Valid groups vs bound, policy version",
             (
                 _q(f"max by (run) (asyncdapo_scheduler_valid_groups_produced{{{RUN}}})", "produced {{run}}"),

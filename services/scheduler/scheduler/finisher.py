@@ -96,6 +96,8 @@ def apply_outcome(ro: Rollout, task: PromptTask, res: FinishResult) -> None:
         return
     outcome, _, reason = res.label.partition(":")
     ro.metrics.outcomes.labels(outcome, reason).inc()
+    if outcome != Outcome.REQUEUED:
+        ro.metrics.prompt_attempts.labels(outcome).observe(task.attempt)
     if outcome == Outcome.VALID:
         ro.valid_produced = max(ro.valid_produced, res.valid_produced)
         ro.metrics.groups.labels(str(ro.version)).inc()

@@ -69,6 +69,14 @@ class SchedulerMetrics:
             buckets=(0, 1, 2, 3, 4, 6, 8, 16),
             registry=r,
         )
+        self.prompt_attempts = Histogram(
+            p + "prompt_attempts",
+            "Attempt number of a prompt's final outcome (valid, filtered, dropped): 1 + the times an "
+            "early stop aborted and requeued it.",
+            ["outcome"],
+            buckets=(1, 2, 3, 4, 6, 8, 16),
+            registry=r,
+        )
         self.long_tail = Counter(
             p + "long_tail_total",
             "pdsr actions: prompts offloaded, capped responses continued.",

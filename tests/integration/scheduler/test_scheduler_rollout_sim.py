@@ -62,6 +62,7 @@ async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: 
         for g in gws:
             load = await ro.pool.get(g.address).stub.GetLoad(gateway_pb2.GetLoadRequest())
             assert load.weight_version == 1
+        reg = ro.metrics.registry
 
     gs = groups(redis_url, "t")
     assert len(gs) == 8
@@ -74,6 +75,13 @@ async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: 
     # prompts requeued by the early stop of version 0 were served again under version 1
     served_again = [p for p, outs in led.items() if outs[0] == "requeued" and len(outs) > 1]
     assert served_again
+    # prompt_attempts: one sample per final outcome, at its attempt number (served again: 2 or more)
+    for outcome in ("valid", "filtered"):
+        final = [len(outs) for outs in led.values() if outs and outs[-1] == outcome]
+        labels = {"outcome": outcome}
+        assert reg.get_sample_value("asyncdapo_scheduler_prompt_attempts_count", labels) == len(final)
+        assert reg.get_sample_value("asyncdapo_scheduler_prompt_attempts_sum", labels) == sum(final)
+    assert any(len(led[p]) > 1 and led[p][-1] != "requeued" for p in served_again)
     # all-equal groups were filtered, never trained on
     filtered = {p for p, outs in led.items() if outs[-1] == "filtered"}
     assert filtered and all(int(p.split("-")[1]) % 2 == 1 for p in filtered)
