@@ -83,6 +83,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--cpu-affinity (unpinned it stalled). Default: vLLM's choice (mp on CPU)",
     )
     v.add_argument(
+        "--step-log",
+        metavar="PATH",
+        default=None,
+        help="append one JSON line per engine step to PATH (time, running, waiting, KV usage, tokens "
+        "decoded and prefilled): a timeline of the engine, e.g. for stalls; costs one write per step",
+    )
+    v.add_argument(
         "--vllm-metrics",
         action="store_true",
         help="also export vLLM's own vllm:* Prometheus metrics (per-token histograms; costs frontend CPU)",
@@ -136,6 +143,12 @@ def _check_args(args: argparse.Namespace) -> str | None:
         raise AsyncdapoError(
             "--vllm-executor uni on a CPU host needs --cpu-affinity (the engine on its own cores)"
         )
+    if args.step_log is not None:
+        if args.engine != "vllm":
+            raise AsyncdapoError("--step-log is a vllm engine log (the simulator has no engine steps)")
+        parent = Path(args.step_log).resolve().parent
+        if not parent.is_dir():
+            raise AsyncdapoError(f"--step-log {args.step_log!r}: directory {str(parent)!r} does not exist")
     if args.token_file is None:
         return None
     try:
@@ -261,6 +274,7 @@ async def _build_engine(args: argparse.Namespace) -> Any:
             initial_version=args.initial_version,
             vllm_metrics=args.vllm_metrics,
             executor=args.vllm_executor,
+            step_log=args.step_log,
             extra=_engine_args(args.engine_arg),
         )
     )

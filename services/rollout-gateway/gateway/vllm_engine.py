@@ -58,6 +58,7 @@ class VllmSettings:
     # hand-off between the two (vLLM's CPU platform turns "uni" into "mp"; `start` undoes that).
     # None: vLLM's choice.
     executor: str | None = None
+    step_log: str | None = None  # path: one JSON line per engine step (LoadProbe.log_step)
     extra: dict[str, Any] = field(default_factory=dict)  # more AsyncEngineArgs fields
 
     def engine_args(self) -> Any:
@@ -109,7 +110,9 @@ class VllmEngine:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        probe = LoadProbe()
+        # Line-buffered: readable while the engine runs, and complete when the gateway is killed.
+        step_log = open(settings.step_log, "a", buffering=1) if settings.step_log else None  # noqa: SIM115
+        probe = LoadProbe(step_log)
         vllm_config = settings.engine_args().create_engine_config(UsageContext.ENGINE_CONTEXT)
         if settings.executor is not None:
             # Set after the platform's config check on purpose. vLLM's CPU platform forces "mp"
@@ -269,6 +272,9 @@ class VllmEngine:
 
     async def shutdown(self) -> None:
         self._llm.shutdown()
+        log, self._probe.step_log = self._probe.step_log, None
+        if log is not None:
+            log.close()
         # Collect the AsyncLLM now: left to interpreter exit, its __del__ calls shutdown() again
         # after module teardown and prints a TypeError.
         self._llm = _ShutDown()

@@ -8,17 +8,25 @@ Prometheus logger observes histograms per token: on the tiny CPU model these cos
 the frontend's CPU time. The gateway keeps the first half (`LoadProbe`) and, unless `vllm:*`
 metrics are asked for, drops the second (`quiet_prometheus_logger`, and `AsyncLLM.log_stats =
 False` before its output handler starts, see `vllm_engine.py`).
+
+The same `SchedulerStats`, written one line per step with the time they reached the frontend,
+are the step log (`--step-log`): a timeline of the engine. A gap between steps while requests
+are running is an engine that was not scheduled on its CPU (how the floating engine cores of
+session 5 showed up); the step interval against `running` is the decode cost per batch size.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import time
+from typing import Any, TextIO
 
 
 class LoadProbe:
     """Latest scheduler stats and running totals, fed by a vLLM stat logger (`stat_logger()`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_log: TextIO | None = None) -> None:
+        self.step_log = step_log  # one JSON line per engine step (see the module docstring)
         self.running = 0
         self.waiting = 0
         self.kv_cache_usage = 0.0
@@ -41,6 +49,24 @@ class LoadProbe:
             # without chunked prefill; a live figure, the responses carry the exact counts).
             self.generated_tokens += details.num_generation_tokens + details.num_ctx_requests
             self.prompt_tokens += details.num_ctx_tokens
+            if self.step_log is not None:
+                self.log_step(details)
+
+    def log_step(self, details: Any) -> None:
+        """t: unix time the stats reached the frontend; running / waiting / kv: the engine after the
+        step; decode: tokens sampled by requests past their prefill; prefill_reqs / prefill_tokens:
+        requests whose prompt was computed in the step (each also sampled its first token) and the
+        prompt tokens computed. Summed over the log, decode + prefill_reqs is every token sampled."""
+        line = {
+            "t": round(time.time(), 4),
+            "running": self.running,
+            "waiting": self.waiting,
+            "kv": round(self.kv_cache_usage, 4),
+            "decode": details.num_generation_tokens,
+            "prefill_reqs": details.num_ctx_requests,
+            "prefill_tokens": details.num_ctx_tokens,
+        }
+        self.step_log.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def stat_logger(self) -> Any:
         """A per-engine vLLM stat logger factory that feeds this probe."""

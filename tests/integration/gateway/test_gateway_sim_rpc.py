@@ -221,6 +221,16 @@ def test_cli_reports_bad_flags(tmp_path: Path) -> None:
         assert out.returncode == 2 and f"--cpu-affinity '{cores}'" in out.stderr and why in out.stderr, (
             out.stderr
         )
+    for engine, extra, why in (
+        ("vllm", ["--model", str(tmp_path), "--step-log", str(tmp_path / "no-such-dir" / "s.jsonl")],
+         "does not exist"),
+        ("sim", ["--step-log", str(tmp_path / "s.jsonl")], "the simulator has no engine steps"),
+    ):  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", engine, *extra],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 2 and "--step-log" in out.stderr and why in out.stderr, out.stderr
 
 
 async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:

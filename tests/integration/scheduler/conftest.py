@@ -76,10 +76,11 @@ def vllm_gateways(
             [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "vllm", "--model", str(warm_model_dir),
              "--port", str(port), "--metrics-port", "0", "--max-concurrency", "8", "--max-model-len", "512",
              "--dtype", "float32", "--enforce-eager", "--token-file", str(token_file),
-             "--gateway-id", f"vllm-{core}", "--cpu-affinity", str(core), "--log-level", "WARNING"],
+             "--gateway-id", f"vllm-{core}", "--cpu-affinity", str(core), "--log-level", "WARNING",
+             "--step-log", str(root / f"gateway-{core}.steps.jsonl")],
             env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        gws.append(VllmGatewayProc(proc, port, log))
+        gws.append(VllmGatewayProc(proc, port, log, root / f"gateway-{core}.steps.jsonl"))
     try:
         _wait_ready(gws, 600)
         yield gws

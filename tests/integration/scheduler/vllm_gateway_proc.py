@@ -18,6 +18,7 @@ class VllmGatewayProc:
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    step_log: Path | None = None  # --step-log
 
     @property
     def address(self) -> str:

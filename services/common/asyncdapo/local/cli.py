@@ -20,6 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--timeout-s", type=float, default=3600.0, help="stop the run after this long")
     p.add_argument("--quiet", action="store_true", help="one line per step instead of a live bar")
+    p.add_argument(
+        "--step-logs",
+        action="store_true",
+        help="each vLLM gateway logs every engine step to logs/gateway-N.steps.jsonl (see the gateway README)",
+    )
     state = p.add_mutually_exclusive_group()
     state.add_argument("--fresh", action="store_true", help="delete the run directory's state and start over")
     state.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
@@ -28,9 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     from asyncdapo.config import load_run_config
+    from asyncdapo.errors import AsyncdapoError
     from asyncdapo.local.run import prepare_run_dir, run_local
     from asyncdapo.local.stack import StackOptions
 
+    if args.step_logs and args.engine != "vllm":
+        raise AsyncdapoError(
+            "--step-logs is a vLLM engine log; the simulator (--engine sim) has no engine steps"
+        )
     cfg = load_run_config(args.config)
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
     prepare_run_dir(run_dir, fresh=args.fresh, resume=args.resume)
@@ -42,5 +52,6 @@ def _up(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         engine=args.engine,
         max_model_len=args.max_model_len,
+        step_logs=args.step_logs,
     )
     return run_local(cfg, opts, timeout_s=args.timeout_s, live=not args.quiet)

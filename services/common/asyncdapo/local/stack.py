@@ -31,6 +31,7 @@ class StackOptions:
     engine: str = "vllm"
     max_model_len: int = 512
     gateway_ready_timeout_s: float = 300.0
+    step_logs: bool = False  # vllm: each gateway writes logs/gateway-N.steps.jsonl (one line per step)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -164,6 +165,8 @@ class LocalStack:
                     # pinned, the model can run in the engine-core process: no per-step hand-off
                     # to a worker process (15-20 % less rollout time per step on 2 cores)
                     argv += ["--vllm-executor", "uni"]
+                if self.opts.step_logs:
+                    argv += ["--step-log", str(self.logs / f"gateway-{i}.steps.jsonl")]
             # One core per engine: two engines side by side run well only when pinned apart.
             env = {
                 "VLLM_CPU_OMP_THREADS_BIND": core,
