@@ -179,7 +179,9 @@ class ModeResult:
         return int(sum(v for k, v in last.items() if k.startswith("dropped/") and isinstance(v, int | float)))
 
 
-def run_mode(mode: str, cfg_dict: dict[str, Any], run_dir: Path, warmup: int, timeout_s: float) -> ModeResult:
+def run_mode(
+    mode: str, cfg_dict: dict[str, Any], run_dir: Path, warmup: int, timeout_s: float, step_logs: bool = False
+) -> ModeResult:
     """One whole run of the stack in `run_dir` (deleted first); everything started is stopped."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -189,7 +191,9 @@ def run_mode(mode: str, cfg_dict: dict[str, Any], run_dir: Path, warmup: int, ti
     cfg = RunConfig.model_validate(cfg_dict)
     t0 = time.monotonic()
     fanout_key = "asyncdapo_scheduler_publish_weights_seconds"
-    with LocalStack(cfg, StackOptions(config_path=config_path, run_dir=run_dir, gateways=2)) as stack:
+    with LocalStack(
+        cfg, StackOptions(config_path=config_path, run_dir=run_dir, gateways=2, step_logs=step_logs)
+    ) as stack:
         ep = stack.start(on_stage=lambda s: print(f"  [{mode}] starting {s}", flush=True))
         sched_port = {"scheduler": ep.metrics_ports["scheduler"]}
         channel = grpc.insecure_channel(ep.scheduler)
@@ -322,6 +326,11 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of sync,async")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-e2e"))
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per mode, training phase")
+    ap.add_argument(
+        "--step-logs",
+        action="store_true",
+        help="each gateway logs every vLLM engine step to OUT/MODE/logs/gateway-N.steps.jsonl (gateway README)",
+    )
     args = ap.parse_args()
     if args.warmup < 1 or args.steps <= args.warmup + 1:
         ap.error("--warmup must be >= 1 (step 1 has no publish before it) and --steps exceed it by 2 or more")
@@ -347,7 +356,7 @@ def main() -> int:
             f"== {mode}: {args.steps} steps, B=8, n=8, max_response_length {args.max_response_length}",
             flush=True,
         )
-        results[mode] = run_mode(mode, cfg, args.out / mode, args.warmup, args.timeout_s)
+        results[mode] = run_mode(mode, cfg, args.out / mode, args.warmup, args.timeout_s, args.step_logs)
     if len(results) < len(MODES):
         for r in results.values():
             print(f"{r.mode}: rollout {r.rollout_s:.3f} s/step, step period {r.step_s:.3f} s", flush=True)
