@@ -58,7 +58,7 @@ class VllmSettings:
     # hand-off between the two (vLLM's CPU platform turns "uni" into "mp"; `start` undoes that).
     # None: vLLM's choice.
     executor: str | None = None
-    step_log: str | None = None  # path: one JSON line per engine step (LoadProbe.log_step)
+    step_log: str | None = None  # path: one JSON line per engine step (LoadProbe._log_step)
     extra: dict[str, Any] = field(default_factory=dict)  # more AsyncEngineArgs fields
 
     def engine_args(self) -> Any:
@@ -272,9 +272,7 @@ class VllmEngine:
 
     async def shutdown(self) -> None:
         self._llm.shutdown()
-        log, self._probe.step_log = self._probe.step_log, None
-        if log is not None:
-            log.close()
+        self._probe.close_step_log()
         # Collect the AsyncLLM now: left to interpreter exit, its __del__ calls shutdown() again
         # after module teardown and prints a TypeError.
         self._llm = _ShutDown()

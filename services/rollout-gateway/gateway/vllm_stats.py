@@ -11,7 +11,8 @@ False` before its output handler starts, see `vllm_engine.py`).
 
 The same `SchedulerStats`, written one line per step with the time they reached the frontend,
 are the step log (`--step-log`): a timeline of the engine. A gap between steps while requests
-are running is an engine that was not scheduled on its CPU (how the floating engine cores of
+are running, many times the steps around it and not a large prefill, is an engine that was not
+scheduled on its CPU (how the floating engine cores of
 session 5 showed up); the step interval against `running` is the decode cost per batch size.
 """
 
@@ -50,9 +51,15 @@ class LoadProbe:
             self.generated_tokens += details.num_generation_tokens + details.num_ctx_requests
             self.prompt_tokens += details.num_ctx_tokens
             if self.step_log is not None:
-                self.log_step(details)
+                self._log_step(self.step_log, details)
 
-    def log_step(self, details: Any) -> None:
+    def close_step_log(self) -> None:
+        """Close the step log; steps recorded afterwards (during engine shutdown) are not logged."""
+        log, self.step_log = self.step_log, None
+        if log is not None:
+            log.close()
+
+    def _log_step(self, log: TextIO, details: Any) -> None:
         """t: unix time the stats reached the frontend; running / waiting / kv: the engine after the
         step; decode: tokens sampled by requests past their prefill; prefill_reqs / prefill_tokens:
         requests whose prompt was computed in the step (each also sampled its first token) and the
@@ -66,7 +73,7 @@ class LoadProbe:
             "prefill_reqs": details.num_ctx_requests,
             "prefill_tokens": details.num_ctx_tokens,
         }
-        self.step_log.write(json.dumps(line, separators=(",", ":")) + "\n")
+        log.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def stat_logger(self) -> Any:
         """A per-engine vLLM stat logger factory that feeds this probe."""
