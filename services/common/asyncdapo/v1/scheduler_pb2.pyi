@@ -64,7 +64,7 @@ class WatchRunRequest(_message.Message):
     def __init__(self, run: _Optional[str] = ..., interval_ms: _Optional[int] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run", "phase", "policy_version", "valid_groups_produced", "valid_groups_bound", "in_flight_prompts", "queue_depth", "outcomes", "early_stops", "aborted_requests", "aborted_tokens", "completions", "generated_tokens", "mode", "max_staleness")
+    __slots__ = ("run", "phase", "policy_version", "valid_groups_produced", "valid_groups_bound", "in_flight_prompts", "queue_depth", "outcomes", "early_stops", "aborted_requests", "aborted_tokens", "completions", "generated_tokens", "mode", "max_staleness", "valid_groups_credited", "redis_available", "scheduler_epoch")
     class OutcomesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,9 @@ class RunStatus(_message.Message):
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    VALID_GROUPS_CREDITED_FIELD_NUMBER: _ClassVar[int]
+    REDIS_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     run: str
     phase: RunPhase
     policy_version: int
@@ -102,17 +105,22 @@ class RunStatus(_message.Message):
     generated_tokens: int
     mode: str
     max_staleness: int
-    def __init__(self, run: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., policy_version: _Optional[int] = ..., valid_groups_produced: _Optional[int] = ..., valid_groups_bound: _Optional[int] = ..., in_flight_prompts: _Optional[int] = ..., queue_depth: _Optional[int] = ..., outcomes: _Optional[_Mapping[str, int]] = ..., early_stops: _Optional[int] = ..., aborted_requests: _Optional[int] = ..., aborted_tokens: _Optional[int] = ..., completions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., mode: _Optional[str] = ..., max_staleness: _Optional[int] = ...) -> None: ...
+    valid_groups_credited: int
+    redis_available: bool
+    scheduler_epoch: int
+    def __init__(self, run: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., policy_version: _Optional[int] = ..., valid_groups_produced: _Optional[int] = ..., valid_groups_bound: _Optional[int] = ..., in_flight_prompts: _Optional[int] = ..., queue_depth: _Optional[int] = ..., outcomes: _Optional[_Mapping[str, int]] = ..., early_stops: _Optional[int] = ..., aborted_requests: _Optional[int] = ..., aborted_tokens: _Optional[int] = ..., completions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., mode: _Optional[str] = ..., max_staleness: _Optional[int] = ..., valid_groups_credited: _Optional[int] = ..., redis_available: _Optional[bool] = ..., scheduler_epoch: _Optional[int] = ...) -> None: ...
 
 class PublishWeightsRequest(_message.Message):
-    __slots__ = ("version", "uri", "mode")
+    __slots__ = ("version", "uri", "mode", "trainer_epoch")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     version: int
     uri: str
     mode: _common_pb2.PauseMode
-    def __init__(self, version: _Optional[int] = ..., uri: _Optional[str] = ..., mode: _Optional[_Union[_common_pb2.PauseMode, str]] = ...) -> None: ...
+    trainer_epoch: int
+    def __init__(self, version: _Optional[int] = ..., uri: _Optional[str] = ..., mode: _Optional[_Union[_common_pb2.PauseMode, str]] = ..., trainer_epoch: _Optional[int] = ...) -> None: ...
 
 class GatewayResult(_message.Message):
     __slots__ = ("gateway", "ok", "error", "duration_s", "aborted")
