@@ -147,6 +147,13 @@ class RolloutConfig(_Strict):
     weight_update_mode: WeightUpdateMode = Field(
         WeightUpdateMode.KEEP, description="What in-flight requests do while weights change: keep|abort|wait."
     )
+    weight_sync_timeout_s: float = Field(
+        60.0,
+        gt=0.0,
+        le=3600.0,
+        description="Bound on one gateway's weight update (pause, load, resume); a gateway that fails "
+        "or exceeds it gets no work until a background re-sync brings it to the current version.",
+    )
     max_concurrent_prompts: int = Field(
         32, ge=1, le=1 << 16, description="Prompt-level FIFO: at most this many prompts in flight."
     )

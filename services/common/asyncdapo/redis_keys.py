@@ -52,3 +52,43 @@ class RunKeys:
     def weights(self) -> str:
         """HASH current policy version and snapshot uri."""
         return self.prefix + "weights"
+
+    @property
+    def trainer_epoch(self) -> str:
+        """STRING the trainer's fencing epoch (INCR when a trainer acquires the run's lease)."""
+        return self.prefix + "trainer:epoch"
+
+    # --- scheduler ownership, idempotency and audit (asyncdapo.scheduler.lua) ---
+
+    @property
+    def scheduler_epoch(self) -> str:
+        """STRING fencing epoch: INCR by each scheduler that takes the run over; the scripts refuse
+        writes from any other epoch."""
+        return self.prefix + "scheduler:epoch"
+
+    @property
+    def scheduler_lease(self) -> str:
+        """STRING `owner|epoch` of the live scheduler, PX lease (15 s) refreshed every second."""
+        return self.prefix + "scheduler:lease"
+
+    def claim_token(self, token: str) -> str:
+        """STRING the reply of one CLAIM call (EX 600 s), so a retried call claims nothing twice."""
+        return f"{self.prefix}claim:{token}"
+
+    def count_seq(self, owner: str) -> str:
+        """STRING the last counter batch applied for one scheduler process (COUNT script)."""
+        return f"{self.prefix}countseq:{owner}"
+
+    @property
+    def outcomes(self) -> str:
+        """STREAM the audit trail: one entry per recorded outcome (`p` prompt id, `a` attempt,
+        `o` label with reason, `e` scheduler epoch), capped at OUTCOMES_MAXLEN (approximate)."""
+        return self.prefix + "outcomes"
+
+
+# Counter fields of `RunKeys.counters` shared by the scheduler and the trainer.
+VALID_PRODUCED = "valid_produced"  # valid groups XADDed (scheduler, FINISH)
+VALID_CREDITED = "valid_credited"  # valid groups the trainer dropped, credited back to the bound
+ADMITTED = "admitted"  # prompt attempts claimed (scheduler, CLAIM)
+OUTCOMES_MAXLEN = 100_000  # audit entries kept (approximate MAXLEN)
+FINISHED_PROMPT_TTL_S = 300  # a finished prompt's compacted state lives this long (dup detection)

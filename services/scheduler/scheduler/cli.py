@@ -77,7 +77,9 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     metrics = SchedulerMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-    r = aioredis.from_url(args.redis)
+    # bounded socket waits: a Redis that hangs (paused, cut off) is noticed and waited for, not
+    # blocked on forever
+    r = aioredis.from_url(args.redis, socket_timeout=10.0, socket_connect_timeout=5.0)
     pool = GatewayPool(spec, token=token)
     verifier = HttpVerifier(
         args.verifier, Detokenizer(tok_dir), timeout_s=cfg.reward.verifier_timeout_s * 4 + 10
@@ -94,9 +96,9 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down")
+    log.info("shutting down: requeueing this scheduler's claims")
+    await rollout.shutdown()
     await server.stop(grace=2.0)
-    await rollout.flush_counters()
     await rollout.close()
     await pool.close()
     await verifier.aclose()

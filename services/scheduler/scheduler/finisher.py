@@ -2,6 +2,12 @@
 
 Kept apart from `rollout.py` (the loop that owns the state); these functions read and write the
 `Rollout` they are given and run only on the finisher task, so outcomes are written by one writer.
+
+A round builds one batch of FINISH items and keeps it in `ro._unwritten` until Redis answered it
+and memory applied it: a Redis outage is waited for, any other error leaves the same batch to be
+sent again by the next round (every item is idempotent: an attempt's outcome is set once, a repeat
+answers `dup:<label>`), so no outcome is ever dropped by a failed round, and every answer — a
+repeat's included — is applied, so memory equals Redis.
 """
 
 from __future__ import annotations
@@ -9,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from asyncdapo.scheduler.group_state import DropReason, FinishResult, Outcome, RequeueReason, redis_retry
+from asyncdapo.scheduler.group_state import DropReason, FinishItem, FinishResult, Outcome, RequeueReason
 from asyncdapo.scheduler.ledger import Plan
 from asyncdapo.scheduler.tasks import PromptTask, build_group
 
@@ -19,68 +25,77 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-async def finish_round(ro: Rollout) -> None:
-    """One round of the finisher (the only writer of outcomes): plan commits, aborts and requeues
-    from the ledger, write every queued outcome in one Redis round trip (outcome, counters and
-    group entry atomically per prompt), apply them in memory, and on reaching the bound stop
-    admitting and cancel what is still in flight (async; sync lets its batch finish)."""
-    from asyncdapo.scheduler.rollout import Phase
-
+def plan_batch(ro: Rollout) -> list[tuple[PromptTask, FinishItem]]:
+    """Plan commits, aborts and requeues from the ledger and turn them, with every queued
+    outcome, into FINISH items (the staleness of a commit is judged by the script, against the
+    step that will consume it)."""
     # sync (verl's loop): filter and commit only once every prompt of the generation batch is done
     batch_running = ro.sync and len(ro.ledger) > ro.ledger.ready
     plan = ro.ledger.plan(ro.bound - ro.valid_produced) if len(ro.ledger) and not batch_running else Plan()
     if plan.abort:
         aborted = [ro.tasks[k] for k in plan.abort]
         if ro.cfg.rollout.requeue_aborted:
-            ro._cancel(aborted, Outcome.REQUEUED, RequeueReason.EARLY_STOP.value)
+            ro._cancel(aborted, Outcome.REQUEUED, RequeueReason.EARLY_STOP)
         else:
-            ro._cancel(aborted, Outcome.DROPPED, DropReason.EARLY_STOP.value)
+            ro._cancel(aborted, Outcome.DROPPED, DropReason.EARLY_STOP)
     items = ro._to_finish
     ro._to_finish = []
-    calls, owners = [], []
+    batch: list[tuple[PromptTask, FinishItem]] = []
     for task, outcome, reason in items:
-        calls.append(ro.store.finish_call(task.pid, task.attempt, outcome, reason))
-        owners.append(task)
-    oldest_trainable = ro.version - ro.cfg.rollout.max_staleness
+        batch.append((task, ro.store.finish_call(task.pid, task.attempt, outcome, reason or "")))
     for key in plan.commit:
         task = ro.tasks[key]
         task.closed = True
-        if task.progress.min_version < oldest_trainable:
-            # Outlived its version (sync mode: the rest of a batch still running when the
-            # trainer published). The trainer would drop it as stale, yet it would count
-            # toward the bound and starve the step: it goes back to the queue instead.
-            calls.append(
-                ro.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
-            )
-            owners.append(task)
-            continue
         group = build_group(ro.cfg.name, task).SerializeToString()
-        calls.append(
-            ro.store.finish_call(
-                task.pid, task.attempt, Outcome.VALID, bound=ro.bound, group=group, version=ro.version
-            )
+        item = ro.store.finish_call(
+            task.pid,
+            task.attempt,
+            Outcome.VALID,
+            bound=ro.bound,
+            group=group,
+            min_version=task.progress.min_version,
         )
-        owners.append(task)
+        batch.append((task, item))
     for key in reversed(plan.requeue):
         task = ro.tasks[key]
         task.closed = True
-        calls.append(ro.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND))
-        owners.append(task)
+        batch.append(
+            (task, ro.store.finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND))
+        )
+    return batch
+
+
+async def finish_round(ro: Rollout) -> None:
+    """One round of the finisher (the only writer of outcomes): write the batch (a new one when
+    the previous was applied) in one Redis round trip (outcome, counters and group entry atomically
+    per prompt), apply the answers in memory, and on reaching the bound stop admitting and cancel
+    what is still in flight (async; sync lets its batch finish)."""
+    from asyncdapo.scheduler.rollout import Phase
+
+    if ro.fenced:
+        return
+    if not ro._unwritten:
+        ro._unwritten = plan_batch(ro)
+    batch = ro._unwritten
     async with ro.outcome_lock:  # status() never sees Redis and memory disagree
-        if calls:
-            results = await redis_retry(lambda: ro.store.finish_many(calls))
-            for task, res in zip(owners, results, strict=True):
+        if batch:
+            results = await ro._r(lambda: ro.store.finish_many([item for _, item in batch]))
+            ro._unwritten = []
+            for (task, _), res in zip(batch, results, strict=True):
                 apply_outcome(ro, task, res)
+            if any(r.fenced for r in results):
+                ro._on_fenced("finish")
+                return
         reached = ro.valid_produced >= ro.bound and ro.phase == Phase.ROLLING
         if reached:
             ro.phase = Phase.BOUND
     if reached:
         ro.early_stops += 1
         ro.metrics.early_stops.inc()
-        await redis_retry(lambda: ro._incr_counters(early_stops=1))
+        ro._spawn(ro.flush_counters())
         rest = [t for t in ro.tasks.values() if not t.closed]
         if rest and not ro.sync:
-            ro._cancel(rest, Outcome.REQUEUED, RequeueReason.EARLY_STOP.value)
+            ro._cancel(rest, Outcome.REQUEUED, RequeueReason.EARLY_STOP)
     ro._maybe_stopped()
     ro._update_gauges()
     ro._wake_admission.set()
@@ -89,17 +104,28 @@ async def finish_round(ro: Rollout) -> None:
 
 
 def apply_outcome(ro: Rollout, task: PromptTask, res: FinishResult) -> None:
-    """Mirror one recorded outcome in memory: the task leaves the rollout, metrics and lengths."""
+    """Mirror one recorded outcome in memory: the task leaves the rollout, metrics and lengths.
+    A repeat (`dup:`) is applied like a first answer: the first one was lost on the way."""
     ro.tasks.pop(task.key, None)
-    if res.label.startswith(("dup:", "stale")):
-        log.warning("outcome of %s attempt %d was already recorded: %s", task.pid, task.attempt, res.label)
+    ro.produced = max(ro.produced, res.produced)
+    ro.credited = max(ro.credited, res.credited)
+    recorded = res.recorded
+    if recorded is None:
+        if not res.fenced:
+            log.warning("outcome of %s attempt %d: %s", task.pid, task.attempt, res.label)
         return
-    outcome, _, reason = res.label.partition(":")
+    if res.label.startswith("dup:"):
+        log.info(
+            "outcome of %s attempt %d was recorded by a call whose reply was lost: %s",
+            task.pid,
+            task.attempt,
+            res.label,
+        )
+    outcome, reason = recorded
     ro.metrics.outcomes.labels(outcome, reason).inc()
     if outcome != Outcome.REQUEUED:
         ro.metrics.prompt_attempts.labels(outcome).observe(task.attempt)
     if outcome == Outcome.VALID:
-        ro.valid_produced = max(ro.valid_produced, res.valid_produced)
         ro.metrics.groups.labels(str(ro.version)).inc()
         ro.metrics.staleness.observe(ro.version - task.progress.min_version)
         for resp in task.responses:

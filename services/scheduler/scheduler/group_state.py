@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from asyncdapo.redis_keys import RunKeys
+from asyncdapo.redis_keys import FINISHED_PROMPT_TTL_S, OUTCOMES_MAXLEN, RunKeys
 from asyncdapo.scheduler.lua import SCRIPTS
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ class Outcome(StrEnum):
 
 
 class DropReason(StrEnum):
-    VERIFIER_ERROR = "verifier_error"  # the verifier stayed down through every retry
+    VERIFIER_ERROR = "verifier_error"  # the verifier stayed down through every retry (finite retries only)
+    UNSCORABLE = "unscorable"  # the verifier judged one response unscorable for good (invalid, timeout)
     BAD_PROMPT = "bad_prompt"  # the prompt's data is missing or malformed
     PROMPT_TOO_LONG = "prompt_too_long"  # longer than data.max_prompt_length
     GATEWAY_ERROR = "gateway_error"  # a request failed on every gateway it was tried on
@@ -45,8 +47,11 @@ class DropReason(StrEnum):
 class RequeueReason(StrEnum):
     EARLY_STOP = "early_stop"  # aborted when the bound was reached
     OVER_BOUND = "over_bound"  # valid, but the bound was reached first (decided in Lua)
-    SCHEDULER_RESTART = "scheduler_restart"  # claimed by a scheduler that died
+    SCHEDULER_RESTART = "scheduler_restart"  # claimed by a scheduler that was replaced (fenced)
     STOPPED = "stopped"  # StopRun aborted it
+    STALE = "stale"  # valid, but the step that would consume it finds it stale (decided in Lua)
+    SHUTDOWN = "shutdown"  # the scheduler shut down gracefully and released its claims
+    ORPHANED = "orphaned"  # claimed by this scheduler but held by no task (a lost reply, a rollback)
 
 
 class RecordStatus(StrEnum):
@@ -54,6 +59,7 @@ class RecordStatus(StrEnum):
     COMPLETE = "complete"  # this response completed the group
     DUP = "dup"  # already counted (a retry); state unchanged
     STALE = "stale"  # not the current attempt, or the attempt already has an outcome
+    FENCED = "fenced"  # another scheduler owns the run now; nothing was written
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,7 @@ class ResponseScore:
     reward: float
     min_version: int
     max_version: int
+    length: int = 0  # response tokens (the generated_tokens counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,17 +99,38 @@ class FinishItem:
     reason: str = ""
     bound: int = -1  # valid only: the bound checked atomically (-1: none)
     group: bytes = b""  # valid only: the serialized rollout_pb2.Group
-    version: int = 0
+    min_version: int = 0  # valid only: the oldest token version of the group (staleness rule)
 
 
 @dataclass(frozen=True, slots=True)
 class FinishResult:
-    label: str  # valid | filtered | requeued | dropped:<reason>, or dup:<label> / stale
-    valid_produced: int
+    # valid | filtered | requeued:<reason> | dropped:<reason>, or dup:<stored label> / stale / fenced
+    label: str
+    produced: int  # counters.valid_produced after this attempt (valid groups XADDed, all versions)
+    credited: int  # counters.valid_credited: groups the trainer dropped, credited back to the bound
+
+    @property
+    def valid_produced(self) -> int:
+        """Effective valid groups: what the bound applies to."""
+        return self.produced - self.credited
 
     @property
     def outcome(self) -> str:
         return self.label.split(":", 1)[0]
+
+    @property
+    def fenced(self) -> bool:
+        return self.label == "fenced"
+
+    @property
+    def recorded(self) -> tuple[str, str] | None:
+        """(outcome, reason) this result says the attempt has, also for a repeat (`dup:`) whose
+        first reply was lost; None when nothing is known (stale, fenced)."""
+        label = self.label.removeprefix("dup:")
+        if label in ("stale", "fenced"):
+            return None
+        outcome, _, reason = label.partition(":")
+        return outcome, reason
 
 
 def welford(values: Sequence[float]) -> tuple[float, float]:
@@ -126,7 +154,7 @@ def _s(v: Any) -> str:
 
 def parse_progress(reply: Sequence[Any]) -> GroupProgress:
     status = RecordStatus(_s(reply[0]))
-    if status is RecordStatus.STALE:
+    if status in (RecordStatus.STALE, RecordStatus.FENCED):
         return GroupProgress(status)
     f = [_s(x) for x in reply[1:]]
     if len(f) == 2:
@@ -144,21 +172,66 @@ def parse_progress(reply: Sequence[Any]) -> GroupProgress:
     )
 
 
-async def redis_retry(fn: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-    """Run a Redis operation, retrying through a Redis restart for up to `timeout_s`. The scripts
-    are idempotent (attempt and response markers), so a retry after a lost reply cannot
-    double-count an outcome or a reward."""
+class RedisLink:
+    """Whether Redis answers, as the operations going through `redis_retry` see it.
+
+    Listeners are told on every change (down → up, up → down) so that health, metrics and the
+    rollout's re-read of its state after an outage hang off one place."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.down_since: float | None = None
+        self.last_error = ""
+        self.outages = 0
+        self._listeners: list[Callable[[bool], None]] = []
+
+    def listen(self, fn: Callable[[bool], None]) -> None:
+        self._listeners.append(fn)
+
+    def mark(self, up: bool, error: str = "") -> None:
+        if up == self.up:
+            return
+        self.up = up
+        if up:
+            log.info("redis is back after %.1f s", time.monotonic() - (self.down_since or time.monotonic()))
+            self.down_since = None
+        else:
+            self.outages += 1
+            self.down_since = time.monotonic()
+            self.last_error = error
+            log.warning("redis unavailable (%s): waiting for it", error)
+        for fn in self._listeners:
+            fn(up)
+
+
+REDIS_WAIT_ERRORS = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError is a ConnectionError
+
+
+async def redis_retry(
+    fn: Callable[[], Awaitable[T]], timeout_s: float | None = None, link: RedisLink | None = None
+) -> T:
+    """Run a Redis operation, waiting through an outage (a restart, an AOF reload, a network cut)
+    for as long as it lasts (`timeout_s` None) with capped exponential backoff. Only idempotent
+    operations go through here: every script carries an attempt marker, a client token or a
+    sequence number, so a retry after a lost reply changes nothing twice."""
     delay = 0.05
-    deadline = time.monotonic() + timeout_s
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         try:
-            return await fn()
-        except (RedisConnectionError, RedisTimeoutError) as err:
-            if time.monotonic() > deadline:
+            res = await fn()
+        except REDIS_WAIT_ERRORS as err:
+            if deadline is not None and time.monotonic() > deadline:
                 raise
-            log.warning("redis unavailable (%s); retrying in %.2f s", err, delay)
-            await asyncio.sleep(delay)
+            if link is not None:
+                link.mark(False, f"{type(err).__name__}: {err}")
+            else:
+                log.warning("redis unavailable (%s); retrying in %.2f s", err, delay)
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
             delay = min(delay * 2, 2.0)
+            continue
+        if link is not None:
+            link.mark(True)
+        return res
 
 
 class RoundTrips:
@@ -217,25 +290,37 @@ class ScriptRunner:
 
 
 class GroupStore:
-    """Batched access to the group state: one EVALSHA per batch (see `lua.py`)."""
+    """Batched access to the group state: one EVALSHA per batch (see `lua.py`). Every write
+    carries the caller's fencing `epoch` (set once the scheduler has taken the run over)."""
 
-    def __init__(self, scripts: ScriptRunner, keys: RunKeys) -> None:
+    def __init__(
+        self,
+        scripts: ScriptRunner,
+        keys: RunKeys,
+        train_batch_size: int = 1,
+        max_staleness: int = 0,
+        finished_ttl_s: int = FINISHED_PROMPT_TTL_S,
+    ) -> None:
         self.scripts = scripts
         self.keys = keys
+        self.epoch = 0
+        self.version = 0  # the published policy version (the scheduler keeps it current)
+        self.train_batch_size = train_batch_size
+        self.max_staleness = max_staleness
+        self.finished_ttl_s = finished_ttl_s
 
-    async def record(
-        self, scores: Sequence[ResponseScore], extra: Callable[[Any], None] | None = None
-    ) -> list[GroupProgress]:
-        """Count each scored response into its prompt's group state (one command, one round trip
-        shared with the `extra` commands)."""
+    async def record(self, scores: Sequence[ResponseScore]) -> list[GroupProgress]:
+        """Count each scored response into its prompt's group state and the completion counters
+        (one command, one round trip; a response counted before is `dup` and counts nothing)."""
         if not scores:
             return []
-        keys = [self.keys.prompt(s.pid) for s in scores]
-        args = [
-            f"{s.attempt} {s.idx} {float(s.metric)!r} {float(s.reward)!r} {s.min_version} {s.max_version}"
+        keys = [self.keys.counters, self.keys.scheduler_epoch] + [self.keys.prompt(s.pid) for s in scores]
+        args = [str(self.epoch)] + [
+            f"{s.attempt} {s.idx} {float(s.metric)!r} {float(s.reward)!r} {s.min_version} "
+            f"{s.max_version} {s.length}"
             for s in scores
         ]
-        (reply,) = await self.scripts.run_many([("record", keys, args)], extra)
+        (reply,) = await self.scripts.run_many([("record", keys, args)])
         return [parse_progress(r) for r in reply]
 
     def finish_call(
@@ -246,18 +331,26 @@ class GroupStore:
         reason: str = "",
         bound: int = -1,
         group: bytes = b"",
-        version: int = 0,
+        min_version: int = 0,
     ) -> FinishItem:
-        return FinishItem(pid, attempt, outcome, reason, bound, group, version)
+        return FinishItem(pid, attempt, outcome, str(reason), bound, group, min_version)
 
     async def finish_many(self, items: Sequence[FinishItem]) -> list[FinishResult]:
         """Record the outcomes, in order, in one atomic script call."""
         if not items:
             return []
         k = self.keys
-        keys = [k.counters, k.prompts_claimed, k.prompts, k.groups] + [k.prompt(i.pid) for i in items]
-        args: list[Any] = []
+        keys = [k.counters, k.prompts_claimed, k.prompts, k.groups, k.scheduler_epoch, k.outcomes]
+        args: list[Any] = [
+            str(self.epoch),
+            self.train_batch_size,
+            self.max_staleness,
+            self.finished_ttl_s,
+            OUTCOMES_MAXLEN,
+            self.version,
+        ]
         for i in items:
-            args += [i.pid, i.attempt, i.outcome.value, i.reason, i.bound, i.group, i.version]
+            keys += [k.prompt(i.pid), k.prompt_data(i.pid)]
+            args += [i.pid, i.attempt, i.outcome.value, i.reason, i.bound, i.group, i.min_version]
         (reply,) = await self.scripts.run_many([("finish", keys, args)])
-        return [FinishResult(_s(r[0]), int(_s(r[1]))) for r in reply]
+        return [FinishResult(_s(r[0]), int(_s(r[1])), int(_s(r[2]))) for r in reply]

@@ -88,6 +88,21 @@ class SchedulerMetrics:
             p + "valid_groups_produced", "Valid groups produced in total.", registry=r
         )
         self.valid_bound = Gauge(p + "valid_groups_bound", "(v + s + 1) * B.", registry=r)
+        self.valid_credited = Gauge(
+            p + "valid_groups_credited",
+            "Valid groups the trainer dropped (stale, malformed, trimmed), credited back to the bound.",
+            registry=r,
+        )
+        self.redis_up = Gauge(
+            p + "redis_up", "1 while Redis answers, 0 while the scheduler waits for it.", registry=r
+        )
+        self.redis_up.set(1)
+        self.gateway_weight_syncs = Counter(
+            p + "gateway_weight_syncs_total",
+            "Weight loads of one gateway outside a publish (it came back, failed or hung), by result.",
+            ["result"],
+            registry=r,
+        )
         self.redis_round_trips = Counter(p + "redis_round_trips_total", "Redis round trips.", registry=r)
         self.publish_seconds = Histogram(
             p + "publish_weights_seconds", "PublishWeights fan-out duration.", buckets=_SLOW, registry=r

@@ -92,6 +92,7 @@ class Gateway:
         self.calls: dict[str, Any] = {}  # request id -> Request in flight on our GenerateStream
         self.last_error = ""
         self.last_load_at = 0.0
+        self.updated_at = 0.0  # monotonic time a weight update of ours last ended here
         self.removed = False
         self.watch_task: asyncio.Task[None] | None = None
         self.load = gateway_pb2.Load()

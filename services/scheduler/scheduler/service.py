@@ -1,7 +1,8 @@
 """The `asyncdapo.v1.Scheduler` gRPC service (grpc.aio), with reflection and health.
 
 Errors are caught here, at the boundary, and become status codes naming what was wrong:
-a run name that is not this scheduler's → NOT_FOUND; a stale weight version → FAILED_PRECONDITION;
+a run name that is not this scheduler's → NOT_FOUND; a stale weight version or a fenced trainer →
+FAILED_PRECONDITION; no gateway could load the weights (nothing changed, retry) → UNAVAILABLE;
 an unknown gateway → NOT_FOUND; bad eval input → INVALID_ARGUMENT; a missing or wrong bearer token
 on a control RPC → UNAUTHENTICATED; a verifier or gateways that stay down during Evaluate →
 UNAVAILABLE.
@@ -20,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from asyncdapo.scheduler.evaluate import EvalInputError, evaluate
 from asyncdapo.scheduler.rollout import Rollout
-from asyncdapo.scheduler.weights import PublishError
+from asyncdapo.scheduler.weights import PublishError, PublishUnavailable
 from asyncdapo.v1 import gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -78,9 +79,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         if not request.uri:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "uri is required")
         try:
-            return await self.rollout.publish_weights(request.version, request.uri, int(request.mode))
+            return await self.rollout.publish_weights(
+                request.version, request.uri, int(request.mode), request.trainer_epoch
+            )
         except PublishError as err:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except PublishUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
 
     async def ListGateways(self, request, context):
         return scheduler_pb2.ListGatewaysResponse(gateways=[g.info() for g in self.rollout.pool.members])
@@ -126,6 +131,25 @@ async def build_server(
     )
     port = server.add_insecure_port(bind)
     await server.start()
+
+    pending: set[asyncio.Future[None]] = set()
+
+    def on_health(serving: bool) -> None:
+        # NOT_SERVING while Redis is away or after a successor fenced this scheduler out
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            t = asyncio.ensure_future(health_servicer.set(name, status))
+            pending.add(t)
+            t.add_done_callback(pending.discard)
+
+    rollout.health_listeners.append(on_health)
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if rollout.serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(name, status)
     return server, port, health_servicer

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from asyncdapo.scheduler.group_state import redis_retry
+from asyncdapo.scheduler.group_state import REDIS_WAIT_ERRORS
 from asyncdapo.v1 import scheduler_pb2
 
 if TYPE_CHECKING:
@@ -16,9 +17,14 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+STATUS_WAIT_S = 2.0  # how long GetRun waits for Redis before answering from its last reading
+
+
 async def run_status(ro: Rollout) -> scheduler_pb2.RunStatus:
     """Counters from Redis and phase from memory, read under the outcome lock so that the two
-    always agree (a BOUND phase never shows fewer valid groups than the bound)."""
+    always agree (a BOUND phase never shows fewer valid groups than the bound). While Redis is
+    away (or the finisher holds the lock waiting for it) the status answers within
+    `STATUS_WAIT_S` from the last counters it read, with `redis_available` false."""
 
     def read() -> Awaitable[list[Any]]:
         pipe = ro.redis.pipeline(transaction=False)
@@ -26,10 +32,19 @@ async def run_status(ro: Rollout) -> scheduler_pb2.RunStatus:
         pipe.llen(ro.keys.prompts)
         return pipe.execute()
 
-    async with ro.outcome_lock:
-        counters, depth = await redis_retry(read)
+    try:
+        async with asyncio.timeout(STATUS_WAIT_S), ro.outcome_lock:
+            counters, depth = await read()
+            phase, in_flight = ro.phase, len(ro.tasks)
+        ro.rtt.count += 1
+        ro.last_status_counters = (counters, depth)
+    except REDIS_WAIT_ERRORS as err:
+        ro.redis_link.mark(False, f"{type(err).__name__}: {err}")
+        counters, depth = ro.last_status_counters
         phase, in_flight = ro.phase, len(ro.tasks)
-    ro.rtt.count += 1
+    except TimeoutError:
+        counters, depth = ro.last_status_counters
+        phase, in_flight = ro.phase, len(ro.tasks)
     c = {_text(k): int(v) for k, v in counters.items()}
     return scheduler_pb2.RunStatus(
         run=ro.cfg.name,
@@ -47,4 +62,7 @@ async def run_status(ro: Rollout) -> scheduler_pb2.RunStatus:
         generated_tokens=c.get("generated_tokens", 0),
         mode=ro.cfg.rollout.mode.value,
         max_staleness=ro.cfg.rollout.max_staleness,
+        valid_groups_credited=c.get("valid_credited", 0),
+        redis_available=ro.redis_link.up,
+        scheduler_epoch=ro.queue.epoch,
     )

@@ -83,6 +83,7 @@ async def test_verifier_that_stays_down_drops_with_verifier_error_and_no_reward(
     for pid in ids:
         state = r.hgetall(RunKeys("t").prompt(pid))
         assert state["outcome"] == "dropped:verifier_error"
-        assert state["done"] == "0" and float(state["rmean"]) == 0.0  # no reward was ever recorded
+        # no reward was ever recorded (a final outcome compacts the state: the fields may be gone)
+        assert state.get("done", "0") == "0" and float(state.get("rmean", 0)) == 0.0
     c = counters(redis_url, "t")
     assert c.get("completions", 0) == 0 and c.get("outcome:valid", 0) == 0
