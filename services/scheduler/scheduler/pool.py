@@ -93,6 +93,7 @@ class Gateway:
         self.last_error = ""
         self.last_load_at = 0.0
         self.updated_at = 0.0  # monotonic time a weight update of ours last ended here
+        self.went_down: asyncio.Event = asyncio.Event()  # set (and replaced) each time it goes down
         self.removed = False
         self.watch_task: asyncio.Task[None] | None = None
         self.load = gateway_pb2.Load()
@@ -253,6 +254,8 @@ class GatewayPool:
             return
         gw.up = False
         log.warning("gateway %s down: %s", gw.address, error)
+        gw.went_down.set()  # wakes whoever waits on this gateway (a weight update in flight)
+        gw.went_down = asyncio.Event()
         self.on_down(gw)
 
     def report_failure(self, gw: Gateway, code: grpc.StatusCode, details: str) -> None:

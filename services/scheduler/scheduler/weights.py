@@ -18,6 +18,7 @@ engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -53,7 +54,27 @@ async def update_one(
     gw: Gateway, version: int, uri: str, mode: int, timeout_s: float
 ) -> scheduler_pb2.GatewayResult:
     """Pause → LoadWeights → Resume on one gateway within `timeout_s` in all; Resume is tried even
-    when the load failed (a paused engine serves nobody)."""
+    when the load failed (a paused engine serves nobody). A gateway that goes down meanwhile (its
+    load reports stopped: dead, paused, cut off) fails at once instead of at the deadline."""
+    down = asyncio.ensure_future(gw.went_down.wait())
+    work = asyncio.ensure_future(_update(gw, version, uri, mode, timeout_s))
+    try:
+        await asyncio.wait({work, down}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        down.cancel()
+    if not work.done():
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        gw.publishing = False
+        gw.last_error = f"weight update to v{version}: the gateway went down during the update"
+        return scheduler_pb2.GatewayResult(gateway=gw.address, ok=False, error=gw.last_error)
+    return work.result()
+
+
+async def _update(
+    gw: Gateway, version: int, uri: str, mode: int, timeout_s: float
+) -> scheduler_pb2.GatewayResult:
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout_s
     aborted = 0

@@ -1,7 +1,8 @@
 """A redis-server launched as a child process in a run directory (local stack and tests).
 
-Only ever binds 127.0.0.1. AOF is on so a local run survives a Redis restart like the cluster's
-Redis (AOF on a PVC) does.
+Only ever binds 127.0.0.1. AOF is on with `appendfsync always`, so a local run survives a Redis
+restart — a SIGKILL included — like the cluster's Redis (AOF on a PVC) does: every write Redis
+acknowledged is on disk before the reply leaves (what that costs is measured in bench/README.md).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ class RedisServerError(AsyncdapoError):
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, port: int | None = None, appendonly: bool = True) -> None:
+    def __init__(
+        self, workdir: Path, port: int | None = None, appendonly: bool = True, appendfsync: str = "always"
+    ) -> None:
         # Absolute: redis-server resolves --logfile after moving into --dir.
         self.workdir = Path(workdir).resolve()
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -45,6 +49,7 @@ class RedisServer:
             "--port", str(self.port),
             "--dir", str(self.workdir),
             "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.appendfsync,
             "--save", "",
             "--protected-mode", "yes",
             "--logfile", str(self.log_path),
@@ -63,6 +68,12 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is not None:
             raise RedisServerError(f"redis-server exited with {self.proc.returncode}; see {self.log_path}")
         return bool(redis.Redis(port=self.port, socket_timeout=0.5).ping())
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: no shutdown save); `start()` again restarts it from its AOF."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
