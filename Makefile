@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-redis-fsync clean deploy-manifests
 
 install: $(STAMP) redis prometheus
 
@@ -110,6 +110,10 @@ bench-trainer: install
 
 bench-e2e: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 	$(BIN)/python bench/bench_e2e.py
+
+# What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
+bench-redis-fsync: install
+	$(BIN)/python bench/bench_redis_fsync.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
