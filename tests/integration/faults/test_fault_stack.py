@@ -45,8 +45,14 @@ def _wait(cond: Callable[[], bool], timeout_s: float, what: str, interval_s: flo
 
 
 def test_the_harness_kills_pauses_and_restarts_each_kind_of_service(fault_stack: MakeStack) -> None:
-    stack = fault_stack().start(trainer=False)
+    stack = fault_stack(gateway_proxies=True).start(trainer=False)
     r = redis.Redis.from_url(stack.redis_url)
+    # the scheduler reaches each gateway through its proxy: a cut makes it connect again
+    proxy = stack.gateway_proxy(0)
+    _wait(lambda: proxy.stats.connections >= 1, 30, "the scheduler connected to gateway-0's proxy")
+    before = proxy.stats.connections
+    assert proxy.cut_all() >= 1
+    _wait(lambda: proxy.stats.connections > before, 60, "the scheduler reconnecting to gateway-0")
     # Redis: SIGKILL, down for 1 s, back on the same port with every acknowledged write (AOF, fsync always)
     r.set("probe", "before-kill")
     stack.restart("redis", how="kill", down_s=1.0)
@@ -146,14 +152,12 @@ def test_scheduler_restarted_at_once_strands_no_claim(fault_stack: MakeStack, ho
     while time.monotonic() < deadline:
         checker.poll()
         time.sleep(1.0)
-    # every claim of the old process: released (its attempt has an outcome) or re-taken as a new attempt
-    now = _claims(r, keys)
-    stranded = {pid: old for pid, old in held.items() if now.get(pid) == old}
-    without_outcome = [
+    # every attempt the old process held has its outcome (requeued, or adopted and finished)
+    stranded = sorted(
         f"{pid}#{attempt}"
         for pid, (_, attempt) in held.items()
         if not r.hexists(keys.prompt(pid), f"o:{attempt}")
-    ]
+    )
     try:
         stack.wait_for_step(step + 2, timeout_s=90)
         progressed = True
@@ -162,10 +166,9 @@ def test_scheduler_restarted_at_once_strands_no_claim(fault_stack: MakeStack, ho
     # the checker's own rule (a claim older than lease + 10 s whose owner is gone) applies from here
     time.sleep(max(0.0, t_fault + DEFAULT_LEASE_S + 11 - time.monotonic()))
     checker.poll()
-    print(f"scheduler {how} + restart: {len(held)} claim(s) held at the fault; still stranded "
-          f"{DEFAULT_LEASE_S + 5:.0f} s later: {sorted(stranded)}\n{checker.report()}")  # fmt: skip
-    assert not stranded, f"claims of the {how}ed scheduler still held lease + 5 s later: {stranded}"
-    assert not without_outcome, f"attempts of the old scheduler without an outcome: {without_outcome}"
+    print(f"scheduler {how} + restart: {len(held)} claim(s) held at the fault; without an outcome "
+          f"{DEFAULT_LEASE_S + 5:.0f} s later: {stranded}\n{checker.report()}")  # fmt: skip
+    assert not stranded, f"attempts of the {how}ed scheduler without an outcome lease + 5 s later: {stranded}"
     assert progressed, "the run did not progress after the restart"
     assert checker.violations == [], checker.report()
 

@@ -190,3 +190,15 @@ def test_memory_slope_per_version(state: tuple[redis.Redis, Path]) -> None:
     slope = ck.memory_slope()
     assert 150_000 < slope["mem_bytes_per_version"] < 300_000
     assert 150_000 < slope["aof_bytes_per_version"] < 300_000
+
+
+def test_compacted_prompt_state_is_not_a_violation_but_double_counts_still_are(
+    state: tuple[redis.Redis, Path],
+) -> None:
+    r, trainer = state
+    ck = _checker(r, trainer)
+    assert ck.poll() == []
+    r.delete(K.prompt("e0-0"), K.prompt("e0-1"))  # finished for the epoch: the memory fix deletes them
+    assert ck.poll() == [] and ck.summary["prompt_state_compacted"] is True
+    r.hincrby(K.counters, "outcome:filtered", 1)  # an outcome counted twice
+    assert {v.subject for v in ck.poll()} == {"admitted - outcomes=0"}  # 1 claim outstanding

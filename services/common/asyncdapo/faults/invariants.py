@@ -103,7 +103,7 @@ if redis.call('EXISTS', prefix .. 'groups') == 1 then
 end
 return {redis.call('TIME'), prompts, redis.call('HGETALL', prefix .. 'prompts:claimed'),
         redis.call('HGETALL', prefix .. 'counters'), redis.call('LRANGE', prefix .. 'prompts', 0, -1),
-        redis.call('KEYS', pat .. 'scheduler:lease:*'), added,
+        redis.call('KEYS', pat .. ARGV[3] .. '*'), added,
         redis.call('HGET', prefix .. 'weights', 'version') or ''}
 """
 
@@ -149,7 +149,8 @@ class InvariantChecker:
         lease_s: float = DEFAULT_LEASE_S,
         stranded_after_s: float | None = None,  # default: lease + 10 s
         max_claim_age_s: float | None = None,  # flag any claim older than this, even a live owner's
-        prompt_state_compacted: bool = False,  # finished prompt state may be deleted: counters >=
+        prompt_state_compacted: bool = False,  # see _check_counters; also detected by itself
+        lease_key_prefix: str = "scheduler:lease:",  # + owner: the key a live scheduler keeps alive
     ) -> None:
         import redis
 
@@ -161,6 +162,8 @@ class InvariantChecker:
         )
         self.max_claim_age_ms = int(1000 * max_claim_age_s) if max_claim_age_s is not None else None
         self.compacted = prompt_state_compacted
+        self.lease_key_prefix = lease_key_prefix
+        self.attempts: dict[str, int] = {}  # pid -> the highest attempt ever seen
         self.violations: list[Violation] = []
         self._seen: set[tuple[Kind, str]] = set()
         self.outcomes: dict[tuple[str, int], str] = {}  # every (pid, attempt) outcome ever seen
@@ -176,13 +179,13 @@ class InvariantChecker:
 
     def snapshot(self) -> Snapshot:
         p = self.keys.prefix
-        raw = self.r.eval(_SNAPSHOT, 0, p, _glob_escape(p))
+        raw = self.r.eval(_SNAPSHOT, 0, p, _glob_escape(p), _glob_escape(self.lease_key_prefix))
         t, flat_prompts, claimed, counters, queue, leases, added, version = raw
         prompts = {}
         plen = len(p + "prompt:")
         for i in range(0, len(flat_prompts), 2):
             prompts[_s(flat_prompts[i])[plen:]] = _pairs(flat_prompts[i + 1])
-        lease_prefix = p + "scheduler:lease:"
+        lease_prefix = p + self.lease_key_prefix
         return Snapshot(
             now_ms=int(t[0]) * 1000 + int(t[1]) // 1000,
             prompts=prompts,
@@ -330,29 +333,40 @@ class InvariantChecker:
             self._flag(Kind.QUEUED_TWICE, pid, "in the prompt queue while claimed", claim=snap.claimed[pid])
 
     def _check_counters(self, snap: Snapshot) -> None:
+        """Counters against the per-prompt ledger. Exact while all prompt state is kept; once
+        finished prompt state is deleted (compaction: seen by a prompt's state vanishing), the
+        counters must be at least what every poll has seen, and `admitted - outcomes` must still
+        equal the outstanding claims exactly (both are counters)."""
         c = snap.counters
-        labels: Counter[str] = Counter()
-        attempts = 0
-        for st in snap.prompts.values():
-            attempts += int(st.get("attempt", 0) or 0)
-            labels.update(v for k, v in st.items() if k.startswith("o:"))
+        vanished = set(self.attempts) - set(snap.prompts)
+        if vanished and not self.compacted:
+            self.compacted = True  # not a violation: the memory fix deletes finished prompt state
+        for pid, st in snap.prompts.items():
+            self.attempts[pid] = max(self.attempts.get(pid, 0), int(st.get("attempt", 0) or 0))
+        if self.compacted:
+            attempts = sum(self.attempts.values())
+            labels = Counter(self.outcomes.values())
+        else:
+            attempts = sum(int(st.get("attempt", 0) or 0) for st in snap.prompts.values())
+            labels = Counter(v for st in snap.prompts.values() for k, v in st.items() if k.startswith("o:"))
         counted = {k[len("outcome:") :]: v for k, v in c.items() if k.startswith("outcome:")}
         checks = [
-            ("admitted", c.get("admitted", 0), attempts, "sum of prompt attempts"),
-            ("outcome:*", sum(counted.values()), sum(labels.values()), "outcomes in prompt state"),
-            ("valid_produced", c.get("valid_produced", 0), labels.get("valid", 0), "valid outcomes"),
-            ("valid_produced", c.get("valid_produced", 0), snap.entries_added, "groups stream entries-added"),
+            ("admitted", c.get("admitted", 0), attempts, "sum of prompt attempts", False),
+            ("outcome:*", sum(counted.values()), sum(labels.values()), "outcomes in prompt state", False),
+            ("valid_produced", c.get("valid_produced", 0), labels.get("valid", 0), "valid outcomes", False),
+            ("valid_produced", c.get("valid_produced", 0), snap.entries_added, "groups stream entries-added", True),
             ("admitted - outcomes", c.get("admitted", 0) - sum(counted.values()), len(snap.claimed),
-             "outstanding claims"),
+             "outstanding claims", True),
         ]  # fmt: skip
         for label in sorted(set(labels) | set(counted)):
-            checks.append((f"outcome:{label}", counted.get(label, 0), labels.get(label, 0), "prompt state"))
-        for name, counter, ledger, what in checks:
-            stream_check = what.startswith("groups stream")
-            ok = counter >= ledger if self.compacted and not stream_check else counter == ledger
+            checks.append(
+                (f"outcome:{label}", counted.get(label, 0), labels.get(label, 0), "prompt state", False)
+            )
+        for name, counter, ledger, what, exact in checks:
+            ok = counter == ledger if exact or not self.compacted else counter >= ledger
             if not ok:
                 self._flag(Kind.COUNTER_MISMATCH, f"{name}={counter}", f"{what} = {ledger}",
-                           counters=c)  # fmt: skip
+                           counters=c, compacted=self.compacted)  # fmt: skip
 
     def _check_groups(
         self, snap: Snapshot, pending: set[str], last_delivered: str, ledger: list[dict[str, Any]]
@@ -411,6 +425,7 @@ class InvariantChecker:
             "groups_unacked": len([s for s in self.stream if s in pending or _sid(s) > delivered]),
             "groups_dropped": dropped,
             "steps": top,
+            "prompt_state_compacted": self.compacted,
             "published_version": snap.published_version,
             "outcomes": {k: v for k, v in snap.counters.items() if k.startswith("outcome:")},
         }
