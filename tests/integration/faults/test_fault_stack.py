@@ -23,6 +23,7 @@ import redis
 from asyncdapo.faults.invariants import DEFAULT_LEASE_S, CheckerThread, InvariantChecker
 from asyncdapo.faults.procs import FaultStack, FaultStackError, _group_members
 from asyncdapo.faults.proxy import Predicate, evalsha
+from asyncdapo.local.ports import wait_until
 from asyncdapo.local.stack import grpc_ready, http_ready
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.v1 import scheduler_pb2
@@ -32,27 +33,15 @@ pytestmark = pytest.mark.slow
 MakeStack = Callable[..., FaultStack]
 
 
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return
-        except Exception:
-            pass
-        time.sleep(interval_s)
-    pytest.fail(f"{what}: not within {timeout_s:.0f} s")
-
-
 def test_the_harness_kills_pauses_and_restarts_each_kind_of_service(fault_stack: MakeStack) -> None:
     stack = fault_stack(gateway_proxies=True).start(trainer=False)
     r = redis.Redis.from_url(stack.redis_url)
     # the scheduler reaches each gateway through its proxy: a cut makes it connect again
     proxy = stack.gateway_proxy(0)
-    _wait(lambda: proxy.stats.connections >= 1, 30, "the scheduler connected to gateway-0's proxy")
+    wait_until(lambda: proxy.stats.connections >= 1, 30, "the scheduler connected to gateway-0's proxy")
     before = proxy.stats.connections
     assert proxy.cut_all() >= 1
-    _wait(lambda: proxy.stats.connections > before, 60, "the scheduler reconnecting to gateway-0")
+    wait_until(lambda: proxy.stats.connections > before, 60, "the scheduler reconnecting to gateway-0")
     # Redis: SIGKILL, down for 1 s, back on the same port with every acknowledged write (AOF, fsync always)
     r.set("probe", "before-kill")
     stack.restart("redis", how="kill", down_s=1.0)
@@ -79,14 +68,14 @@ def test_the_harness_kills_pauses_and_restarts_each_kind_of_service(fault_stack:
     with pytest.raises(Exception):  # noqa: B017 - DEADLINE_EXCEEDED
         grpc_ready(address)
     stack.resume("gateway-0")
-    _wait(lambda: grpc_ready(address), 10, "gateway-0 serving after SIGCONT")
+    wait_until(lambda: grpc_ready(address), 10, "gateway-0 serving after SIGCONT")
 
     # a process that dies on its own is restarted by the supervisor, and the crash is on record
     victim = stack.service("gateway-1")
     old = victim.pid
     assert old is not None
     os.kill(old, signal.SIGKILL)
-    _wait(
+    wait_until(
         lambda: victim.pid != old and grpc_ready(f"127.0.0.1:{stack.gateway_ports[1]}"), 30, "gateway-1 back"
     )
     assert [e.service for e in stack.unplanned_restarts()] == ["gateway-1"]
@@ -144,7 +133,7 @@ def test_scheduler_restarted_at_once_strands_no_claim(fault_stack: MakeStack, ho
         held.update(_claims(r, keys))
         return bool(held)
 
-    _wait(holding, 60, "the scheduler holding a claim", interval_s=0.02)
+    wait_until(holding, 60, "the scheduler holding a claim", interval_s=0.02)
     step = stack.trained_steps()
     t_fault = time.monotonic()
     stack.restart("scheduler", how=how)  # same port, at once, default lease
@@ -200,7 +189,9 @@ def test_lost_finish_reply_keeps_memory_equal_to_redis(fault_stack: MakeStack) -
     rule = stack.redis_proxy("scheduler").lose_reply(_finish_carrying_valid_number(bound))
     stack.start_trainer()
     # hold the trainer once it queued prompts: the scheduler must stop at the bound of version 0
-    _wait(lambda: r.llen(keys.prompts) > 0 or r.hlen(keys.prompts_claimed) > 0, 120, "prompts queued", 0.02)
+    wait_until(
+        lambda: r.llen(keys.prompts) > 0 or r.hlen(keys.prompts_claimed) > 0, 120, "prompts queued", 0.02
+    )
     stack.pause("trainer")
     if not rule.wait(60):
         pytest.fail(
@@ -230,7 +221,8 @@ def test_lost_finish_reply_keeps_memory_equal_to_redis(fault_stack: MakeStack) -
     print(f"lost FINISH reply: valid_produced in Redis {in_redis}, in the scheduler's memory {in_memory}, "
           f"phase {scheduler_pb2.RunPhase.Name(status.phase)}, in flight {status.in_flight_prompts}, "  # type: ignore[attr-defined]
           f"bound {bound}\n{checker.report()}")  # fmt: skip
-    assert in_redis == bound
+    if in_redis != bound:  # the fault did not hit where intended: a harness problem, not the one under test
+        pytest.fail(f"valid_produced {in_redis} in Redis, expected the bound {bound}")
     assert in_memory == in_redis, (
         "the scheduler's valid_produced differs from Redis after a lost FINISH reply"
     )

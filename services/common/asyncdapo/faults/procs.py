@@ -45,22 +45,13 @@ from asyncdapo.errors import AsyncdapoError
 from asyncdapo.faults.proxy import ProxyThread
 from asyncdapo.local.ports import free_port
 from asyncdapo.local.stack import grpc_ready, http_ready
+from asyncdapo.local.supervisor import _tail
 
 MARKER_ENV = "ASYNCDAPO_FAULTS_RUN"
 
 
 class FaultStackError(AsyncdapoError):
     """A service of the fault stack failed to start or to become ready; names it and its log."""
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def _cli(*args: str) -> list[str]:
