@@ -156,7 +156,8 @@ def test_scheduler_restarted_at_once_strands_no_claim(fault_stack: MakeStack, ho
     time.sleep(max(0.0, t_fault + DEFAULT_LEASE_S + 11 - time.monotonic()))
     checker.poll()
     print(f"scheduler {how} + restart: {len(held)} claim(s) held at the fault; without an outcome "
-          f"{DEFAULT_LEASE_S + 5:.0f} s later: {stranded}\n{checker.report()}")  # fmt: skip
+          f"{DEFAULT_LEASE_S + 5:.0f} s later: {stranded}; unplanned restarts: {stack.unplanned_restarts()}"
+          f"\n{checker.report()}")  # fmt: skip
     assert not stranded, f"attempts of the {how}ed scheduler without an outcome lease + 5 s later: {stranded}"
     assert progressed, "the run did not progress after the restart"
     assert checker.violations == [], checker.report()

@@ -169,6 +169,8 @@ class InvariantChecker:
         self.outcomes: dict[tuple[str, int], str] = {}  # every (pid, attempt) outcome ever seen
         self.stream: dict[str, str] = {}  # stream id -> prompt id of every committed group seen
         self._stream_cursor = "-"
+        self.audit: Counter[tuple[str, int]] = Counter()  # outcomes per attempt in the audit stream
+        self._audit_cursor = "-"
         self.max_version = 0
         self.memory: list[MemorySample] = []
         self.last: Snapshot | None = None
@@ -242,17 +244,21 @@ class InvariantChecker:
         return rows
 
     def _read_audit(self) -> Counter[tuple[str, int]]:
-        """Outcomes per attempt from the `outcomes` audit stream (empty if there is none)."""
+        """Outcomes per attempt from the `outcomes` audit stream, read incrementally and counted
+        over the whole run (empty while the scheduler writes no such stream). Entry fields: the
+        prompt id (`pid`), the attempt (`attempt`) and the outcome label."""
         key = self.keys.prefix + AUDIT_STREAM
-        counts: Counter[tuple[str, int]] = Counter()
         if self.r.type(key) != b"stream":
-            return counts
-        for _, fields in self.r.xrange(key):
-            f = {_s(k): _s(v) for k, v in fields.items()}
-            pid = f.get("pid", f.get("prompt", ""))
-            attempt = f.get("attempt", f.get("a", "0"))
-            counts[(pid, int(attempt))] += 1
-        return counts
+            return self.audit
+        while True:
+            start = "-" if self._audit_cursor == "-" else "(" + self._audit_cursor
+            batch = self.r.xrange(key, min=start, count=1000)
+            if not batch:
+                return self.audit
+            for _, fields in batch:
+                f = {_s(k): _s(v) for k, v in fields.items()}
+                self.audit[(f.get("pid", f.get("prompt", "")), int(f.get("attempt", f.get("a", "0"))))] += 1
+            self._audit_cursor = _s(batch[-1][0])
 
     def memory_sample(self, version: int, stream_len: int) -> MemorySample:
         mem = self.r.info("memory")
