@@ -21,8 +21,9 @@ import pytest
 import redis
 
 from asyncdapo.faults.invariants import DEFAULT_LEASE_S, CheckerThread, InvariantChecker
-from asyncdapo.faults.procs import FaultStack, FaultStackError, _group_members
+from asyncdapo.faults.procs import FaultStack, FaultStackError
 from asyncdapo.faults.proxy import Predicate, evalsha
+from asyncdapo.faults.service import group_members
 from asyncdapo.local.ports import wait_until
 from asyncdapo.local.stack import grpc_ready, http_ready
 from asyncdapo.redis_keys import RunKeys
@@ -54,9 +55,9 @@ def test_the_harness_kills_pauses_and_restarts_each_kind_of_service(fault_stack:
     # verifier: a kill takes its whole process group (its math-verify pool workers) with it
     verifier = stack.service("verifier")
     pgid = verifier.pid
-    assert pgid is not None and len(_group_members(pgid)) >= 2, "the verifier runs a worker pool"
+    assert pgid is not None and len(group_members(pgid)) >= 2, "the verifier runs a worker pool"
     stack.kill("verifier")
-    assert _group_members(pgid) == []
+    assert group_members(pgid) == []
     with pytest.raises(Exception):  # noqa: B017 - refused, whatever httpx calls it
         http_ready(f"http://127.0.0.1:{stack.verifier_port}/readyz")
     stack.start_service("verifier")  # waits until ready, same port
