@@ -114,6 +114,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--sim-reload-ms", type=float, default=200.0)
     s.add_argument("--sim-kv-capacity-tokens", type=int, default=1 << 20)
+    s.add_argument(
+        "--sim-answer-key",
+        metavar="FILE",
+        default=None,
+        help="SIMULATOR answer-key mode: JSON {prompt key: ground truth} (write one with `python -m "
+        "asyncdapo.gateway.sim_answers`); each response is random filler ending in a boxed answer, so "
+        "the real verifier gives groups real variance. Needs --model (its tokenizer.json)",
+    )
+    s.add_argument(
+        "--sim-accuracy",
+        type=float,
+        default=0.5,
+        metavar="P",
+        help="SIMULATOR answer-key mode: probability that a response's boxed answer is the ground truth",
+    )
     p.set_defaults(func=run)
 
 
@@ -135,6 +150,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         raise AsyncdapoError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if args.engine == "vllm" and not args.model:
         raise AsyncdapoError("--model is required with --engine vllm")
+    if args.sim_answer_key and args.engine != "sim":
+        raise AsyncdapoError("--sim-answer-key is a SIMULATOR mode: it needs --engine sim")
     if args.model and not Path(args.model).is_dir():
         raise AsyncdapoError(f"--model {args.model!r} is not a directory")
     if args.vllm_executor == "uni" and args.cpu_affinity is None and args.engine == "vllm" and _on_cpu():
@@ -241,12 +258,17 @@ async def _build_engine(args: argparse.Namespace) -> Any:
             )
         except ValueError as err:
             raise AsyncdapoError(f"simulator settings: {err}") from None
+        from asyncdapo.gateway.sim_answers import load_answer_key
+
+        answer_key = load_answer_key(args.sim_answer_key) if args.sim_answer_key else None
         return SimulatedEngine(
             timing,
             max_concurrency=args.max_concurrency,
             model_dir=args.model,
             initial_version=args.initial_version,
             seed=args.seed,
+            answer_key=answer_key,
+            accuracy=args.sim_accuracy,
         )
     from asyncdapo.gateway import vllm_shm
     from asyncdapo.gateway.vllm_engine import VllmEngine, VllmSettings

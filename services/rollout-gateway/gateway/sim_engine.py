@@ -8,6 +8,10 @@ cost per admitted prompt token, at most `max_concurrency` running requests (the 
 as cached tokens over a token capacity, and response lengths drawn from a configurable distribution
 (`fixed`, `uniform` or `lognormal`; a length below max_tokens ends with EOS, finish `stop`).
 Pause/abort/resume/reload and version labelling follow the same contract as the vLLM engine.
+
+Answer-key mode (`answer_key=`, CLI `--sim-answer-key FILE --sim-accuracy P`, see `sim_answers`):
+still a SIMULATOR, but each response ends in a boxed answer looked up in a key (right with
+probability P), so the real verifier scores groups with real variance and the real trainer trains.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from asyncdapo.gateway.engine import (
     PauseMode,
     PauseResult,
 )
+from asyncdapo.gateway.sim_answers import AnswerKeyError, AnswerSheet
 from asyncdapo.gateway.versions import RunTracker
 
 LENGTH_DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
@@ -95,10 +100,12 @@ class _SimRequest:
     logprobs: list[float] = field(default_factory=list)
     versions: RunTracker = field(default_factory=RunTracker)
     first_token_at: float | None = None
+    plan: list[int] | None = None  # answer-key mode: every token of the response, decided up front
 
 
 class SimulatedEngine:
-    """SIMULATOR engine (see module docstring). Not a model: outputs are random numbers."""
+    """SIMULATOR engine (see module docstring). Not a model: outputs are random numbers, or with an
+    answer key, random filler ending in a looked-up (right or deliberately wrong) boxed answer."""
 
     def __init__(
         self,
@@ -108,6 +115,8 @@ class SimulatedEngine:
         model_dir: str | None = None,
         initial_version: int = 0,
         seed: int = 0,
+        answer_key: dict[str, str] | None = None,
+        accuracy: float = 0.5,
     ) -> None:
         self.timing = timing
         self.max_concurrency = max_concurrency
@@ -121,6 +130,19 @@ class SimulatedEngine:
         eos = config.get("eos_token_id", 0)
         self._eos = int(eos[0] if isinstance(eos, list) else eos)
         self._tokenizer = _load_tokenizer(model_dir)
+        self.answers: AnswerSheet | None = None
+        if answer_key is not None:
+            if self._tokenizer is None:
+                raise AnswerKeyError(
+                    "--sim-answer-key needs --model with a tokenizer.json (to write answers)"
+                )
+            self.answers = AnswerSheet(
+                answer_key,
+                self._tokenizer,
+                vocab_size=self.info.vocab_size,
+                eos_token_id=self._eos,
+                accuracy=accuracy,
+            )
         self._rng = random.Random(seed)
         self._version = initial_version
         self._state = _State.RUNNING
@@ -149,12 +171,26 @@ class SimulatedEngine:
         seed = request.sampling.seed
         rng = random.Random(seed) if seed is not None else self._rng
         natural = self.timing.natural_length(rng)
-        if request.sampling.ignore_eos or natural >= request.sampling.max_tokens:
+        plan = None
+        if self.answers is not None:
+            sp = request.sampling
+            planned = self.answers.plan(
+                request.prompt_token_ids, natural, sp.max_tokens, rng,
+                ignore_eos=sp.ignore_eos, stop_token_ids=sp.stop_token_ids,
+            )  # fmt: skip
+            plan, target, finish = planned.tokens, len(planned.tokens), planned.finish
+        elif request.sampling.ignore_eos or natural >= request.sampling.max_tokens:
             target, finish = request.sampling.max_tokens, Finish.LENGTH
         else:
             target, finish = natural, Finish.STOP
         req = _SimRequest(
-            request, rng, target, finish, time.monotonic(), asyncio.get_running_loop().create_future()
+            request,
+            rng,
+            target,
+            finish,
+            time.monotonic(),
+            asyncio.get_running_loop().create_future(),
+            plan=plan,
         )
         self._by_id[request.request_id] = req
         self._waiting.append(req)
@@ -280,7 +316,9 @@ class SimulatedEngine:
 
     def _emit_token(self, req: _SimRequest, now: float) -> None:
         last = len(req.tokens) + 1 == req.target
-        if last and req.finish_at_target is Finish.STOP:
+        if req.plan is not None:
+            token = req.plan[len(req.tokens)]
+        elif last and req.finish_at_target is Finish.STOP:
             token = self._eos
         else:
             token = req.rng.randrange(self.info.vocab_size)
