@@ -144,17 +144,19 @@ def test_lost_reply_of_the_schedulers_finish_script(proxy: ProxyThread, direct: 
     k = RunKeys("proxy-test")
     direct.hset(k.prompt("p1"), mapping={"attempt": 1, "n": 0})
     direct.hset(k.prompts_claimed, "p1", "o|1|0")
+    direct.set(k.scheduler_epoch, 1)
     c = _client(proxy)
     rule = proxy.lose_reply(evalsha("finish"))
-    keys = [k.counters, k.prompts_claimed, k.prompts, k.groups, k.prompt("p1")]
-    argv = ["p1", 1, "filtered", "", -1, "", 0]
+    keys = [k.counters, k.prompts_claimed, k.prompts, k.groups, k.scheduler_epoch, k.outcomes]
+    keys += [k.prompt("p1"), k.prompt_data("p1")]
+    argv = [1, 1, 0, 300, 1000, 0, "p1", 1, "filtered", "", -1, "", 0]
     with pytest.raises(redis.ConnectionError):
         c.evalsha(script_sha("finish"), len(keys), *keys, *argv)
     assert rule.fired.is_set()
     # FINISH ran: the outcome is recorded and the claim released, though the client never heard
     assert direct.hget(k.prompt("p1"), "o:1") == b"filtered" and not direct.hexists(k.prompts_claimed, "p1")
     # the retry a client makes sees the recorded outcome
-    assert c.evalsha(script_sha("finish"), len(keys), *keys, *argv) == [[b"dup:filtered", b"0"]]
+    assert c.evalsha(script_sha("finish"), len(keys), *keys, *argv) == [[b"dup:filtered", b"0", b"0"]]
 
 
 def test_raw_mode_and_an_absent_upstream(redis_url: str) -> None:

@@ -27,6 +27,7 @@ from asyncdapo.faults.service import group_members
 from asyncdapo.local.ports import wait_until
 from asyncdapo.local.stack import grpc_ready, http_ready
 from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.lua import FINISH_FIELDS, FINISH_HEADER
 from asyncdapo.v1 import scheduler_pb2
 
 pytestmark = pytest.mark.slow
@@ -119,7 +120,6 @@ def _claims(r: redis.Redis, keys: RunKeys) -> dict[str, tuple[str, int]]:
     return out
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="scheduler fix pending (issue 14 point 1)")
 @pytest.mark.parametrize("how", ["kill", "term"])
 def test_scheduler_restarted_at_once_strands_no_claim(fault_stack: MakeStack, how: str) -> None:
     stack = fault_stack().start()
@@ -175,13 +175,12 @@ def _finish_carrying_valid_number(k: int) -> Predicate:
             return False
         argv = cmd[3 + int(cmd[2]) :]
         before = seen
-        seen += sum(1 for outcome in argv[2::7] if outcome == b"valid")
+        seen += sum(1 for outcome in argv[FINISH_HEADER + 2 :: FINISH_FIELDS] if outcome == b"valid")
         return before < k <= seen
 
     return match
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="scheduler fix pending (issue 14 point 5)")
 def test_lost_finish_reply_keeps_memory_equal_to_redis(fault_stack: MakeStack) -> None:
     stack = fault_stack(redis_proxy_for=("scheduler",)).start(trainer=False)
     r = redis.Redis.from_url(stack.redis_url)

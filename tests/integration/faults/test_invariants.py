@@ -19,17 +19,31 @@ RUN = "inv"
 K = RunKeys(RUN)
 
 
+EPOCH = 1  # the fencing epoch the scripts are called with (the run's `scheduler:epoch`)
+
+
 def _claim(r: redis.Redis, owner: str, count: int, now_ms: int | None = None) -> list[str]:
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    out = r.eval(CLAIM, 3, K.prompts, K.prompts_claimed, K.counters, count, owner, now_ms, K.prompt(""), 4)
-    return [x.decode() for x in out[::2]]
+    r.set(K.scheduler_epoch, EPOCH, nx=True)
+    keys = [
+        K.prompts,
+        K.prompts_claimed,
+        K.counters,
+        K.scheduler_epoch,
+        K.claim_token(f"{owner}:{time.time_ns()}"),
+    ]
+    out = r.eval(CLAIM, len(keys), *keys, count, owner, now_ms, K.prompt(""), 4, EPOCH, 600)
+    assert out[0] == b"ok", out
+    return [x.decode() for x in out[2::2]]
 
 
 def _finish(r: redis.Redis, pid: str, attempt: int, outcome: str) -> str:
     group = rollout_pb2.Group(run=RUN, prompt_id=pid).SerializeToString() if outcome == "valid" else b""
-    keys = [K.counters, K.prompts_claimed, K.prompts, K.groups, K.prompt(pid)]
-    reply = r.eval(FINISH, len(keys), *keys, pid, attempt, outcome, "x", -1, group, 0)
-    return reply[0][0].decode()
+    keys = [K.counters, K.prompts_claimed, K.prompts, K.groups, K.scheduler_epoch, K.outcomes]
+    keys += [K.prompt(pid), K.prompt_data(pid)]
+    args = [EPOCH, 1, 1 << 20, 300, 100_000, 0, pid, attempt, outcome, "x", -1, group, 0]
+    reply = r.eval(FINISH, len(keys), *keys, *args)
+    return reply[0][0].decode().split(":")[0]
 
 
 @pytest.fixture()
@@ -38,7 +52,7 @@ def state(redis_url: str, tmp_path: Path) -> tuple[redis.Redis, Path]:
     claimed again by a live scheduler, e0-3 queued."""
     r = redis.Redis.from_url(redis_url)
     r.rpush(K.prompts, "e0-0", "e0-1", "e0-2", "e0-3")
-    r.set(f"{K.prefix}scheduler:lease:owner-a", 1, px=15_000)
+    r.set(K.scheduler_lease, f"owner-a|{EPOCH}", px=15_000)
     assert _claim(r, "owner-a", 3) == ["e0-0", "e0-1", "e0-2"]
     assert _finish(r, "e0-0", 1, "valid") == "valid"
     assert _finish(r, "e0-1", 1, "filtered") == "filtered"
@@ -99,8 +113,7 @@ def test_two_outcomes_between_polls_and_in_the_audit_stream(state: tuple[redis.R
     ck = _checker(r, trainer)
     assert ck.poll() == []
     r.hset(K.prompt("e0-1"), "o:1", "valid")
-    r.xadd(K.prefix + AUDIT_STREAM, {"pid": "e0-0", "attempt": 1, "outcome": "valid"})
-    r.xadd(K.prefix + AUDIT_STREAM, {"pid": "e0-0", "attempt": 1, "outcome": "requeued"})
+    r.xadd(K.prefix + AUDIT_STREAM, {"p": "e0-0", "a": 1, "o": "requeued:x", "e": EPOCH})
     found = [v for v in ck.poll() if v.kind is Kind.TWO_OUTCOMES]
     assert {v.subject for v in found} == {"e0-1#1", "e0-0#1"}
     assert "from 'filtered' to 'valid'" in str(found[0]) or "from 'filtered' to 'valid'" in str(found[1])
@@ -110,14 +123,15 @@ def test_stranded_and_bad_claims(state: tuple[redis.Redis, Path]) -> None:
     r, trainer = state
     old = int(time.time() * 1000) - 40_000
     r.rpush(K.prompts, "e0-9")
-    assert _claim(r, "dead-owner", 1, now_ms=old) == ["e0-3"]  # no lease key: its owner is gone
+    assert _claim(r, "dead-owner", 1, now_ms=old) == ["e0-3"]  # it holds no lease: it is gone
     r.hset(K.prompts_claimed, "e0-1", "owner-a|1|0")  # a claim of an attempt that already has an outcome
     found = _checker(r, trainer).poll()
     stranded = [v for v in found if v.kind is Kind.STRANDED_CLAIM]
     assert [v.subject for v in stranded] == ["e0-3#1"] and "dead-owner" in stranded[0].detail
     assert {v.subject for v in found if v.kind is Kind.BAD_CLAIM} == {"e0-1#1"}
     # the same old claim held by a live owner is not stranded (a long generation), unless a cap is set
-    r.set(f"{K.prefix}scheduler:lease:dead-owner", 1, px=15_000)
+    r.hdel(K.prompts_claimed, "e0-1")
+    r.set(K.scheduler_lease, f"dead-owner|{EPOCH}", px=15_000)
     assert Kind.STRANDED_CLAIM not in _kinds(_checker(r, trainer).poll())
     assert Kind.STRANDED_CLAIM in _kinds(_checker(r, trainer, max_claim_age_s=30).poll())
 

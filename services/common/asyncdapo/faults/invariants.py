@@ -5,7 +5,8 @@ What must hold (DESIGN.md, "Durability"), and where the checker reads it:
   `prompts:claimed`; two outcomes show as an `o:{k}` that changed between polls, as counters that
   count more outcomes than the ledger holds, or (when the scheduler writes one) as two entries of
   the `outcomes` audit stream;
-- no claim older than lease + 10 s whose owner is gone (its `scheduler:lease:{owner}` key expired);
+- no claim older than lease + 10 s whose owner is gone (it no longer holds the run's
+  `scheduler:lease`: it died, or a successor took the run over);
 - every committed group (an entry of the `groups` stream) is trained exactly once or still pending:
   the trainer's ledger `trained.jsonl` (one line per step: stream_ids, group_ids) lists it once,
   and acknowledged entries it does not list are at most the groups the trainer dropped
@@ -40,7 +41,7 @@ from asyncdapo.faults.snapshot import Snapshot, _s, _sid, read_snapshot
 from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
 
 AUDIT_STREAM = (
-    "outcomes"  # a STREAM of {pid, attempt, outcome} per recorded outcome, if the scheduler writes one
+    "outcomes"  # the scheduler's audit STREAM: {p: prompt id, a: attempt, o: label, e: epoch} per outcome
 )
 DEFAULT_LEASE_S = 15.0  # the scheduler's claim lease (scheduler/queue.py)
 
@@ -94,7 +95,6 @@ class InvariantChecker:
         stranded_after_s: float | None = None,  # default: lease + 10 s
         max_claim_age_s: float | None = None,  # flag any claim older than this, even a live owner's
         prompt_state_compacted: bool = False,  # see _check_counters; also detected by itself
-        lease_key_prefix: str = "scheduler:lease:",  # + owner: the key a live scheduler keeps alive
     ) -> None:
         import redis
 
@@ -106,7 +106,6 @@ class InvariantChecker:
         )
         self.max_claim_age_ms = int(1000 * max_claim_age_s) if max_claim_age_s is not None else None
         self.compacted = prompt_state_compacted
-        self.lease_key_prefix = lease_key_prefix
         self.attempts: dict[str, int] = {}  # pid -> the highest attempt ever seen
         self.violations: list[Violation] = []
         self._seen: set[tuple[Kind, str]] = set()
@@ -124,7 +123,7 @@ class InvariantChecker:
     # ------------------------------------------------------------------ reading
 
     def snapshot(self) -> Snapshot:
-        return read_snapshot(self.r, self.keys, self.lease_key_prefix)
+        return read_snapshot(self.r, self.keys)
 
     def _read_stream(self) -> tuple[set[str], str]:
         """New entries into `self.stream`; returns (pending ids, last delivered id)."""
@@ -173,7 +172,7 @@ class InvariantChecker:
     def _read_audit(self) -> Counter[tuple[str, int]]:
         """Outcomes per attempt from the `outcomes` audit stream, read incrementally and counted
         over the whole run (empty while the scheduler writes no such stream). Entry fields: the
-        prompt id (`pid`), the attempt (`attempt`) and the outcome label."""
+        prompt id (`p`), the attempt (`a`), the outcome label (`o`) and the scheduler epoch (`e`)."""
         key = self.keys.prefix + AUDIT_STREAM
         if self.r.type(key) != b"stream":
             return self.audit
@@ -184,7 +183,7 @@ class InvariantChecker:
                 return self.audit
             for _, fields in batch:
                 f = {_s(k): _s(v) for k, v in fields.items()}
-                self.audit[(f.get("pid", f.get("prompt", "")), int(f.get("attempt", f.get("a", "0"))))] += 1
+                self.audit[(f["p"], int(f["a"]))] += 1
             self._audit_cursor = _s(batch[-1][0])
 
     def memory_sample(self, version: int, stream_len: int) -> MemorySample:

@@ -1,6 +1,6 @@
 """One atomic read of a run's control state in Redis, for the invariant checker.
 
-Prompt state, claims, counters, the queue, the scheduler leases, the groups stream's entries-added
+Prompt state, claims, counters, the queue, the scheduler's lease, the groups stream's entries-added
 and the published version are read by one Lua script: a consistent snapshot, so a FINISH or a
 CLAIM landing between two reads can never look like a violation.
 """
@@ -35,7 +35,7 @@ if redis.call('EXISTS', prefix .. 'groups') == 1 then
 end
 return {redis.call('TIME'), prompts, redis.call('HGETALL', prefix .. 'prompts:claimed'),
         redis.call('HGETALL', prefix .. 'counters'), redis.call('LRANGE', prefix .. 'prompts', 0, -1),
-        redis.call('KEYS', pat .. ARGV[3] .. '*'), added,
+        redis.call('GET', prefix .. 'scheduler:lease') or '', added,
         redis.call('HGET', prefix .. 'weights', 'version') or ''}
 """
 
@@ -69,24 +69,24 @@ class Snapshot:
     published_version: int | None
 
 
-def read_snapshot(r: Any, keys: RunKeys, lease_key_prefix: str = "scheduler:lease:") -> Snapshot:
-    """The snapshot of run `keys`; a live owner is one whose `prefix + lease_key_prefix + owner`
-    key exists."""
+def read_snapshot(r: Any, keys: RunKeys) -> Snapshot:
+    """The snapshot of run `keys`; the live owner is the one named by the run's lease key
+    (`scheduler:lease` = `owner|epoch`, see asyncdapo.scheduler.queue), if it has not expired."""
     p = keys.prefix
-    raw = r.eval(_SNAPSHOT, 0, p, _glob_escape(p), _glob_escape(lease_key_prefix))
-    t, flat_prompts, claimed, counters, queue, leases, added, version = raw
+    raw = r.eval(_SNAPSHOT, 0, p, _glob_escape(p))
+    t, flat_prompts, claimed, counters, queue, lease, added, version = raw
     prompts = {}
     plen = len(p + "prompt:")
     for i in range(0, len(flat_prompts), 2):
         prompts[_s(flat_prompts[i])[plen:]] = _pairs(flat_prompts[i + 1])
-    lease_prefix = p + lease_key_prefix
+    holder = _s(lease).split("|")[0] if _s(lease) else ""
     return Snapshot(
         now_ms=int(t[0]) * 1000 + int(t[1]) // 1000,
         prompts=prompts,
         claimed=_pairs(claimed),
         counters={k: int(float(v)) for k, v in _pairs(counters).items()},
         queue=[_s(x) for x in queue],
-        live_owners={_s(k)[len(lease_prefix) :] for k in leases},
+        live_owners={holder} if holder else set(),
         entries_added=int(added),
         published_version=int(_s(version)) if _s(version) else None,
     )
