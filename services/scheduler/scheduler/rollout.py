@@ -50,7 +50,7 @@ from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.pdsr import PdsrRouter
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.scheduler.queue import Claim, PromptQueue
-from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreJob, Scorer
+from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
 from asyncdapo.scheduler.tasks import (
     Kind,
     LengthStats,
@@ -114,7 +114,6 @@ class Rollout:
             BatcherConfig(
                 batch_size=cfg.reward.verifier_batch_size,
                 concurrency=cfg.reward.verifier_concurrency,
-                max_retries=cfg.reward.verifier_max_retries,
             ),
             on_scored=self._on_scored,
             on_failed=self._on_score_failed,
@@ -414,7 +413,7 @@ class Rollout:
                 task.progress = p
                 self._on_group_complete(task)
 
-    async def _on_score_failed(self, jobs: list[ScoreJob], why: str) -> None:
+    async def _on_score_failed(self, jobs: list[ScoreJob], why: ScoreFailure) -> None:
         self.metrics.verifier_errors.labels("gave_up").inc(len(jobs))
         for job in jobs:
             self._fail_task(job.ctx[0], DropReason.VERIFIER_ERROR.value, why)

@@ -31,7 +31,7 @@ from asyncdapo.prompts import PromptRecord, queue_prompts
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.evaluate import evaluate
 from asyncdapo.scheduler.rollout import Phase, Rollout
-from asyncdapo.scheduler.scoring import Detokenizer, HttpVerifier
+from asyncdapo.scheduler.scoring import Detokenizer, VerifierScorer
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from asyncdapo.verifier.local import VerifierServer
 
@@ -98,7 +98,7 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
         reward={"overlong_buffer": {"len": 8}, "verifier_max_retries": 40},
         trainer={"ppo_mini_batch_size": 2},
     )
-    verifier = HttpVerifier(f"http://127.0.0.1:{vport}", Detokenizer(warm_model_dir), timeout_s=60)
+    verifier = VerifierScorer(f"http://127.0.0.1:{vport}", Detokenizer(warm_model_dir), cfg.reward)
     addrs = [g.address for g in vllm_gateways]
     try:
         async with scheduler(cfg, redis_url, addrs, verifier, token=GATEWAY_TOKEN) as ro:
