@@ -87,8 +87,9 @@ class Detokenizer:
 class VerifierScorer:
     """The production `Scorer`: detokenize, then `VerifierClient.score` (its retry policy and its
     item-limit checks). Metrics on `metrics.registry`: `verifier_errors_total{kind}` per failed
-    attempt (kind = the client's `CallFailure`) and per item not ok (`item_<status>`), and the gauge
-    `verifier_waiting_items` (items whose verifier call failed and wait for a retry)."""
+    attempt (kind = the client's `CallFailure`: connect, timeout, transport, unavailable, rejected,
+    malformed, split) and the gauge `verifier_waiting_items` (responses in verifier calls that failed
+    and wait for their retry; more may queue behind them, up to `verifier_concurrency` calls)."""
 
     def __init__(
         self,
@@ -131,10 +132,6 @@ class VerifierScorer:
                 out.append(ItemScore(ItemStatus.INVALID.value, error=undecodable[i]))
             else:
                 out.append(_item_score(next(scored)))
-        if self.metrics is not None:
-            for res in out:
-                if res.status != ItemStatus.OK:
-                    self.metrics.verifier_errors.labels(f"item_{res.status}").inc()
         return out
 
     def _decode(self, seqs: list[Sequence[int]]) -> tuple[list[str], dict[int, str]]:
@@ -247,8 +244,9 @@ class ScoreBatcher:
             log.error("score batch task failed", exc_info=err)
 
     async def drain(self) -> None:
-        self._flush()
-        while self._tasks:
+        """Until every submitted job is scored or failed (item retries submit jobs again)."""
+        while self._buf or self._tasks:
+            self._flush()
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def _run(self, batch: list[ScoreJob]) -> None:
