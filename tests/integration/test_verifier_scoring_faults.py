@@ -104,8 +104,7 @@ async def scoring(url: str, model_dir: Path) -> AsyncIterator[Scoring]:
     try:
         yield s
     finally:
-        for task in list(s.batcher._tasks):  # a failed test may leave batches waiting
-            task.cancel()
+        await s.batcher.close()  # a failed test may leave batches waiting for the verifier
         await s.close()
 
 

@@ -120,6 +120,22 @@ async def test_items_fail_alone_with_their_reason() -> None:
     assert scorer.calls == 3  # first batch, then the retried items twice
 
 
+async def test_close_cancels_batches_waiting_for_the_verifier() -> None:
+    class Hung:
+        async def score(self, items: Items) -> list[ItemScore]:
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+    out = Outcomes()
+    batcher = _batcher(Hung(), out)
+    batcher.submit(ScoreJob("a", [1], "1", None))
+    await asyncio.sleep(0.05)
+    assert batcher.pending() == 1
+    async with asyncio.timeout(5):
+        await batcher.close()
+    assert batcher.pending() == 0 and out.scored == [] and out.failed == []
+
+
 async def test_finite_retries_spent_fail_the_batch_as_verifier_unavailable() -> None:
     class Down:
         async def score(self, items: Items) -> list[ItemScore]:
@@ -177,15 +193,19 @@ async def test_verifier_scorer_waits_out_failures_with_metrics_and_fails_bad_ite
     batcher = _batcher(scorer, out)
     for k in range(4):
         batcher.submit(ScoreJob(f"r{k}", [1, 2] if k != 2 else [99], "12", None))
-    big = [7] * 70_000  # "A: 777…": 70,003 bytes, fine; the over-limit one is the next
-    batcher.submit(ScoreJob("huge", big * 2, "12", None))
+    batcher.submit(ScoreJob("huge", [7] * 140_000, "12", None))  # "A: 777…": over 128 KiB
+    batcher.submit(ScoreJob("no-gold", [1, 2], "", None))  # an empty ground truth
     async with asyncio.timeout(30):
         await batcher.drain()
     await scorer.aclose()
 
     assert sorted(out.scored) == ["r0", "r1", "r3"]
-    assert sorted(out.failed) == [("huge", ScoreFailure.ITEM_INVALID), ("r2", ScoreFailure.ITEM_INVALID)]
-    assert all("huge" not in ids and "r2" not in ids for ids in seen)  # never sent
+    assert sorted(out.failed) == [
+        ("huge", ScoreFailure.ITEM_INVALID),
+        ("no-gold", ScoreFailure.ITEM_INVALID),
+        ("r2", ScoreFailure.ITEM_INVALID),
+    ]
+    assert all(not {"huge", "r2", "no-gold"} & set(ids) for ids in seen)  # never sent
     assert waiting == [3, 3, 3]  # the three sent items waited through three failed attempts
     assert metrics.registry.get_sample_value("asyncdapo_scheduler_verifier_waiting_items") == 0
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge
+from pydantic import ValidationError
 
 from asyncdapo.config import RewardConfig
 from asyncdapo.scheduler.metrics import SchedulerMetrics
@@ -119,20 +120,22 @@ class VerifierScorer:
         self.waiting_items.set_function(lambda: self.client.waiting_items)
 
     async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[ItemScore]:
-        texts, undecodable = self._decode([toks for _, toks, _ in items])
-        wire = [
-            ScoreItem(id=iid, response=text, ground_truth=gt)
-            for i, ((iid, _, gt), text) in enumerate(zip(items, texts, strict=True))
-            if i not in undecodable
-        ]
+        texts, bad = self._decode([toks for _, toks, _ in items])
+        wire = []
+        for i, ((iid, _, gt), text) in enumerate(zip(items, texts, strict=True)):
+            if i in bad:
+                continue
+            try:  # e.g. an empty ground truth: that item alone is invalid, not its whole batch
+                wire.append(ScoreItem(id=iid, response=text, ground_truth=gt))
+            except ValidationError as err:
+                bad[i] = "not a valid score item: " + "; ".join(
+                    f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()
+                )
         scored = iter(await self.client.score(wire))
-        out = []
-        for i in range(len(items)):
-            if i in undecodable:
-                out.append(ItemScore(ItemStatus.INVALID.value, error=undecodable[i]))
-            else:
-                out.append(_item_score(next(scored)))
-        return out
+        return [
+            ItemScore(ItemStatus.INVALID.value, error=bad[i]) if i in bad else _item_score(next(scored))
+            for i in range(len(items))
+        ]
 
     def _decode(self, seqs: list[Sequence[int]]) -> tuple[list[str], dict[int, str]]:
         """Texts, and the items that cannot be detokenized (they alone fail as invalid)."""
@@ -242,6 +245,16 @@ class ScoreBatcher:
         self._tasks.discard(task)
         if not task.cancelled() and (err := task.exception()) is not None:  # _run catches: a bug
             log.error("score batch task failed", exc_info=err)
+
+    async def close(self) -> None:
+        """Stop: cancel the batches still scoring or waiting for the verifier (shutdown only)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def drain(self) -> None:
         """Until every submitted job is scored or failed (item retries submit jobs again)."""
