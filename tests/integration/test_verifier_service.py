@@ -95,17 +95,28 @@ async def test_typed_client_against_the_service(verifier: VerifierServer) -> Non
     assert [r.acc for r in results] == [k == k % 3 for k in range(40)]
 
 
-def test_limits_are_rejected_naming_the_limit(verifier: VerifierServer) -> None:
+def test_limits_name_the_limit_and_an_oversize_item_fails_alone(verifier: VerifierServer) -> None:
     url = f"{verifier.url}/v1/score"
     too_many = {"items": [_item(str(k), "A: 1", "1") for k in range(65)]}
     r = httpx.post(url, json=too_many)
     assert r.status_code == 413
     assert r.json()["limit"] == "max_items_per_request" and "max_items_per_request=64" in r.json()["detail"]
 
-    too_long = {"items": [_item("a", "A: 1", "1"), _item("b", "9" * 65537, "1")]}
+    # An item over a per-item limit fails alone (`invalid`, naming the limit); the others are scored.
+    too_long = {
+        "items": [_item("a", "A: 1", "1"), _item("b", "9" * 65537, "1"), _item("c", "A: 2", "1" * 4097)]
+        + [_item(f"ok{k}", f"A: {k}", "3") for k in range(5)]
+    }
     r = httpx.post(url, json=too_long)
-    assert r.status_code == 422
-    assert r.json()["limit"] == "max_response_bytes" and "items[1].response" in r.json()["detail"]
+    assert r.status_code == 200
+    got = {res["id"]: res for res in r.json()["results"]}
+    assert list(got) == [it["id"] for it in too_long["items"]]
+    assert got["b"]["status"] == "invalid" and got["b"]["score"] is None
+    assert "max_response_bytes=65536" in got["b"]["error"] and "65537" in got["b"]["error"]
+    assert got["c"]["status"] == "invalid" and "max_ground_truth_bytes=4096" in got["c"]["error"]
+    assert (got["a"]["status"], got["a"]["acc"]) == ("ok", True)
+    assert [got[f"ok{k}"]["acc"] for k in range(5)] == [k == 3 for k in range(5)]
+    assert _metric(verifier.url, "asyncdapo_verifier_items_total", status="invalid") >= 2
 
     r = httpx.post(url, json={"items": [{"id": "a", "response": "A: 1"}]})
     assert r.status_code == 422 and "ground_truth" in r.text

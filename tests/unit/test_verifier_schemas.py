@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from asyncdapo.verifier.config import VerifierSettings
-from asyncdapo.verifier.limits import check_body_size, check_request
+from asyncdapo.verifier.limits import ItemLimits, check_body_size, check_item, check_items, check_request
 from asyncdapo.verifier.protocol import Verdict, decode, encode, result_fields
-from asyncdapo.verifier.schemas import ItemResult, ItemStatus, ScoreRequest
+from asyncdapo.verifier.schemas import ItemResult, ItemStatus, ScoreItem, ScoreRequest
 
 
 def _request(n: int, response: str = "A: 1", ground_truth: str = "1") -> ScoreRequest:
@@ -53,19 +53,27 @@ def test_item_count_limit_is_413_and_named() -> None:
     assert "max_items_per_request=3" in violation.body()["detail"]
 
 
-def test_response_bytes_limit_is_422_and_names_item_and_limit() -> None:
-    settings = VerifierSettings(max_response_bytes=10)
-    assert check_request(_request(2, response="x" * 10), settings) is None
-    # 4 characters but 12 UTF-8 bytes: the limit is on bytes.
-    violation = check_request(_request(2, response="€€€€"), settings)
-    assert violation is not None
-    assert (violation.status_code, violation.limit, violation.actual) == (422, "max_response_bytes", 12)
-    assert "items[0].response" in violation.message and "'i0'" in violation.message
+def test_response_bytes_limit_is_per_item_and_names_the_limit() -> None:
+    limits = ItemLimits.of(VerifierSettings(max_response_bytes=10))
+    request = _request(2, response="x" * 10)
+    assert check_items(request.items, limits) == {} and check_request(request, VerifierSettings()) is None
+    # 4 characters but 12 UTF-8 bytes: the limit is on bytes; only the item over it is named.
+    items = [*_request(2).items, ScoreItem(id="big", response="€€€€", ground_truth="1")]
+    violations = check_items(items, limits)
+    assert list(violations) == [2]
+    v = violations[2]
+    assert (v.limit, v.maximum, v.actual) == ("max_response_bytes", 10, 12)
+    assert "max_response_bytes=10" in v.message and "12 UTF-8 bytes" in v.message
 
 
 def test_ground_truth_bytes_limit() -> None:
-    violation = check_request(_request(1, ground_truth="9" * 11), VerifierSettings(max_ground_truth_bytes=10))
+    limits = ItemLimits.of(VerifierSettings(max_ground_truth_bytes=10))
+    violation = check_item(_request(1, ground_truth="9" * 11).items[0], limits)
     assert violation is not None and violation.limit == "max_ground_truth_bytes"
+
+
+def test_client_side_limits_default_to_the_service_defaults() -> None:
+    assert ItemLimits() == ItemLimits.of(VerifierSettings())
 
 
 def test_body_size_limit() -> None:
@@ -100,7 +108,7 @@ def test_ok_verdict_maps_to_score_and_acc() -> None:
     assert (wrong.status, wrong.score, wrong.acc, wrong.pred) == ("ok", 0.0, False, "")
 
 
-@pytest.mark.parametrize("status", [ItemStatus.TIMEOUT, ItemStatus.ERROR])
+@pytest.mark.parametrize("status", [ItemStatus.TIMEOUT, ItemStatus.ERROR, ItemStatus.INVALID])
 def test_failures_never_carry_a_score(status: ItemStatus) -> None:
     result = to_result("a", Verdict(status, error="why"))
     assert result.status is status

@@ -184,7 +184,13 @@ class RewardConfig(_Strict):
     verifier_timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="Per-item math-verify timeout.")
     verifier_batch_size: int = Field(32, ge=1, le=4096, description="Responses per /v1/score call.")
     verifier_concurrency: int = Field(8, ge=1, le=1024, description="Concurrent verifier calls.")
-    verifier_max_retries: int = Field(5, ge=0, le=100, description="Retries before `verifier_error`.")
+    verifier_max_retries: int | None = Field(
+        None,
+        ge=0,
+        le=100000,
+        description="Retries of a failed verifier call (capped backoff, 2 s) before its prompts are dropped "
+        "as `verifier_error`; null (default): wait for the verifier as long as it takes.",
+    )
 
 
 class AlgorithmConfig(_Strict):

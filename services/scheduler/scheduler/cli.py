@@ -70,7 +70,7 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     from asyncdapo.scheduler.metrics import SchedulerMetrics
     from asyncdapo.scheduler.pool import GatewayPool
     from asyncdapo.scheduler.rollout import Rollout
-    from asyncdapo.scheduler.scoring import Detokenizer, HttpVerifier
+    from asyncdapo.scheduler.scoring import Detokenizer, VerifierScorer
     from asyncdapo.scheduler.service import build_server
 
     log = logging.getLogger("asyncdapo.scheduler")
@@ -81,9 +81,7 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     # blocked on forever
     r = aioredis.from_url(args.redis, socket_timeout=10.0, socket_connect_timeout=5.0)
     pool = GatewayPool(spec, token=token)
-    verifier = HttpVerifier(
-        args.verifier, Detokenizer(tok_dir), timeout_s=cfg.reward.verifier_timeout_s * 4 + 10
-    )
+    verifier = VerifierScorer(args.verifier, Detokenizer(tok_dir), cfg.reward, metrics)
     rollout = Rollout(cfg, r, pool, verifier, metrics)
     await pool.start()
     await rollout.open()

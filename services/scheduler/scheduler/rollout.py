@@ -51,7 +51,7 @@ from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.pdsr import PdsrRouter
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.scheduler.queue import Claim, Fenced, PromptQueue
-from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreJob, Scorer
+from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
 from asyncdapo.scheduler.tasks import (
     Kind,
     LengthStats,
@@ -119,7 +119,6 @@ class Rollout:
             BatcherConfig(
                 batch_size=cfg.reward.verifier_batch_size,
                 concurrency=cfg.reward.verifier_concurrency,
-                max_retries=cfg.reward.verifier_max_retries,
             ),
             on_scored=self._on_scored,
             on_failed=self._on_score_failed,
@@ -338,6 +337,7 @@ class Rollout:
         for t in self._bg:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        await self.batcher.close()
         self.dispatcher.close()
 
     async def wait_idle(self, timeout_s: float) -> None:
@@ -579,12 +579,14 @@ class Rollout:
         self.metrics.completions.inc(counted)
         self.metrics.generated_tokens.inc(tokens)
 
-    async def _on_score_failed(self, jobs: list[ScoreJob], why: str) -> None:
+    async def _on_score_failed(self, jobs: list[ScoreJob], why: ScoreFailure) -> None:
         """Items the verifier judged unscorable for good (each alone: an invalid response, a
-        math-verify timeout on every try); an outage never lands here, it is waited for."""
+        math-verify timeout on every try); an outage never lands here by default, it is waited
+        for — only with a finite `reward.verifier_max_retries` does a call give up."""
         self.metrics.verifier_errors.labels("gave_up").inc(len(jobs))
-        # the call as a whole gave up (only with a finite reward.verifier_max_retries)
-        reason = DropReason.VERIFIER_ERROR if why == "verifier unavailable" else DropReason.UNSCORABLE
+        reason = (
+            DropReason.VERIFIER_ERROR if why is ScoreFailure.VERIFIER_UNAVAILABLE else DropReason.UNSCORABLE
+        )
         for job in jobs:
             self._fail_task(job.ctx[0], reason, str(why))
 

@@ -1,11 +1,23 @@
-"""Scoring finished responses with the verifier: batched, bounded, retried.
+"""Scoring finished responses with the verifier: batched, bounded, and never lost.
 
 `ScoreBatcher` collects responses as they finish and sends them in batches of up to
-`verifier_batch_size` (after at most `linger_s`), at most `verifier_concurrency` batches at a time.
-A batch whose call fails (connection refused, 5xx, timeout) is retried with exponential backoff and
-full jitter up to `verifier_max_retries` times; items the verifier itself could not judge
-(`timeout`/`error`) are retried up to `item_retries` times. What still fails is reported through
-`on_failed` (the rollout drops the prompt as `verifier_error`): a verifier failure is never a 0.
+`verifier_batch_size` (after at most `linger_s`), at most `verifier_concurrency` batches at a time,
+through a `Scorer`. The production scorer, `VerifierScorer`, detokenizes and scores through the
+verifier's own client (`asyncdapo.verifier.client`), which holds the one retry policy: a verifier
+that is away or failing is waited for (capped exponential backoff with jitter, forever with the
+default `reward.verifier_max_retries: null`), an item over a per-item limit comes back `invalid`
+alone. What the batcher does with each result:
+
+- `ok` → `on_scored(jobs)`;
+- `invalid` → `on_failed(jobs, ScoreFailure.ITEM_INVALID)` at once (sending it again cannot help);
+- `timeout` / `error` (the verifier could not judge the item) → sent again up to `item_retries`
+  times, then `on_failed(jobs, ITEM_TIMEOUT | ITEM_ERROR)`;
+- the scorer raised `VerifierUnavailable` (only with a finite `verifier_max_retries`) →
+  `on_failed(jobs, VERIFIER_UNAVAILABLE)`;
+- any other exception in a batch task — the scorer, `on_scored`, `on_failed` — is logged with its
+  traceback and that stage is retried after a capped backoff: a job is never silently lost.
+
+A verifier failure is never a 0: `on_failed` is the only way out other than a verdict.
 """
 
 from __future__ import annotations
@@ -16,43 +28,45 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
+from prometheus_client import CollectorRegistry, Gauge
+from pydantic import ValidationError
+
+from asyncdapo.config import RewardConfig
+from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.verifier.client import Attempt, VerifierClient, VerifierUnavailable, backoff_delay
+from asyncdapo.verifier.schemas import ItemResult, ItemStatus, ScoreItem
 
 log = logging.getLogger(__name__)
 SLOW_CALL_S = 2.0
 
 
+class ScoreFailure(StrEnum):
+    """Why `on_failed` gives up on jobs (a metric label and the drop's detail)."""
+
+    ITEM_INVALID = "item_invalid"  # over a per-item limit, or refused alone by the verifier
+    ITEM_TIMEOUT = "item_timeout"  # the verifier timed out on it, item_retries times over
+    ITEM_ERROR = "item_error"  # the verifier could not judge it (e.g. unparsable ground truth)
+    VERIFIER_UNAVAILABLE = "verifier_unavailable"  # a finite reward.verifier_max_retries ran out
+
+
 @dataclass(frozen=True, slots=True)
 class ItemScore:
-    status: str  # ok | timeout | error
+    status: str  # an ItemStatus value: ok | timeout | error | invalid
     score: float = 0.0
     acc: float = 0.0
     pred: str = ""
     error: str = ""
 
 
-class VerifierUnavailable(RuntimeError):
-    """The verifier could not be reached or kept failing."""
-
-    permanent = False
-
-
-class VerifierRejected(VerifierUnavailable):
-    """The verifier refused the request (4xx): sending it again cannot help."""
-
-    permanent = True
-
-
-RETRYABLE_STATUS = frozenset({408, 425, 429})
-
-
 class Scorer(Protocol):
     async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[ItemScore]:
-        """Score (id, response token ids, ground truth) items, in order; one attempt, raises
-        `VerifierUnavailable` when the call as a whole failed."""
+        """Score (id, response token ids, ground truth) items: one result per item, in order.
+        Waits through verifier failures by its own policy; raises `VerifierUnavailable` only when a
+        finite retry budget is spent. Any other exception is a bug: the batcher logs and retries."""
         ...
 
 
@@ -71,47 +85,85 @@ class Detokenizer:
         return self.tok.decode_batch([list(s) for s in seqs], skip_special_tokens=True)
 
 
-class HttpVerifier:
-    """One `POST /v1/score` per call (asyncdapo.verifier's wire schema)."""
+class VerifierScorer:
+    """The production `Scorer`: detokenize, then `VerifierClient.score` (its retry policy and its
+    item-limit checks). Metrics on `metrics.registry`: `verifier_errors_total{kind}` per failed
+    attempt (kind = the client's `CallFailure`: connect, timeout, transport, unavailable, rejected,
+    malformed, split) and the gauge `verifier_waiting_items` (responses in verifier calls that failed
+    and wait for their retry; more may queue behind them, up to `verifier_concurrency` calls)."""
 
-    def __init__(self, url: str, detok: Detokenizer, timeout_s: float) -> None:
-        self.url = url.rstrip("/") + "/v1/score"
+    def __init__(
+        self,
+        url: str,
+        detok: Detokenizer,
+        reward: RewardConfig,
+        metrics: SchedulerMetrics | None = None,
+        **client_kw: Any,
+    ) -> None:
         self.detok = detok
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=2.0))
+        self.metrics = metrics
+        self.client = VerifierClient(
+            url,
+            # one attempt may hold a batch's items behind each other on a busy verifier
+            timeout_s=reward.verifier_timeout_s * 4 + 10,
+            max_retries=reward.verifier_max_retries,
+            batch_size=reward.verifier_batch_size,
+            max_concurrency=reward.verifier_concurrency,
+            on_attempt=self._on_attempt,
+            **client_kw,
+        )
+        self.waiting_items = Gauge(
+            "asyncdapo_scheduler_verifier_waiting_items",
+            "Responses whose verifier call failed and that wait for a retry (0 while the verifier answers).",
+            registry=metrics.registry if metrics is not None else CollectorRegistry(),
+        )
+        self.waiting_items.set_function(lambda: self.client.waiting_items)
 
     async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[ItemScore]:
-        texts = self.detok.decode_batch([toks for _, toks, _ in items])
-        body = {
-            "items": [
-                {"id": iid, "response": text, "ground_truth": gt}
-                for (iid, _, gt), text in zip(items, texts, strict=True)
-            ]
-        }
-        try:
-            r = await self.client.post(self.url, json=body)
-        except httpx.HTTPError as err:
-            raise VerifierUnavailable(f"{type(err).__name__}: {err}") from err
-        if 400 <= r.status_code < 500 and r.status_code not in RETRYABLE_STATUS:
-            raise VerifierRejected(f"HTTP {r.status_code}: {r.text[:200]}")
-        if r.status_code != 200:
-            raise VerifierUnavailable(f"HTTP {r.status_code}: {r.text[:200]}")
-        results = r.json().get("results", [])
-        if len(results) != len(items):
-            raise VerifierUnavailable(f"{len(results)} results for {len(items)} items")
-        out = []
-        for (iid, _, _), res in zip(items, results, strict=True):
-            if res.get("id") != iid:
-                raise VerifierUnavailable(f"result id {res.get('id')!r} does not match item {iid!r}")
-            if res["status"] == "ok":
-                out.append(
-                    ItemScore("ok", float(res["score"]), float(bool(res["acc"])), res.get("pred") or "")
+        texts, bad = self._decode([toks for _, toks, _ in items])
+        wire = []
+        for i, ((iid, _, gt), text) in enumerate(zip(items, texts, strict=True)):
+            if i in bad:
+                continue
+            try:  # e.g. an empty ground truth: that item alone is invalid, not its whole batch
+                wire.append(ScoreItem(id=iid, response=text, ground_truth=gt))
+            except ValidationError as err:
+                bad[i] = "not a valid score item: " + "; ".join(
+                    f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()
                 )
-            else:
-                out.append(ItemScore(res["status"], error=res.get("error") or res["status"]))
-        return out
+        scored = iter(await self.client.score(wire))
+        return [
+            ItemScore(ItemStatus.INVALID.value, error=bad[i]) if i in bad else _item_score(next(scored))
+            for i in range(len(items))
+        ]
+
+    def _decode(self, seqs: list[Sequence[int]]) -> tuple[list[str], dict[int, str]]:
+        """Texts, and the items that cannot be detokenized (they alone fail as invalid)."""
+        try:
+            return self.detok.decode_batch(seqs), {}
+        except Exception:  # find the culprit(s): one bad item must not block its batch forever
+            texts, bad = [], {}
+            for i, seq in enumerate(seqs):
+                try:
+                    texts.append(self.detok.decode_batch([seq])[0])
+                except Exception as err:
+                    texts.append("")
+                    bad[i] = f"cannot detokenize the response: {type(err).__name__}: {err}"
+            return texts, bad
+
+    def _on_attempt(self, attempt: Attempt) -> None:
+        if attempt.failure is not None and self.metrics is not None:
+            self.metrics.verifier_errors.labels(attempt.failure.value).inc()
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _item_score(res: ItemResult) -> ItemScore:
+    if res.status is ItemStatus.OK:
+        assert res.score is not None and res.acc is not None  # the client checked the invariant
+        return ItemScore(ItemStatus.OK.value, float(res.score), float(res.acc), res.pred or "")
+    return ItemScore(res.status.value, error=res.error or res.status.value)
 
 
 @dataclass(slots=True)
@@ -128,10 +180,9 @@ class ScoreJob:
 class BatcherConfig:
     batch_size: int = 32
     concurrency: int = 8
-    max_retries: int = 5
     item_retries: int = 2
     linger_s: float = 0.002
-    backoff_base_s: float = 0.1
+    backoff_base_s: float = 0.1  # item retries and retries after an unexpected exception
     backoff_max_s: float = 2.0
 
 
@@ -140,6 +191,13 @@ class BatcherStats:
     calls: int = 0
     call_failures: int = 0
     item_failures: int = 0
+    callback_failures: int = 0
+
+
+_FAILED_ITEM = {
+    ItemStatus.INVALID.value: ScoreFailure.ITEM_INVALID,
+    ItemStatus.TIMEOUT.value: ScoreFailure.ITEM_TIMEOUT,
+}
 
 
 class ScoreBatcher:
@@ -148,7 +206,7 @@ class ScoreBatcher:
         scorer: Scorer,
         cfg: BatcherConfig,
         on_scored: Callable[[list[ScoreJob]], Awaitable[None]],
-        on_failed: Callable[[list[ScoreJob], str], Awaitable[None]],
+        on_failed: Callable[[list[ScoreJob], ScoreFailure], Awaitable[None]],
         on_call: Callable[[float, bool], None] | None = None,
     ) -> None:
         self.scorer = scorer
@@ -160,6 +218,7 @@ class ScoreBatcher:
         self._sem = asyncio.Semaphore(cfg.concurrency)
         self._flush_handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._rng = random.Random()
         self.stats = BatcherStats()
 
     def submit(self, job: ScoreJob) -> None:
@@ -180,67 +239,125 @@ class ScoreBatcher:
             batch, self._buf = self._buf[: self.cfg.batch_size], self._buf[self.cfg.batch_size :]
             t = asyncio.create_task(self._run(batch))
             self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+            t.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (err := task.exception()) is not None:  # _run catches: a bug
+            log.error("score batch task failed", exc_info=err)
+
+    async def close(self) -> None:
+        """Stop: cancel the batches still scoring or waiting for the verifier (shutdown only)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def drain(self) -> None:
-        self._flush()
-        while self._tasks:
+        """Until every submitted job is scored or failed (item retries submit jobs again)."""
+        while self._buf or self._tasks:
+            self._flush()
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def _run(self, batch: list[ScoreJob]) -> None:
         async with self._sem:
-            results = await self._call_with_retries(batch)
+            results = await self._score(batch)
         if results is None:
-            await self.on_failed(batch, "verifier unavailable")
+            await self._deliver(self.on_failed, batch, ScoreFailure.VERIFIER_UNAVAILABLE)
             return
-        done, retry, failed = [], [], []
+        done: list[ScoreJob] = []
+        retry: list[ScoreJob] = []
+        failed: dict[ScoreFailure, list[ScoreJob]] = {}
         for job, res in zip(batch, results, strict=True):
-            if res.status == "ok":
+            if res.status == ItemStatus.OK:
                 job.result = res
                 done.append(job)
-            elif job.item_tries < self.cfg.item_retries:
+            elif res.status != ItemStatus.INVALID and job.item_tries < self.cfg.item_retries:
                 job.item_tries += 1
                 retry.append(job)
             else:
                 job.result = res
-                failed.append(job)
-        self.stats.item_failures += len(retry) + len(failed)
+                failed.setdefault(_FAILED_ITEM.get(res.status, ScoreFailure.ITEM_ERROR), []).append(job)
+        self.stats.item_failures += len(retry) + sum(len(jobs) for jobs in failed.values())
         if done:
-            await self.on_scored(done)
-        if failed:
-            await self.on_failed(failed, f"verifier item {failed[0].result.status}")  # type: ignore[union-attr]
+            await self._deliver(self.on_scored, done)
+        for reason, jobs in failed.items():
+            log.warning(
+                "%d response(s) cannot be scored (%s), first %s: %s",
+                len(jobs),
+                reason.value,
+                jobs[0].id,
+                jobs[0].result.error if jobs[0].result else "",
+            )
+            await self._deliver(self.on_failed, jobs, reason)
         if retry:
             await asyncio.sleep(self._backoff(min(j.item_tries for j in retry)))
             for job in retry:
                 self.submit(job)
 
-    async def _call_with_retries(self, batch: list[ScoreJob]) -> list[ItemScore] | None:
+    async def _score(self, batch: list[ScoreJob]) -> list[ItemScore] | None:
+        """The batch's results (the scorer waits out verifier failures), or None when a finite
+        retry budget ran out. An unexpected exception is logged and the call retried."""
         items = [(j.id, j.token_ids, j.ground_truth) for j in batch]
-        for attempt in range(self.cfg.max_retries + 1):
+        failures = 0
+        while True:
             t0 = time.perf_counter()
             try:
                 res = await self.scorer.score(items)
+                if len(res) != len(items):
+                    raise RuntimeError(f"the scorer returned {len(res)} results for {len(items)} items")
             except VerifierUnavailable as err:
                 self.stats.call_failures += 1
                 self.on_call(time.perf_counter() - t0, False)
-                if attempt == self.cfg.max_retries or err.permanent:
-                    log.error(
-                        "verifier failed %d times, giving up on %d items: %s", attempt + 1, len(batch), err
-                    )
-                    return None
-                log.warning("verifier call failed (try %d): %s", attempt + 1, err)
-                await asyncio.sleep(self._backoff(attempt + 1))
+                log.error(
+                    "verifier retries (reward.verifier_max_retries) spent for %d items: %s", len(batch), err
+                )
+                return None
+            except Exception:
+                self.stats.call_failures += 1
+                self.on_call(time.perf_counter() - t0, False)
+                failures += 1
+                delay = self._backoff(failures)
+                log.exception(
+                    "scoring %d items failed unexpectedly (try %d, first %s); retrying in %.1f s",
+                    len(items),
+                    failures,
+                    items[0][0],
+                    delay,
+                )
+                await asyncio.sleep(delay)
                 continue
             dt = time.perf_counter() - t0
             if dt > SLOW_CALL_S:  # on the critical path of a rollout: say so
-                log.warning("verifier call took %.1f s for %d items (first %s)", dt, len(items), items[0][0])
+                log.warning("scoring took %.1f s for %d items (first %s)", dt, len(items), items[0][0])
             self.stats.calls += 1
             self.on_call(dt, True)
             return res
-        return None
+
+    async def _deliver(self, callback: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run a result callback until it returns: an exception (e.g. Redis away past its own
+        retries) is logged and the same call retried, so the jobs are never lost."""
+        failures = 0
+        while True:
+            try:
+                await callback(*args)
+                return
+            except Exception:
+                self.stats.callback_failures += 1
+                failures += 1
+                delay = self._backoff(failures)
+                log.exception(
+                    "%s failed for %d job(s) (try %d); retrying in %.1f s",
+                    getattr(callback, "__name__", "score callback"),
+                    len(args[0]),
+                    failures,
+                    delay,
+                )
+                await asyncio.sleep(delay)
 
     def _backoff(self, attempt: int) -> float:
-        """Exponential backoff with jitter: uniform in [cap/2, cap] ("equal jitter"), so retries of
-        many batches spread out but never hammer a recovering verifier early."""
-        cap = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * (2 ** (attempt - 1)))
-        return random.uniform(cap / 2, cap)
+        """The verifier client's capped full-jitter backoff, from `backoff_base_s` to `backoff_max_s`."""
+        return backoff_delay(attempt - 1, self.cfg.backoff_base_s, self.cfg.backoff_max_s, self._rng)

@@ -1,9 +1,10 @@
 """The verifier's HTTP service: `POST /v1/score`, `/healthz`, `/readyz`, `/metrics`, OpenAPI at `/docs`.
 
-Status codes of `/v1/score`: 200 (every item has a result, possibly `timeout`/`error`), 411/413
-(body without Content-Length / over a request-size limit), 422 (malformed body, duplicate ids, an
-item over a field-size limit), 503 (pool not ready or queue full: retry later). Limit errors name
-the limit: `{"detail": "...", "limit": "max_items_per_request", "maximum": 1024, "actual": 2000}`.
+Status codes of `/v1/score`: 200 (every item has a result, possibly `timeout`/`error`, or `invalid`
+for an item over a per-item size limit: that item alone), 411/413 (body without Content-Length /
+over a request-size limit), 422 (malformed body, duplicate ids), 503 (pool not ready or queue full:
+retry later). Limit errors name the limit:
+`{"detail": "...", "limit": "max_items_per_request", "maximum": 1024, "actual": 2000}`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from asyncdapo import __version__
 from asyncdapo.verifier.config import VerifierSettings
-from asyncdapo.verifier.limits import LimitViolation, check_body_size, check_request
+from asyncdapo.verifier.limits import ItemLimits, LimitViolation, check_body_size, check_items, check_request
 from asyncdapo.verifier.metrics import VerifierMetrics
 from asyncdapo.verifier.pool import PoolClosed, WorkerPool
-from asyncdapo.verifier.protocol import result_fields
-from asyncdapo.verifier.schemas import ScoreRequest, ScoreResponse
+from asyncdapo.verifier.protocol import Verdict, result_fields
+from asyncdapo.verifier.schemas import ItemStatus, ScoreRequest, ScoreResponse
 
 SCORE_PATH = "/v1/score"
 
@@ -63,6 +64,7 @@ def _limit_response(violation: LimitViolation) -> JSONResponse:
 
 def create_app(settings: VerifierSettings) -> FastAPI:
     metrics = VerifierMetrics()
+    limits = ItemLimits.of(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -109,7 +111,7 @@ def create_app(settings: VerifierSettings) -> FastAPI:
         responses={
             411: {"description": "No Content-Length header."},
             413: {"description": "Over max_request_bytes or max_items_per_request (named in `limit`)."},
-            422: {"description": "Malformed body, duplicate ids, or an item over a size limit."},
+            422: {"description": "Malformed body or duplicate ids (an oversize item is `invalid`)."},
             503: {"description": "Worker pool not ready or queue full; retry with backoff."},
         },
     )
@@ -119,17 +121,26 @@ def create_app(settings: VerifierSettings) -> FastAPI:
         if (violation := check_request(body, settings)) is not None:
             metrics.requests.labels(code=str(violation.status_code)).inc()
             return _limit_response(violation)
-        if not pool.ready or pool.queued + len(body.items) > settings.max_queued_items:
+        # An item over a per-item limit is answered `invalid` on its own; the others are scored.
+        invalid = check_items(body.items, limits)
+        todo = [item for i, item in enumerate(body.items) if i not in invalid]
+        if not pool.ready or pool.queued + len(todo) > settings.max_queued_items:
             metrics.requests.labels(code="503").inc()
             why = "worker pool not ready" if not pool.ready else "queue full (max_queued_items)"
             return JSONResponse({"detail": why}, status_code=503, headers={"Retry-After": "1"})
         try:
-            verdicts = await asyncio.wrap_future(
-                pool.submit([(item.ground_truth, item.response) for item in body.items])
+            scored = iter(
+                await asyncio.wrap_future(pool.submit([(item.ground_truth, item.response) for item in todo]))
             )
         except PoolClosed as err:
             metrics.requests.labels(code="503").inc()
             return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "1"})
+        verdicts = [
+            Verdict(ItemStatus.INVALID, error=invalid[i].message) if i in invalid else next(scored)
+            for i in range(len(body.items))
+        ]
+        if invalid:
+            metrics.items.labels(status=ItemStatus.INVALID.value).inc(len(invalid))
         # Built as plain dicts (a ScoreResponse by construction): a third of pydantic's cost per item.
         results = [result_fields(item.id, v) for item, v in zip(body.items, verdicts, strict=True)]
         payload = json.dumps({"results": results}, ensure_ascii=False)

@@ -86,6 +86,15 @@ class VerifierServer:
             process.kill()
             process.wait(5.0)
 
+    def kill(self) -> None:
+        """SIGKILL, as a node loss or an OOM kill would (the workers notice and exit); `start()`
+        brings the service back on the same port."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.kill()
+        process.wait(5.0)
+
     def _log_tail(self) -> str:
         if self.log_path and self.log_path.exists():
             return ":\n" + self.log_path.read_text(errors="replace")[-2000:]

@@ -4,8 +4,11 @@ Invariants (checked by the service, relied on by the client):
 - `results` has exactly one entry per request item, in request order, with the same `id`.
 - `status == ok`  ⇔ `score` and `acc` are set (`score == 1.0` ⇔ `acc`); `pred` is the extracted answer
   ("" when the response holds no parsable answer, a legitimate wrong answer).
-- `status in (timeout, error)` ⇒ `score`, `acc` are null and `error` says why; a failure is never
-  reported as a zero score.
+- `status in (timeout, error, invalid)` ⇒ `score`, `acc` are null and `error` says why; a failure is
+  never reported as a zero score.
+- `invalid`: the item alone breaks a per-item limit (`max_response_bytes`, `max_ground_truth_bytes`;
+  `error` names the limit); it was not scored, the rest of the request was (HTTP 200). Retrying the
+  same item cannot help. Request-level limits (item count, body size) are a 413 for the request.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ class ItemStatus(StrEnum):
     OK = "ok"
     TIMEOUT = "timeout"
     ERROR = "error"
+    INVALID = "invalid"
 
 
 class ScoreItem(BaseModel):

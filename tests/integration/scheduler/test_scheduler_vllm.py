@@ -30,8 +30,9 @@ from asyncdapo.local.ports import free_port
 from asyncdapo.prompts import PromptRecord, queue_prompts
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.evaluate import evaluate
+from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.rollout import Phase, Rollout
-from asyncdapo.scheduler.scoring import Detokenizer, HttpVerifier
+from asyncdapo.scheduler.scoring import Detokenizer, VerifierScorer
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from asyncdapo.verifier.local import VerifierServer
 
@@ -95,10 +96,11 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
         # run 8 sequences at a time (conftest), so most requests still queue in vLLM at the bound.
         data={"train_batch_size": 2, "max_response_length": 128, "max_prompt_length": 256},
         rollout={"n": 8, "max_concurrent_prompts": 48, "admission": {"policy": "greedy"}, "seed": 11},
-        reward={"overlong_buffer": {"len": 8}, "verifier_max_retries": 40},
+        reward={"overlong_buffer": {"len": 8}},  # default verifier_max_retries: wait for it
         trainer={"ppo_mini_batch_size": 2},
     )
-    verifier = HttpVerifier(f"http://127.0.0.1:{vport}", Detokenizer(warm_model_dir), timeout_s=60)
+    vmetrics = SchedulerMetrics()
+    verifier = VerifierScorer(f"http://127.0.0.1:{vport}", Detokenizer(warm_model_dir), cfg.reward, vmetrics)
     addrs = [g.address for g in vllm_gateways]
     try:
         async with scheduler(cfg, redis_url, addrs, verifier, token=GATEWAY_TOKEN) as ro:
@@ -150,8 +152,8 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
             await wait_for(
                 lambda: (
                     (
-                        ro.metrics.registry.get_sample_value(
-                            "asyncdapo_scheduler_verifier_errors_total", {"kind": "call"}
+                        vmetrics.registry.get_sample_value(
+                            "asyncdapo_scheduler_verifier_errors_total", {"kind": "connect"}
                         )
                         or 0
                     )
