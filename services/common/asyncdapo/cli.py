@@ -57,8 +57,21 @@ def _version() -> str:
     return f"asyncdapo {__version__}"
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, except that `key=value` overrides may also follow the options
+    (`asyncdapo up RUN.yaml --fresh trainer.lr=3e-6`), as they would with Hydra."""
+    from asyncdapo.overrides import is_override
+
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(map(is_override, extra)):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         result = args.func(args)
     except AsyncdapoError as err:

@@ -109,6 +109,22 @@ def prepare_run_dir(run_dir: Path, *, fresh: bool, resume: bool) -> None:
         )
 
 
+def _relative(path: Path, run_dir: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(run_dir.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _tracking_note(cfg: RunConfig, run_dir: Path) -> str:
+    from asyncdapo.tracking import tracking_dir
+
+    if not cfg.logging.backends:
+        return "none"
+    where = _relative(tracking_dir(cfg, run_dir / "trainer"), run_dir)
+    return ", ".join(b.value for b in cfg.logging.backends) + f" under {where}"
+
+
 def write_resolved_config(run_dir: Path, cfg: RunConfig, *, source: str, overrides: list[str]) -> Path:
     """runs/NAME/config.yaml: the config the services run with; its header names where it came from."""
     from asyncdapo.config import dump_run_config
@@ -191,6 +207,8 @@ def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: boo
         "aborted_tokens": status.get("rollout/aborted_tokens", 0),
         "outcomes": status.get("rollout/outcomes", {}),
         "wall_s": round(time.monotonic() - start, 1),
+        "config": _relative(Path(opts.config_path), run_dir),
+        "tracking": _tracking_note(cfg, run_dir),
     }
     report = write_report(run_dir, summary, rows)
     print(f"\nreport: {report} (plots: {run_dir / 'report.png'}); logs: {stack.logs}")
