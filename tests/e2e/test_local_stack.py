@@ -137,6 +137,7 @@ def _check_config_and_trackers(run_dir: Path, steps: list[dict[str, object]]) ->
     run's metrics.jsonl."""
     from asyncdapo.config import load_run_config
     from asyncdapo.tracking import tracking_dir
+    from asyncdapo.tracking.names import lookup
     from asyncdapo.tracking.readers import READERS, expected_steps, mismatches
 
     cfg = load_run_config(run_dir / "config.yaml")
@@ -146,6 +147,8 @@ def _check_config_and_trackers(run_dir: Path, steps: list[dict[str, object]]) ->
     assert [r["step"] for r in trainer_rows] == list(range(1, STEPS + 1))
     # the trainer read the scheduler's rollout counters at the end of each step
     assert all(isinstance(r.get("rollout/early_stops"), int) for r in trainer_rows)
+    # every metric is in the names table (docs/metrics.md)
+    assert not [k for r in trainer_rows for k in r if k != "group_ids" and lookup(k) is None]
     for merged, own in zip(steps, trainer_rows, strict=True):
         assert {k: merged.get(k) for k in own} == own
     root = tracking_dir(cfg, run_dir / "trainer")
