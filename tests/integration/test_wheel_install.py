@@ -103,6 +103,12 @@ def test_verifier_extra(wheel: Path, tmp_path: Path, record_property: object, st
     bin_dir = _install(tmp_path, wheel, "verifier", record_property)
     installed = _installed(bin_dir)
     assert not (HEAVY | {"grpcio", "protobuf", "redis", "pyarrow", "kopf"}) & installed, installed
+    # a command of another service says which extra it needs
+    other = subprocess.run(
+        [str(bin_dir / "asyncdapo"), "data", "synth", "--out", str(tmp_path / "d")],
+        capture_output=True, text=True, env=_env(), timeout=60,
+    )  # fmt: skip
+    assert other.returncode == 2 and "pip install 'asyncdapo[trainer]'" in other.stderr, other.stderr
     port = _free_port()
     log = tmp_path / "verifier.log"
     with log.open("wb") as f:
