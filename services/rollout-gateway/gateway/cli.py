@@ -152,7 +152,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
     if args.model:
         from asyncdapo.models import resolve_model
 
-        args.model = resolve_model(args.model, "--model")  # a Hub id becomes its cached snapshot
+        local = resolve_model(args.model, "--model")  # a Hub id becomes its cached snapshot
+        if local != args.model:
+            logging.getLogger(__name__).info("--model %s: %s (Hugging Face cache)", args.model, local)
+        args.model = local
     if args.vllm_executor == "uni" and args.cpu_affinity is None and args.engine == "vllm" and _on_cpu():
         # measured on 2 cores: the engine core (now doing the model's work) floated onto the other
         # engine's core, and rollout took 8.7 s per step instead of 0.9
