@@ -32,7 +32,7 @@ def status_metrics(st: Any) -> dict[str, Any]:
     }
 
 
-def scheduler_status_source(notifier: Any, run: str, timeout_s: float = 5.0) -> Callable[[], dict[str, Any]]:
+def scheduler_status_source(notifier: Any, run: str, timeout_s: float = 2.0) -> Callable[[], dict[str, Any]]:
     """A function returning the scheduler's rollout/* counters now, through `notifier` (the
     trainer's scheduler client: `scheduler_stub()`, `metadata()`); {} when the scheduler cannot
     answer: a step record never fails for the scheduler's status."""
