@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from asyncdapo.config import ConfigError, RunConfig, dump_run_config, parse_run_config
+from asyncdapo.config import ConfigError, RunConfig, parse_run_config
 from asyncdapo.from_verl.keys import Unmappable, dns_label, rule_for
 from asyncdapo.from_verl.shell import read_script
 
@@ -122,9 +122,6 @@ class Conversion:
         lines.append(f"not mapped {len(self.unmapped)} key(s):")
         lines += [f"  {k} = {v!r}: {why}" for k, v, why in self.unmapped]
         return "\n".join(lines)
-
-    def resolved_yaml(self) -> str:
-        return dump_run_config(self.config)
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
