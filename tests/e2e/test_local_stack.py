@@ -20,6 +20,7 @@ from asyncdapo.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
 
 pytestmark = pytest.mark.slow
 STEPS = 3
+OVERRIDES = ["trainer.lr=4e-4", "rollout.val_n=2"]  # the YAML says 5e-4 and 1
 
 
 def _config(tmp_path: Path, model: Path, data: Path) -> Path:
@@ -46,6 +47,7 @@ def _config(tmp_path: Path, model: Path, data: Path) -> Path:
             "warmup_steps": 0,
             "val_every": STEPS,
         },
+        "logging": {"backends": ["tensorboard", "wandb", "mlflow", "jsonl"]},
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -78,7 +80,7 @@ def test_short_run_trains_early_stops_and_cleans_up(
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "asyncdapo.cli", "up", str(config), "--quiet", "--run-dir", str(run_dir),
-         "--redis-url", redis_url, "--timeout-s", "600"],
+         "--redis-url", redis_url, "--timeout-s", "600", *OVERRIDES],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
@@ -126,3 +128,34 @@ def test_short_run_trains_early_stops_and_cleans_up(
             assert f"o:{attempt}" in state, (key, state)
 
     assert not _processes_of_run(run_dir)
+    _check_config_and_trackers(run_dir, steps)
+
+
+def _check_config_and_trackers(run_dir: Path, steps: list[dict[str, object]]) -> None:
+    """The overrides are in the resolved config.yaml the report links; every tracking backend holds,
+    read back with its own library, the values of the trainer's metrics.jsonl, and so does the
+    run's metrics.jsonl."""
+    from asyncdapo.config import load_run_config
+    from asyncdapo.tracking import tracking_dir
+    from asyncdapo.tracking.names import lookup
+    from asyncdapo.tracking.readers import READERS, expected_steps, mismatches
+
+    cfg = load_run_config(run_dir / "config.yaml")
+    assert (cfg.trainer.lr, cfg.rollout.val_n) == (4e-4, 2)
+    assert "[config.yaml](config.yaml)" in (run_dir / "report.md").read_text()
+    trainer_rows = [json.loads(ln) for ln in (run_dir / "trainer" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in trainer_rows] == list(range(1, STEPS + 1))
+    # the trainer read the scheduler's rollout counters at the end of each step
+    assert all(isinstance(r.get("rollout/early_stops"), int) for r in trainer_rows)
+    # every metric is in the names table (docs/metrics.md)
+    assert not [k for r in trainer_rows for k in r if k != "group_ids" and lookup(k) is None]
+    for merged, own in zip(steps, trainer_rows, strict=True):
+        assert {k: merged.get(k) for k in own} == own
+    root = tracking_dir(cfg, run_dir / "trainer")
+    for backend in ("tensorboard", "wandb", "mlflow", "jsonl"):
+        got = READERS[backend](root)
+        problems = mismatches(
+            expected_steps(cfg, trainer_rows, backend), got, 1e-6 if backend == "tensorboard" else 0
+        )
+        assert not problems, (backend, problems[:10])
+        assert "critic/rewards/mean" in got[1] and "actor/pg_loss" in got[1]

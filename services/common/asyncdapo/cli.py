@@ -57,12 +57,46 @@ def _version() -> str:
     return f"asyncdapo {__version__}"
 
 
+# a module a command imports -> the extra that installs it (for installs of one service's extra)
+EXTRA_OF_MODULE = {
+    "torch": "trainer", "transformers": "trainer", "pyarrow": "trainer", "numpy": "trainer",
+    "safetensors": "trainer", "tensorboard": "trainer", "tokenizers": "trainer", "huggingface_hub": "trainer",
+    "grpc": "rpc", "grpc_health": "rpc", "grpc_reflection": "rpc", "google": "rpc",
+    "redis": "scheduler", "fastapi": "verifier", "uvicorn": "verifier", "math_verify": "verifier",
+    "pydantic_settings": "verifier", "kopf": "operator", "kubernetes": "operator", "matplotlib": "local",
+    "wandb": "tracking", "mlflow": "tracking", "vllm": "engine-cpu] or [engine-gpu", "ray": "ray",
+}  # fmt: skip
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, except that `key=value` overrides may also follow the options
+    (`asyncdapo up RUN.yaml --fresh trainer.lr=3e-6`), as they would with Hydra."""
+    from asyncdapo.overrides import is_override
+
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(map(is_override, extra)):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         result = args.func(args)
     except AsyncdapoError as err:
         print(f"asyncdapo {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        extra = EXTRA_OF_MODULE.get((err.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"asyncdapo {args.command}: error: this command needs {err.name!r}, which is not installed here: "
+            f"pip install 'asyncdapo[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
     return int(result or 0)
 

@@ -14,6 +14,7 @@ Defaults follow verl's DAPO recipe (recipe/dapo) where DAPO sets a value and ver
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,23 @@ class EarlyStopOrder(StrEnum):
 class LongTailPolicy(StrEnum):
     NONE = "none"
     PDSR = "pdsr"
+
+
+class TrackingBackend(StrEnum):
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    MLFLOW = "mlflow"
+    JSONL = "jsonl"
+
+
+class MetricNames(StrEnum):
+    VERL = "verl"  # verl's name where verl logs the same quantity (docs/metrics.md), ours elsewhere
+    ASYNCDAPO = "asyncdapo"  # the names of metrics.jsonl
+
+
+class WandbMode(StrEnum):
+    OFFLINE = "offline"
+    ONLINE = "online"
 
 
 class ModelConfig(_Strict):
@@ -234,6 +252,46 @@ class TrainerConfig(_Strict):
         return v
 
 
+class LoggingConfig(_Strict):
+    """Experiment tracking: what the trainer writes besides metrics.jsonl and Prometheus."""
+
+    backends: list[TrackingBackend] = Field(
+        default_factory=lambda: [TrackingBackend.TENSORBOARD],
+        description="Tracking backends the trainer writes every step to: tensorboard, wandb, mlflow, "
+        "jsonl (verl: trainer.logger).",
+    )
+    dir: str | None = Field(
+        None,
+        description="Directory of the local backends (tensorboard/, wandb/, mlruns/, tracking.jsonl); "
+        "default: tracking/ in the trainer's output directory.",
+    )
+    project: str = Field(
+        "asyncdapo",
+        min_length=1,
+        description="W&B project and MLflow experiment (verl: trainer.project_name).",
+    )
+    experiment: str | None = Field(
+        None, description="Run name in W&B and MLflow (verl: trainer.experiment_name); default: the run name."
+    )
+    metric_names: MetricNames = Field(
+        MetricNames.VERL, description="verl: verl's metric names where verl has one; asyncdapo: ours."
+    )
+    wandb_mode: WandbMode = Field(
+        WandbMode.OFFLINE,
+        description="offline: run files under dir (upload later with `wandb sync`); online needs a login.",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; default: a local file store, dir/mlruns."
+    )
+
+    @field_validator("backends")
+    @classmethod
+    def _unique(cls, v: list[TrackingBackend]) -> list[TrackingBackend]:
+        if len(set(v)) != len(v):
+            raise ValueError("each backend at most once")
+        return v
+
+
 class RunConfig(_Strict):
     """One training run: everything every service needs to agree on."""
 
@@ -244,6 +302,7 @@ class RunConfig(_Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @field_validator("name")
     @classmethod
@@ -288,27 +347,39 @@ class ConfigError(AsyncdapoError, ValueError):
     """A configuration could not be loaded; the message names the file and each wrong field."""
 
 
-def _format_errors(source: str, err: ValidationError) -> str:
+def _format_errors(source: str, err: ValidationError, from_override: dict[str, str] | None = None) -> str:
     lines = [f"{source}: invalid run config ({err.error_count()} error(s))"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  {loc}: {e['msg']}")
+        # the override that set this field (or one of its parents), so the user knows where to look
+        arg = next((a for k, a in (from_override or {}).items() if loc == k or loc.startswith(k + ".")), None)
+        lines.append(f"  {loc}: {e['msg']}" + (f" (from override {arg!r})" if arg else ""))
     return "\n".join(lines)
 
 
-def parse_run_config(data: Any, source: str = "<config>") -> RunConfig:
+def parse_run_config(data: Any, source: str = "<config>", overrides: Sequence[str] = ()) -> RunConfig:
+    """Validate a mapping (with `key=value` overrides applied first, see asyncdapo.overrides)."""
+    from asyncdapo.overrides import apply_overrides, override_keys
+
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a run config must be a mapping, got {type(data).__name__}")
+    if overrides:
+        try:
+            data = apply_overrides(data, overrides, RunConfig)
+        except ValueError as err:
+            raise ConfigError(f"{source}: {err}") from None
+        source = f"{source} with {len(overrides)} override(s)"
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_errors(source, err)) from None
+        raise ConfigError(_format_errors(source, err, override_keys(overrides))) from None
 
 
-def load_run_config(path: str | Path) -> RunConfig:
-    """Load a YAML run config; errors name the file and the dotted path of every wrong field."""
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load a YAML run config, then apply `key=value` overrides; errors name the file and the
+    dotted path of every wrong field (and the override that set it)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -318,7 +389,12 @@ def load_run_config(path: str | Path) -> RunConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    return parse_run_config(data, str(path))
+    return parse_run_config(data, str(path), overrides)
+
+
+def dump_run_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML (every field, defaults included): loads back to an equal config."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
 def run_config_json_schema() -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +78,7 @@ def supervised_warm_start(
     slip_fraction: float = 0.0,
     habit: str = "refuse",
     apply_chat_template: bool = True,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> SFTResult:
     """Train `model_dir` on `examples`' solutions for `steps` AdamW steps and save to `out_dir`."""
     import torch
@@ -103,7 +104,7 @@ def supervised_warm_start(
     pad = tokenizer.pad_token_id
     start = time.monotonic()
     loss_value = float("nan")
-    for _ in range(steps):
+    for step in range(steps):
         batch = []
         for _ in range(batch_size):
             prompt, right, slipped = data[rng.randrange(len(data))]
@@ -123,6 +124,8 @@ def supervised_warm_start(
         opt.step()
         sched.step()
         loss_value = float(loss.detach())
+        if on_step is not None:
+            on_step(step + 1, loss_value)
     out = Path(out_dir)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

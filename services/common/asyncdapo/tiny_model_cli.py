@@ -56,19 +56,22 @@ def _tiny(args: argparse.Namespace) -> int:
 
 def _sft(args: argparse.Namespace) -> int:
     from asyncdapo.data.verl_format import load_examples
+    from asyncdapo.local.progress import TaskProgress
     from asyncdapo.sft import supervised_warm_start
 
-    result = supervised_warm_start(
-        args.model,
-        load_examples(args.data),
-        args.out,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        slip_fraction=args.slip_fraction,
-        habit=args.habit,
-    )
+    with TaskProgress(f"warm-start {args.out}", args.steps) as progress:
+        result = supervised_warm_start(
+            args.model,
+            load_examples(args.data),
+            args.out,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            seed=args.seed,
+            slip_fraction=args.slip_fraction,
+            habit=args.habit,
+            on_step=lambda done, loss: progress.update(done, loss=loss),
+        )
     print(
         f"warm-started {result.steps} steps in {result.wall_s:.0f} s, final loss {result.final_loss:.3f}: {args.out}"
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve asyncdapo.v1.Gateway with an in-process vLLM AsyncLLM (--engine vllm) or a "
         "token-timing simulator for scale tests (--engine sim; runs no model).",
     )
-    p.add_argument("--model", help="Hugging Face model directory (required for --engine vllm)")
+    p.add_argument(
+        "--model",
+        help="Hugging Face model directory or Hub id, e.g. Qwen/Qwen3-8B, found in the Hugging Face cache "
+        "(required for --engine vllm)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address for gRPC and metrics (0.0.0.0 in a pod)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (0: no metrics server)")
@@ -45,13 +51,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     v.add_argument("--dtype", default="auto")
     v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (fast start)")
+    v.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="no torch.compile / CUDA graphs: starts in seconds instead of minutes (default: on for a CPU "
+        "host, where compiling took ~70 s; off on a GPU)",
+    )
     v.add_argument("--gpu-memory-utilization", type=float, default=None)
     v.add_argument(
         "--kv-cache-gb",
         type=float,
         default=None,
-        help="KV-cache size in GiB (on CPU, instead of vLLM's default of reserving 92%% of RAM)",
+        help="KV-cache size in GiB. Default on a CPU host: what --max-concurrency sequences of "
+        "--max-model-len tokens need, at most half of the memory the NUMA node has available after the "
+        "weights (vLLM's own default reserves 92%% of the node and fails unless that much is free)",
     )
     v.add_argument(
         "--logprobs-mode",
@@ -152,8 +166,13 @@ def _check_args(args: argparse.Namespace) -> str | None:
         raise AsyncdapoError("--model is required with --engine vllm")
     if args.sim_answer_key and args.engine != "sim":
         raise AsyncdapoError("--sim-answer-key is a SIMULATOR mode: it needs --engine sim")
-    if args.model and not Path(args.model).is_dir():
-        raise AsyncdapoError(f"--model {args.model!r} is not a directory")
+    if args.model:
+        from asyncdapo.models import resolve_model
+
+        local = resolve_model(args.model, "--model")  # a Hub id becomes its cached snapshot
+        if local != args.model:
+            logging.getLogger(__name__).info("--model %s: %s (Hugging Face cache)", args.model, local)
+        args.model = local
     if args.vllm_executor == "uni" and args.cpu_affinity is None and args.engine == "vllm" and _on_cpu():
         # measured on 2 cores: the engine core (now doing the model's work) floated onto the other
         # engine's core, and rollout took 8.7 s per step instead of 0.9
@@ -274,7 +293,16 @@ async def _build_engine(args: argparse.Namespace) -> Any:
     from asyncdapo.gateway.vllm_engine import VllmEngine, VllmSettings
 
     spin, recheck = args.vllm_shm_spin_s, args.vllm_shm_recheck_ms
-    if _on_cpu():
+    on_cpu = _on_cpu()
+    enforce_eager = on_cpu if args.enforce_eager is None else args.enforce_eager
+    kv_cache_gb = args.kv_cache_gb
+    if on_cpu and kv_cache_gb is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        from asyncdapo.gateway.kv_budget import cpu_kv_cache_plan
+
+        plan, node = cpu_kv_cache_plan(args.model, args.dtype, args.max_model_len, args.max_concurrency)
+        kv_cache_gb = plan.gib
+        logging.getLogger(__name__).info("%s", plan.describe(node))
+    if on_cpu:
         spin = vllm_shm.CPU_SPIN_S if spin is None else spin
         recheck = vllm_shm.CPU_RECHECK_MS if recheck is None else recheck
     try:
@@ -288,9 +316,9 @@ async def _build_engine(args: argparse.Namespace) -> Any:
             max_model_len=args.max_model_len,
             dtype=args.dtype,
             seed=args.seed,
-            enforce_eager=args.enforce_eager,
+            enforce_eager=enforce_eager,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            kv_cache_gb=args.kv_cache_gb,
+            kv_cache_gb=kv_cache_gb,
             logprobs_mode=args.logprobs_mode,
             enable_prefix_caching=not args.no_prefix_caching,
             initial_version=args.initial_version,

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from asyncdapo.config_cli import add_overrides_argument
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -15,6 +17,7 @@ def register(subparsers: Any) -> None:
         "filters groups and early-stops at the staleness bound.",
     )
     p.add_argument("--config", required=True, help="run config YAML (RunConfig)")
+    add_overrides_argument(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod)")
     p.add_argument("--port", type=int, default=50061, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
@@ -39,9 +42,10 @@ def _main(args: argparse.Namespace) -> int:
     )
     from asyncdapo.config import load_run_config
     from asyncdapo.errors import AsyncdapoError
+    from asyncdapo.models import resolve_model
     from asyncdapo.scheduler.pool import GatewaySpec, GatewaySpecError
 
-    cfg = load_run_config(args.config)
+    cfg = load_run_config(args.config, args.overrides)
     try:
         spec = GatewaySpec.parse(args.gateways)
     except GatewaySpecError as err:
@@ -52,7 +56,7 @@ def _main(args: argparse.Namespace) -> int:
             token = Path(args.token_file).read_text().strip()
         except OSError as err:
             raise AsyncdapoError(f"--token-file: cannot read {args.token_file}: {err.strerror}") from None
-    tok_dir = args.tokenizer or cfg.model.path
+    tok_dir = args.tokenizer or resolve_model(cfg.model.path, "model.path")  # a dir or a Hub id
     if not (Path(tok_dir) / "tokenizer.json").is_file():
         raise AsyncdapoError(f"--tokenizer / model.path: no tokenizer.json in {tok_dir}")
     asyncio.run(serve(cfg, spec, args, token, tok_dir))

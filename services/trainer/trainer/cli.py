@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from asyncdapo.config_cli import add_overrides_argument
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trainer", help="run the DAPO trainer (reads groups from Redis, publishes weights)")
     p.add_argument("--config", required=True, help="run config YAML (RunConfig)")
-    p.add_argument("--model", help="Hugging Face causal-LM directory (overrides model.path)")
+    add_overrides_argument(p)
+    p.add_argument("--model", help="Hugging Face causal-LM directory or Hub id (overrides model.path)")
     p.add_argument(
         "--data",
         nargs="+",
@@ -40,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    cfg = load_run_config(args.config)
+    cfg = load_run_config(args.config, args.overrides)
     # validate_assignment=True: each override is validated like the YAML was
     if args.model:
         cfg.model.path = args.model

@@ -26,6 +26,8 @@ import torch
 from asyncdapo.config import RunConfig
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.redis_keys import RunKeys
+from asyncdapo.tracking import open_tracking
+from asyncdapo.tracking.rollout import scheduler_status_source
 from asyncdapo.trainer.algos import grpo_advantages, tis_weights
 from asyncdapo.trainer.batch import TrainBatch, build_batch
 from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
@@ -158,7 +160,9 @@ class Trainer:
         self.notifier = Notifier(self.redis, self.keys, self.opts.scheduler, self.opts.token)
         out = Path(self.opts.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsSink(out / "metrics.jsonl", self.opts.metrics_port)
+        status = scheduler_status_source(self.notifier, cfg.name) if self.opts.scheduler else None
+        tracking = open_tracking(cfg, out, self.state.step)  # TensorBoard / W&B / MLflow (logging.*)
+        self.metrics = MetricsSink(out / "metrics.jsonl", self.opts.metrics_port, tracking, status)
         self.ledger = JsonlLog(out / "trained.jsonl")
         self.metrics.truncate_after(self.state.step)
         self.ledger.truncate_after(self.state.step)

@@ -14,13 +14,14 @@ import json
 import os
 import re
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from asyncdapo.tracking import Tracking
 from asyncdapo.trainer.algos import masked_sum
 from asyncdapo.trainer.batch import TrainBatch
 from asyncdapo.trainer.dist import DistContext
@@ -74,10 +75,24 @@ class JsonlLog:
 
 
 class MetricsSink:
-    """Step records to a JSON lines file and to Prometheus gauges (one per numeric key)."""
+    """Step records to a JSON lines file, to Prometheus gauges (one per numeric key) and to the
+    tracking backends of `logging.backends` (asyncdapo.tracking).
 
-    def __init__(self, jsonl_path: Path, port: int | None = None) -> None:
+    `rollout_status`, when given, returns the scheduler's rollout counters (`rollout/*`, see
+    `asyncdapo.tracking.rollout`); they are added to each record before it is written, so the
+    trackers get the rollout side of the step as verl users see it in one place.
+    """
+
+    def __init__(
+        self,
+        jsonl_path: Path,
+        port: int | None = None,
+        tracking: Tracking | None = None,
+        rollout_status: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.log = JsonlLog(jsonl_path)
+        self.tracking = tracking
+        self.rollout_status = rollout_status
         self.registry = CollectorRegistry()
         self._gauges: dict[str, Gauge] = {}
         self.dropped = Counter(
@@ -96,7 +111,11 @@ class MetricsSink:
         return self.log.truncate_after(step)
 
     def write(self, record: Mapping[str, Any]) -> None:
+        if self.rollout_status is not None:
+            record = {**record, **self.rollout_status()}
         self.log.write(record)
+        if self.tracking is not None:
+            self.tracking.log(record)
         for key, value in record.items():
             if isinstance(value, bool) or not isinstance(value, int | float) or key.startswith(LABELLED):
                 continue
@@ -107,6 +126,9 @@ class MetricsSink:
             gauge.set(value)
 
     def close(self) -> None:
+        if self.tracking is not None:
+            self.tracking.close()
+            self.tracking = None
         if self._server is not None:
             server, thread = self._server
             server.shutdown()

@@ -56,10 +56,12 @@ def resolve_precision(dtype: str, device: torch.device) -> Precision:
 def load_policy(
     path: str | Path, device: torch.device, trust_remote_code: bool = False
 ) -> tuple[nn.Module, Any]:
-    """(model in float32 on `device`, tokenizer) from a Hugging Face directory."""
+    """(model in float32 on `device`, tokenizer) from a Hugging Face directory or Hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(path)
+    from asyncdapo.models import resolve_model
+
+    path = Path(resolve_model(path, "model.path"))
     if not (path / "config.json").is_file():
         raise ModelDirError(f"model.path {path}: not a Hugging Face model directory (no config.json)")
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -15,6 +15,10 @@ def eval_request(cfg: RunConfig, examples: Sequence[Example], encode: Any) -> An
     prompts = []
     for ex in examples:
         ids, text = encode(ex)
+        if (
+            len(ids) > cfg.data.max_prompt_length
+        ):  # dropped like in training (the engine's context fits no more)
+            continue
         prompts.append(
             scheduler_pb2.EvalPrompt(
                 id=f"val-{ex.index}", prompt_token_ids=ids, prompt=text, ground_truth=ex.ground_truth

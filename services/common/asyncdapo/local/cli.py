@@ -6,18 +6,26 @@ import argparse
 import os
 from pathlib import Path
 
+from asyncdapo.config_cli import add_overrides_argument
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "up", help="run a whole training run locally (Redis, verifier, gateways, scheduler, trainer)"
     )
     p.add_argument("config", help="run config YAML")
+    add_overrides_argument(p)
     p.add_argument("--gateways", type=int, default=2, help="rollout gateways (vLLM engines), one core each")
     p.add_argument("--verifier-workers", type=int, default=1)
     p.add_argument("--run-dir", help="output directory (default runs/NAME)")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="use this Redis (env REDIS_URL)")
     p.add_argument("--engine", choices=("vllm", "sim"), default="vllm", help="sim: token-timing SIMULATOR")
-    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="gateways' context length (default: data.max_prompt_length + data.max_response_length)",
+    )
     p.add_argument("--timeout-s", type=float, default=3600.0, help="stop the run after this long")
     p.add_argument("--quiet", action="store_true", help="one line per step instead of a live bar")
     p.add_argument(
@@ -34,18 +42,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _up(args: argparse.Namespace) -> int:
     from asyncdapo.config import load_run_config
     from asyncdapo.errors import AsyncdapoError
-    from asyncdapo.local.run import prepare_run_dir, run_local
+    from asyncdapo.local.run import prepare_run_dir, run_local, write_resolved_config
     from asyncdapo.local.stack import StackOptions
+    from asyncdapo.tracking import check_tracking
 
     if args.step_logs and args.engine != "vllm":
         raise AsyncdapoError(
             "--step-logs is a vLLM engine log; the simulator (--engine sim) has no engine steps"
         )
-    cfg = load_run_config(args.config)
+    cfg = load_run_config(args.config, args.overrides)
+    check_tracking(cfg)  # a missing tracking library fails here, not in the trainer minutes later
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
     prepare_run_dir(run_dir, fresh=args.fresh, resume=args.resume)
+    # The resolved config (overrides applied, every default spelled out) is what the services
+    # read, and stays with the run so that it can be reproduced from its directory.
+    config_path = write_resolved_config(run_dir, cfg, source=args.config, overrides=args.overrides)
     opts = StackOptions(
-        config_path=Path(args.config),
+        config_path=config_path,
         run_dir=run_dir,
         gateways=args.gateways,
         verifier_workers=args.verifier_workers,

@@ -83,14 +83,23 @@ def _fmt(v: Any) -> str:
     return "—" if v is None else str(v)
 
 
+def _link(key: str, value: Any) -> str:
+    # the resolved config sits next to the report: link it, so the run can be reproduced from here
+    return f"[{value}]({value})" if key == "config" and value else _fmt(value)
+
+
 def write_report(run_dir: Path, summary: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> Path:
     """Write report.md (summary table + per-step table) and report.png into `run_dir`."""
     run_dir = Path(run_dir)
     rows = rows if rows is not None else read_metrics(run_dir / "metrics.jsonl")
-    png = write_plot(rows, run_dir / "report.png")
+    try:
+        png_name = write_plot(rows, run_dir / "report.png").name
+        figure = f"![metrics]({png_name})"
+    except ImportError:  # a service-only install; `asyncdapo up` installs come with the local extra
+        figure = "(no plots: matplotlib is not installed, `pip install 'asyncdapo[local]'`)"
     lines = [f"# Run report: {summary.get('run', run_dir.name)}", "", "| figure | value |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in summary.items()]
-    lines += ["", f"![metrics]({png.name})", "", "## Steps", ""]
+    lines += [f"| {k} | {_link(k, v)} |" for k, v in summary.items()]
+    lines += ["", figure, "", "## Steps", ""]
     cols = TABLE_COLUMNS
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]

@@ -34,24 +34,10 @@ def _scheduler_stub(address: str):
 
 
 def run_status(stub, run: str) -> dict[str, Any]:
+    from asyncdapo.tracking.rollout import status_metrics
     from asyncdapo.v1 import scheduler_pb2
 
-    st = stub.GetRun(scheduler_pb2.GetRunRequest(run=run), timeout=5.0)
-    outcomes = dict(st.outcomes)
-    # Requeued prompts were aborted, not completed: they say nothing about group variance.
-    finished = sum(v for k, v in outcomes.items() if k != "requeued")
-    return {
-        "rollout/policy_version": st.policy_version,
-        "rollout/valid_groups": st.valid_groups_produced,
-        "rollout/valid_group_ratio": (outcomes.get("valid", 0) / finished) if finished else 0.0,
-        "rollout/early_stops": st.early_stops,
-        "rollout/aborted_requests": st.aborted_requests,
-        "rollout/aborted_tokens": st.aborted_tokens,
-        "rollout/generated_tokens": st.generated_tokens,
-        "rollout/completions": st.completions,
-        "rollout/queue_depth": st.queue_depth,
-        "rollout/outcomes": outcomes,
-    }
+    return status_metrics(stub.GetRun(scheduler_pb2.GetRunRequest(run=run), timeout=5.0))
 
 
 def stop_rollout(stub, run: str, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -76,21 +62,30 @@ def validate(cfg: RunConfig, stub) -> float | None:
 
     from asyncdapo.data.prompting import prompt_token_ids, render_prompt
     from asyncdapo.data.verl_format import load_examples
+    from asyncdapo.models import resolve_model
     from asyncdapo.v1 import common_pb2, scheduler_pb2
 
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    tok = AutoTokenizer.from_pretrained(resolve_model(cfg.model.path, "model.path"))
     examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
     if cfg.data.val_size:
         examples = examples[: cfg.data.val_size]
-    prompts = [
-        scheduler_pb2.EvalPrompt(
-            id=f"val-{e.index}",
-            prompt_token_ids=prompt_token_ids(e, tok, cfg.data.apply_chat_template),
-            prompt=render_prompt(e, tok, cfg.data.apply_chat_template),
-            ground_truth=e.ground_truth,
+    prompts = []
+    for e in examples:
+        ids = prompt_token_ids(e, tok, cfg.data.apply_chat_template)
+        if len(ids) > cfg.data.max_prompt_length:  # dropped like in training: the engines fit no more
+            continue
+        prompts.append(
+            scheduler_pb2.EvalPrompt(
+                id=f"val-{e.index}",
+                prompt_token_ids=ids,
+                prompt=render_prompt(e, tok, cfg.data.apply_chat_template),
+                ground_truth=e.ground_truth,
+            )
         )
-        for e in examples
-    ]
+    if not prompts:
+        raise AsyncdapoError(
+            f"every validation prompt is longer than data.max_prompt_length ({cfg.data.max_prompt_length})"
+        )
     sampling = common_pb2.SamplingParams(
         max_tokens=cfg.data.max_response_length,
         temperature=cfg.rollout.val_temperature,
@@ -112,6 +107,37 @@ def prepare_run_dir(run_dir: Path, *, fresh: bool, resume: bool) -> None:
             f"{run_dir} holds a previous run (Redis state, checkpoints): pass --fresh to start over "
             "or --resume to continue it"
         )
+
+
+def _relative(path: Path, run_dir: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(run_dir.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _tracking_note(cfg: RunConfig, run_dir: Path) -> str:
+    from asyncdapo.tracking import tracking_dir
+
+    if not cfg.logging.backends:
+        return "none"
+    where = _relative(tracking_dir(cfg, run_dir / "trainer"), run_dir)
+    return ", ".join(b.value for b in cfg.logging.backends) + f" under {where}"
+
+
+def write_resolved_config(run_dir: Path, cfg: RunConfig, *, source: str, overrides: list[str]) -> Path:
+    """runs/NAME/config.yaml: the config the services run with; its header names where it came from."""
+    from asyncdapo.config import dump_run_config
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    head = [f"# Resolved run config: {source}" + (" with overrides:" if overrides else "")]
+    head += [f"#   {o}" for o in overrides]
+    head.append(f"# Reproduce: asyncdapo up {path}")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(head) + "\n" + dump_run_config(cfg))
+    tmp.replace(path)
+    return path
 
 
 def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: bool) -> int:
@@ -144,7 +170,9 @@ def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: boo
             status = run_status(stub, cfg.name)
             rows = read_metrics(trainer_metrics)
             for row in rows[seen:]:
-                row.update({k: v for k, v in status.items() if k != "rollout/outcomes"})
+                # the trainer's own rollout/* values (read at the end of its step) are kept: they
+                # are what its trackers logged; older values fill in when it could not read them
+                row = {**{k: v for k, v in status.items() if k != "rollout/outcomes"}, **row}
                 with merged_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 progress.step(row)
@@ -179,6 +207,8 @@ def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: boo
         "aborted_tokens": status.get("rollout/aborted_tokens", 0),
         "outcomes": status.get("rollout/outcomes", {}),
         "wall_s": round(time.monotonic() - start, 1),
+        "config": _relative(Path(opts.config_path), run_dir),
+        "tracking": _tracking_note(cfg, run_dir),
     }
     report = write_report(run_dir, summary, rows)
     print(f"\nreport: {report} (plots: {run_dir / 'report.png'}); logs: {stack.logs}")

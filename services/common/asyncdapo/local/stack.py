@@ -29,7 +29,7 @@ class StackOptions:
     verifier_workers: int = 1
     redis_url: str | None = None  # use this Redis instead of launching one
     engine: str = "vllm"
-    max_model_len: int = 512
+    max_model_len: int | None = None  # None: data.max_prompt_length + data.max_response_length
     gateway_ready_timeout_s: float = 300.0
     step_logs: bool = False  # vllm: each gateway writes logs/gateway-N.steps.jsonl (one line per step)
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -77,6 +77,18 @@ class LocalStack:
         self.sup = Supervisor(self.logs, env={RUN_DIR_ENV: str(self.run_dir.resolve())})
         self.redis: RedisServer | None = None
         self.ep = StackEndpoints()
+        # a prompt of max_prompt_length tokens must fit with a whole response
+        self.max_model_len = opts.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
+        self._model_dir: str | None = None
+
+    @property
+    def model_dir(self) -> str:
+        """model.path as a local directory (a Hub id resolved once through the Hugging Face cache)."""
+        if self._model_dir is None:
+            from asyncdapo.models import resolve_model
+
+            self._model_dir = resolve_model(self.cfg.model.path, "model.path")
+        return self._model_dir
 
     # --- lifecycle ---
 
@@ -150,7 +162,7 @@ class LocalStack:
                 "--engine", self.opts.engine, "--gateway-id", f"gateway-{i}",
             )  # fmt: skip
             if self.opts.engine == "vllm":
-                argv += ["--model", self.cfg.model.path, "--max-model-len", str(self.opts.max_model_len)]
+                argv += ["--model", self.model_dir, "--max-model-len", str(self.max_model_len)]
                 argv += [
                     "--enforce-eager",
                     "--dtype",
