@@ -15,7 +15,7 @@ from openapi_schema_validator import OAS30Validator
 
 from asyncdapo.config import run_config_json_schema
 from asyncdapo.operator.crd import IMMUTABLE_PATHS, crd, crd_yaml, openapi_schema
-from asyncdapo.operator.openapi import SchemaConversionError, check_structural, to_structural
+from asyncdapo.operator.openapi import SchemaConversionError, apply_defaults, check_structural, to_structural
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_CRD = REPO / "deploy" / "helm" / "asyncdapo" / "crds" / "trainingruns.yaml"
@@ -53,7 +53,14 @@ _CEL = celpy.Environment()
 
 def cel_errors(schema: dict[str, Any], new: Any, old: Any = None) -> list[str]:
     """Evaluate every x-kubernetes-validations rule where the object has a value (transition rules,
-    those using oldSelf, only where the old object has one too) — as the API server does."""
+    those using oldSelf, only where the old object has one too) — as the API server does: on the
+    objects after structural defaulting (the stored old object was defaulted too)."""
+    new = apply_defaults(schema, new)
+    old = None if old is None else apply_defaults(schema, old)
+    return _cel_errors(schema, new, old)
+
+
+def _cel_errors(schema: dict[str, Any], new: Any, old: Any = None) -> list[str]:
     errors: list[str] = []
     for rule in schema.get("x-kubernetes-validations", []):
         transition = "oldSelf" in rule["rule"]
@@ -68,14 +75,14 @@ def cel_errors(schema: dict[str, Any], new: Any, old: Any = None) -> list[str]:
         for key, sub in schema.get("properties", {}).items():
             if key in new:
                 o = old.get(key) if isinstance(old, dict) else None
-                errors += cel_errors(sub, new[key], o)
+                errors += _cel_errors(sub, new[key], o)
         if isinstance(schema.get("additionalProperties"), dict):
             for key, value in new.items():
                 o = old.get(key) if isinstance(old, dict) else None
-                errors += cel_errors(schema["additionalProperties"], value, o)
+                errors += _cel_errors(schema["additionalProperties"], value, o)
     if isinstance(new, list) and isinstance(schema.get("items"), dict):
         for item in new:
-            errors += cel_errors(schema["items"], item, None)
+            errors += _cel_errors(schema["items"], item, None)
     return errors
 
 

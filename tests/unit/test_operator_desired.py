@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,12 @@ def test_cpu_run_objects_and_wiring() -> None:
     assert verifier["--timeout-s"] == "5.0" and verifier["--workers"] == "1"
     # The ConfigMap is the full RunConfig, named after the resource.
     run = yaml.safe_load(objs[("ConfigMap", "tiny-math-config")]["data"]["run.yaml"])
-    assert RunConfig.model_validate(run) == parse_spec(_spec(), "tiny-math").run
+    # ... with the workload's decision made explicit: the trainer's GPUs (launch.py's use_gpu)
+    expected = parse_spec(_spec(), "tiny-math").run
+    expected = expected.model_copy(
+        update={"trainer": expected.trainer.model_copy(update={"gpus_per_worker": 0})}
+    )
+    assert RunConfig.model_validate(run) == expected and run["trainer"]["gpus_per_worker"] == 0
     assert run["name"] == "tiny-math" and run["data"]["train_batch_size"] == 8
 
 
@@ -175,10 +181,17 @@ def test_redis_sources() -> None:
     )
     objs = _desired(external)
     assert ("StatefulSet", "tiny-math-redis") not in objs
+    # The contract with the Redis clients: the URL carries no password, every client reads it from
+    # ASYNCDAPO_REDIS_PASSWORD (valueFrom.secretKeyRef), and only clients get it.
     c = _container(objs, "Deployment", "tiny-math-scheduler")
-    assert _args(c)["--redis"] == "redis://:$(REDIS_PASSWORD)@cache.example:6380/2"
-    pw = next(e for e in c["env"] if e["name"] == "REDIS_PASSWORD")
+    assert _args(c)["--redis"] == "redis://cache.example:6380/2"
+    pw = next(e for e in c["env"] if e["name"] == "ASYNCDAPO_REDIS_PASSWORD")
     assert pw["valueFrom"] == {"secretKeyRef": {"name": "redis-auth", "key": "pw"}}
+    for kind, name in (("Job", "tiny-math-trainer"), ("Job", "tiny-math-prepare")):
+        assert pw in _container(objs, kind, name)["env"]
+    for kind, name in (("StatefulSet", "tiny-math-gateway"), ("Deployment", "tiny-math-verifier")):
+        assert all(e["name"] != "ASYNCDAPO_REDIS_PASSWORD" for e in _container(objs, kind, name)["env"])
+    assert "REDIS_PASSWORD)" not in json.dumps(list(objs.values()))  # never spliced into an argument
     default = _desired(_spec(redis=None))
     assert _args(_container(default, "Job", "tiny-math-trainer"))["--redis"] == DEFAULTS.redis_url
     with pytest.raises(DesiredStateError) as err:
@@ -207,6 +220,9 @@ def test_invariants_hold_for_every_object(name: str, lifecycle: Lifecycle) -> No
     for obj in objs:
         meta = obj["metadata"]
         assert meta["namespace"] == "ml" and meta["labels"]["asyncdapo.io/run"] == ref.name
+        if obj["kind"] == "PersistentVolumeClaim" and spec.storage.retain:
+            assert "ownerReferences" not in meta  # the workspace outlives the run (storage.retain)
+            continue
         assert meta["ownerReferences"] == [
             {
                 "apiVersion": "asyncdapo.io/v1alpha1",
