@@ -28,7 +28,11 @@ THIRD_PARTY = {"ServiceMonitor", "PrometheusRule", "RayJob"}
 
 NON_DEFAULT: dict[str, Any] = {
     "image": {
-        "cpu": {"repository": "registry.example/asyncdapo-cpu", "tag": "0.1.0@sha256:" + "a" * 64},
+        "controlPlane": {
+            "repository": "registry.example/asyncdapo-control-plane",
+            "tag": "0.1.0@sha256:" + "a" * 64,
+        },
+        "cpu": {"repository": "registry.example/asyncdapo-cpu", "tag": "0.1.0@sha256:" + "b" * 64},
         "pullPolicy": "Always",
     },
     "imagePullSecrets": ["regcred"],
@@ -98,7 +102,7 @@ def test_default_render(default_docs: list[dict[str, Any]]) -> None:
         assert json.loads(text)["panels"]
     op = objs[("Deployment", "asyncdapo-operator")]["spec"]["template"]["spec"]["containers"][0]
     assert op["args"] == ["operator", "run", "--all-namespaces"]
-    env = {e["name"]: e["value"] for e in op["env"]}
+    env = {e["name"]: e.get("value") for e in op["env"]}
     assert env["ASYNCDAPO_OPERATOR_REDIS_URL"] == "redis://asyncdapo-redis.asyncdapo.svc:6379/0"
     assert env["ASYNCDAPO_OPERATOR_CPU_IMAGE"] == "ghcr.io/asyncdapo/asyncdapo-cpu:0.1.0"
     redis = objs[("StatefulSet", "asyncdapo-redis")]
@@ -119,7 +123,7 @@ def test_custom_render(custom_docs: list[dict[str, Any]]) -> None:
     assert c["args"] == ["operator", "run", "--namespace=ml", "--namespace=research"]
     assert c["image"].endswith("@sha256:" + "a" * 64) and c["imagePullPolicy"] == "Always"
     assert "annotations" not in op["metadata"]  # nothing to skip: digest pinned, pull Always
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["ASYNCDAPO_OPERATOR_REDIS_URL"] == "redis://redis.data.svc:6379/1"
     assert op["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     verifier = objs[("Deployment", "asyncdapo-verifier")]
@@ -232,7 +236,16 @@ def test_checkov_finds_nothing_unjustified(tmp_path: Path, default_docs: list[di
     workloads = {n for n in names if re.search(r"-(Deployment|StatefulSet|Job)-", n)}
     assert workloads <= scanned  # every workload was really scanned
     for skipped in results["skipped_checks"]:
-        assert skipped["check_id"] in ("CKV_K8S_43", "CKV_K8S_15")
+        # 43/15: release tags; 35: ASYNCDAPO_REDIS_PASSWORD is an env var by contract; 8/9/38: the
+        # one-shot `helm test` pods (no probes; the CRD check reads the API)
+        assert skipped["check_id"] in (
+            "CKV_K8S_43",
+            "CKV_K8S_15",
+            "CKV_K8S_35",
+            "CKV_K8S_8",
+            "CKV_K8S_9",
+            "CKV_K8S_38",
+        )
         assert len(skipped["check_result"]["suppress_comment"]) > 40  # a reason, not a bare id
 
 

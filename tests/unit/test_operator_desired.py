@@ -86,6 +86,7 @@ def test_cpu_run_objects_and_wiring() -> None:
         ("Service", "tiny-math-verifier"),
         ("StatefulSet", "tiny-math-gateway"),
         ("Service", "tiny-math-gateway"),
+        ("PodDisruptionBudget", "tiny-math-gateway"),
         ("Deployment", "tiny-math-scheduler"),
         ("Service", "tiny-math-scheduler"),
         ("Job", "tiny-math-trainer"),

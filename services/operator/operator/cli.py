@@ -71,6 +71,7 @@ def _default_args(p: argparse.ArgumentParser) -> None:
     from .desired import OperatorDefaults
 
     d = OperatorDefaults()
+    p.add_argument("--control-plane-image", default=_env("CONTROL_PLANE_IMAGE", d.control_plane_image))
     p.add_argument("--cpu-image", default=_env("CPU_IMAGE", d.cpu_image))
     p.add_argument("--gpu-image", default=_env("GPU_IMAGE", d.gpu_image))
     p.add_argument("--redis-image", default=_env("REDIS_IMAGE", d.redis_image))
@@ -84,6 +85,7 @@ def _defaults(
     from .desired import OperatorDefaults
 
     return OperatorDefaults(
+        control_plane_image=args.control_plane_image,
         cpu_image=args.cpu_image,
         gpu_image=args.gpu_image,
         redis_image=args.redis_image,

@@ -27,6 +27,7 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("batch/v1", "Job"),
     ("apps/v1", "StatefulSet"),
     ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
     ("v1", "Service"),
     ("v1", "ConfigMap"),

@@ -45,6 +45,7 @@ class Lifecycle(StrEnum):
 class OperatorDefaults:
     """Cluster-wide settings of the operator (from the Helm chart), used where a spec is silent."""
 
+    control_plane_image: str = "ghcr.io/asyncdapo/asyncdapo-control-plane:0.1.0"  # scheduler, verifier
     cpu_image: str = "ghcr.io/asyncdapo/asyncdapo-cpu:0.1.0"
     gpu_image: str = "ghcr.io/asyncdapo/asyncdapo-gpu:0.1.0"
     redis_image: str = "redis:7.4-alpine"
@@ -151,6 +152,11 @@ def config_yaml(spec: TrainingRunSpec) -> str:
 
 def config_hash(spec: TrainingRunSpec) -> str:
     return hashlib.sha256(config_yaml(spec).encode()).hexdigest()[:16]
+
+
+def control_plane_image(spec: TrainingRunSpec, defaults: OperatorDefaults) -> str:
+    """The slim image (no torch, no vLLM) of the scheduler and a dedicated verifier."""
+    return spec.images.control_plane or defaults.control_plane_image
 
 
 def image(spec: TrainingRunSpec, defaults: OperatorDefaults, gpu: bool) -> str:

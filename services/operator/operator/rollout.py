@@ -1,5 +1,6 @@
 """Rollout workloads of a run: scheduler (Deployment + Service), gateways (StatefulSet + headless
-Service + NetworkPolicy guarding the control port), dedicated verifier (Deployment + Service + HPA).
+Service + PodDisruptionBudget; network.py guards the control port), dedicated verifier (Deployment
++ Service + HPA). Scheduler and verifier run the slim control-plane image.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .objects import (
     OperatorDefaults,
     RunRef,
     config_hash,
+    control_plane_image,
     grpc_probe,
     image,
     make_container,
@@ -59,7 +61,7 @@ def scheduler(
     ]  # fmt: skip
     container = make_container(
         "scheduler",
-        image(spec, defaults, gpu=False),
+        control_plane_image(spec, defaults),
         pull_policy(spec, defaults),
         args,
         env_vars=[*env(ref.name, spec.env, spec.scheduler.env), *redis_env(spec, ref, defaults)],
@@ -150,7 +152,15 @@ def gateway(
         [("grpc", GRPC_PORT, GRPC_PORT), ("metrics", METRICS_PORT, METRICS_PORT)],
         headless=True,
     )
-    return [sts, svc]
+    # A node drain takes gateways down one at a time: the scheduler re-dispatches a lost gateway's
+    # requests, but losing all at once would stall rollout (and reload every engine).
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(ref, f"{ref.name}-gateway", "gateway"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(ref.name, "gateway")}},
+    }
+    return [sts, svc, pdb]
 
 
 def verifier(
@@ -170,7 +180,7 @@ def verifier(
     ]  # fmt: skip
     container = make_container(
         "verifier",
-        image(spec, defaults, gpu=False),
+        control_plane_image(spec, defaults),
         pull_policy(spec, defaults),
         verifier_args,
         env_vars=env(ref.name, spec.env),

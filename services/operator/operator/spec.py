@@ -167,8 +167,13 @@ class Placement(_K8sModel):
 
 
 class Images(_K8sModel):
+    control_plane: str | None = Field(
+        None,
+        max_length=512,
+        description="Image of the scheduler and a dedicated verifier (no torch, no vLLM).",
+    )
     cpu: str | None = Field(
-        None, max_length=512, description="Image of CPU pods (scheduler, verifier, CPU gateways/trainer)."
+        None, max_length=512, description="Image of CPU gateways and trainers and of the prepare Job."
     )
     gpu: str | None = Field(None, max_length=512, description="Image of GPU pods (vLLM gateways, trainer).")
     pull_policy: PullPolicy | None = Field(None, description="imagePullPolicy of every container.")

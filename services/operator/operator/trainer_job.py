@@ -179,7 +179,7 @@ def _ray_job(
         del c["args"]  # KubeRay supplies `ray start` / `ray job submit`
     workers = spec.run.trainer.workers
     # One Ray Train worker per worker pod: a GPU worker asks for the pod's GPUs; a CPU worker pod
-    # advertises one CPU (launch.py asks for one per worker and none for the coordinator).
+    # advertises one CPU (launch.py asks for one per worker; Ray Train v2's controller reserves none).
     worker_params = {} if tr.gpus_per_worker else {"num-cpus": "1"}
     return {
         "apiVersion": "ray.io/v1",
