@@ -36,6 +36,8 @@ class FakeCluster:
         self.kuberay = kuberay
         self.applies = 0
         self.creates: list[Key] = []
+        self.events: list[dict[str, Any]] = []
+        self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
 
     @staticmethod
     def key(obj: dict[str, Any]) -> Key:
@@ -83,6 +85,12 @@ class FakeCluster:
 
     def serves(self, api_version: str, kind: str) -> bool:
         return kind != "RayJob" or self.kuberay
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.status_patches.append((namespace, name, copy.deepcopy(status)))
+
+    def post_event(self, event: dict[str, Any]) -> None:
+        self.events.append(copy.deepcopy(event))
 
     # --- test helpers: what controllers and kubelets would do ---
 

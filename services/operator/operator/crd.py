@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from asyncdapo.config import run_config_json_schema
+from asyncdapo.config import RunConfig, run_config_json_schema
 
 from .openapi import to_structural
 from .spec import API_GROUP, API_VERSION, KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
@@ -136,6 +136,7 @@ def spec_schema() -> dict[str, Any]:
     spec = to_structural(TrainingRunSpec.model_json_schema(mode="validation", by_alias=True))
     run = to_structural(run_config_json_schema())
     run["description"] = spec["properties"]["run"].get("description", run.get("description", ""))
+    _fill_defaults(run, RunConfig().model_dump(mode="json"))
     # run.name defaults to metadata.name (spec.parse_spec), not to RunConfig's local default
     run["properties"]["name"].pop("default", None)
     _bound(run)
@@ -144,6 +145,16 @@ def spec_schema() -> dict[str, Any]:
     _add_immutability(spec)
     spec.setdefault("x-kubernetes-validations", []).extend(_cel(SPEC_RULES))
     return spec
+
+
+def _fill_defaults(node: dict[str, Any], value: Any) -> None:
+    """Defaults JSON schema cannot carry (pydantic `default_factory` lists) from a default instance."""
+    if node.get("type") == "object" and "properties" in node and isinstance(value, dict):
+        for key, sub in node["properties"].items():
+            if value.get(key) is not None:
+                _fill_defaults(sub, value[key])
+    elif "default" not in node and value is not None:
+        node["default"] = value
 
 
 def status_schema() -> dict[str, Any]:

@@ -9,7 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from .objects import CPU_DEFAULTS, OperatorDefaults, RunRef, meta, pull_policy, redis_env, service
-from .pods import REDIS_PASSWORD_ENV, REDIS_PORT, UID, container_security, labels, resources, selector
+from .pods import (
+    REDIS_PASSWORD_ENV,
+    REDIS_PORT,
+    UID,
+    container_security,
+    labels,
+    pod_identity,
+    resources,
+    selector,
+    template_metadata,
+)
 from .spec import Resources, TrainingRunSpec
 
 
@@ -58,8 +68,9 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
             "selector": {"matchLabels": selector(ref.name, "redis")},
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
             "template": {
-                "metadata": {"labels": labels(ref.name, "redis")},
+                "metadata": template_metadata(spec, ref.name, "redis"),
                 "spec": {
+                    **pod_identity(spec),
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": {

@@ -168,6 +168,17 @@ def placement(spec: TrainingRunSpec, component: Placement | None = None) -> dict
     return out
 
 
+def pod_identity(spec: TrainingRunSpec, component: Placement | None = None) -> dict[str, Any]:
+    """serviceAccountName and priorityClassName of a run pod (the component's priority wins)."""
+    out: dict[str, Any] = {}
+    if spec.service_account_name:
+        out["serviceAccountName"] = spec.service_account_name
+    priority = (component.priority_class_name if component else None) or spec.priority_class_name
+    if priority:
+        out["priorityClassName"] = priority
+    return out
+
+
 def pod_spec(
     spec: TrainingRunSpec,
     *,
@@ -185,11 +196,7 @@ def pod_spec(
         "volumes": vols,
         **placement(spec, component),
     }
-    if spec.service_account_name:
-        out["serviceAccountName"] = spec.service_account_name
-    priority = (component.priority_class_name if component else None) or spec.priority_class_name
-    if priority:
-        out["priorityClassName"] = priority
+    out.update(pod_identity(spec, component))
     if restart_policy:
         out["restartPolicy"] = restart_policy
     if spec.images.pull_secrets:

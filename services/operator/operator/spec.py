@@ -390,7 +390,7 @@ class TrainingRunSpec(_K8sModel):
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=128,
-        description="For every container of the run, before the component's own `env` "
+        description="For every asyncdapo container of the run (not a managed Redis), before the component's `env` "
         "(secrets such as HF_TOKEN through valueFrom.secretKeyRef).",
     )
     pod_labels: dict[str, Annotated[str, Field(max_length=_LABEL_VALUE_MAX)]] = Field(
