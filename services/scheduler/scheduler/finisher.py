@@ -100,7 +100,7 @@ def apply_outcome(ro: Rollout, task: PromptTask, res: FinishResult) -> None:
         ro.metrics.prompt_attempts.labels(outcome).observe(task.attempt)
     if outcome == Outcome.VALID:
         ro.valid_produced = max(ro.valid_produced, res.valid_produced)
-        ro.metrics.groups.labels(str(ro.version)).inc()
+        ro.metrics.groups.inc()
         ro.metrics.staleness.observe(ro.version - task.progress.min_version)
         for resp in task.responses:
             ro.lengths.committed += 1

@@ -162,6 +162,8 @@ class Trainer:
         self.ledger = JsonlLog(out / "trained.jsonl")
         self.metrics.truncate_after(self.state.step)
         self.ledger.truncate_after(self.state.step)
+        if (restored := self.store.latest()) is not None:
+            self.metrics.checkpoint(restored, self.state.step)
         self.val_examples = []
         if cfg.trainer.val_every and cfg.data.val_files and self.opts.scheduler:
             self.val_examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
@@ -367,7 +369,8 @@ class Trainer:
             t0 = time.perf_counter()
             self.state.feed_cursor = self.feed.cursor.to_dict()
             self.state.counters = dict(self.counters)
-            self.store.save(self.state, unwrap(self.model), self.optimizer, self.lr_scheduler)
+            saved = self.store.save(self.state, unwrap(self.model), self.optimizer, self.lr_scheduler)
+            self.metrics.checkpoint(saved, step)
             timing["timing/checkpoint_s"] = time.perf_counter() - t0
             maybe_crash(CrashPoint.AFTER_CHECKPOINT, step)
         if publishing:
