@@ -45,7 +45,7 @@ def redis_auth_secret(
     for a managed Redis, a copy of the default Redis' one (pods read Secrets of their own namespace
     only). Created once, never read back (the operator has no `get` on Secrets): rotating the
     default Redis' password means deleting these Secrets (`kubectl delete secret -l
-    asyncdapo.io/component=redis-auth -A`) and restarting the runs."""
+    app.kubernetes.io/component=redis-auth -A`) and restarting the runs."""
     if spec.redis.password_secret_ref is not None or spec.redis.url is not None:
         return None
     if spec.redis.managed is not None:
