@@ -509,3 +509,12 @@ def test_control_plane_image_resolves_without_engines(tmp_path: Path) -> None:
         pytest.xfail("pyproject has no per-service extras yet (issue 19): torch is a base dependency")
     heavy = {n for n in names if n in ("torch", "transformers", "triton") or n.startswith("nvidia-")}
     assert heavy == set(), heavy
+
+
+def test_name_override_keeps_the_selectors_runs_rely_on() -> None:
+    objs = _by_kind(chart.render({"nameOverride": "adp"}))
+    op = objs[("Deployment", "asyncdapo-adp-operator")]
+    labels = op["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "adp" and labels["app.kubernetes.io/part-of"] == "asyncdapo"
+    assert op["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "adp"
+    assert ("StatefulSet", "asyncdapo-adp-redis") in objs and ("Secret", "asyncdapo-adp-redis-auth") in objs

@@ -215,3 +215,25 @@ def test_event_manifest_is_a_valid_core_v1_event() -> None:
     assert ev["firstTimestamp"] == "2026-01-01T00:00:00Z" and ev["metadata"]["generateName"] == "tiny-math."
     kubernetes_validate.validate(ev, "1.33.0", strict=True)
     assert T0.year == 2026
+
+
+def test_startup_task_reconciles_from_the_index_until_cleanup() -> None:
+    """The handlers kopf calls on startup and cleanup, with the index kopf passes (a dict here)."""
+    cluster = FakeCluster()
+    memo = _memo(cluster)
+    memo.interval_s, memo.initial_delay_s = 0.0, 0.0
+    index = {("ml", "tiny-math"): [_run()]}
+
+    async def main() -> None:
+        await handlers._start_periodic(memo=memo, trainingruns=index)
+        for _ in range(200):
+            if cluster.status_patches:
+                break
+            await asyncio.sleep(0.02)
+        await handlers._stop_periodic(memo=memo)
+        with pytest.raises(asyncio.CancelledError):
+            await memo.periodic_task
+
+    asyncio.run(main())
+    assert cluster.status_patches and cluster.status_patches[0][:2] == ("ml", "tiny-math")
+    assert cluster.events and cluster.events[0]["reason"] == "Preparing"

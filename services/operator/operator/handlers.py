@@ -128,11 +128,14 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.startup()
 async def _start_periodic(memo: kopf.Memo, trainingruns: kopf.Index, **_: Any) -> None:
     interval = getattr(memo, "interval_s", periodic.INTERVAL_S)
+    delay = getattr(memo, "initial_delay_s", 5.0)
 
     async def one(body: dict[str, Any]) -> None:
         await _periodic_pass(body, memo)
 
-    memo.periodic_task = asyncio.create_task(periodic.run_forever(trainingruns, one, interval_s=interval))
+    memo.periodic_task = asyncio.create_task(
+        periodic.run_forever(trainingruns, one, interval_s=interval, initial_delay_s=delay)
+    )
 
 
 @kopf.on.cleanup()
