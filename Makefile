@@ -67,11 +67,13 @@ proto-check: $(STAMP)
 	rm -rf $$tmp; echo "proto stubs are fresh"
 
 # Kubernetes artefacts generated from code, committed, and checked fresh by the tests: the CRD (from
-# RunConfig), the Grafana dashboards, and the Helm chart rendered into plain manifests.
+# RunConfig), the Grafana dashboards, the Helm chart rendered into plain manifests, and what the
+# operator renders for each example TrainingRun (golden files).
 deploy-manifests: | $(STAMP)
 	$(BIN)/asyncdapo operator crd -o deploy/helm/asyncdapo/crds/trainingruns.yaml
 	$(BIN)/asyncdapo operator dashboards --out deploy/dashboards
 	$(BIN)/asyncdapo operator manifests --out deploy/k8s/asyncdapo.yaml
+	$(BIN)/asyncdapo operator examples --examples deploy/k8s/examples
 
 # --- the local demo -------------------------------------------------------------------------
 # Cached under runs/cache: the tiny model, the synthetic data and the warm-started model are built

@@ -36,7 +36,7 @@ def _query(url: str, promql: str) -> list[dict]:
 
 
 def _promql(expr: str) -> str:
-    return expr.replace("$__rate_interval", "1m").replace("$run", ".*")
+    return expr.replace("$__rate_interval", "1m").replace("$run", ".*").replace("$namespace", ".*")
 
 
 def test_dashboards_on_the_local_stack(warm_model: tuple[Path, Path], tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_dashboards_on_the_local_stack(warm_model: tuple[Path, Path], tmp_path: 
                 stack.check()
                 return all(
                     _query(url, f'{m}{{run="{cfg.name}"}}')
-                    for m in ("asyncdapo_trainer_timing_publish_s", "asyncdapo_trainer_val_accuracy")
+                    for m in ("asyncdapo_trainer_timing_publish_seconds", "asyncdapo_trainer_val_accuracy")
                 )
 
             wait_until(flowing, 300, "tokens and verifier items in Prometheus", interval_s=1.0)

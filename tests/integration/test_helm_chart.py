@@ -22,13 +22,17 @@ from asyncdapo.operator.spec import parse_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSIONS = ("1.33.0", "1.35.0")  # oldest supported by the chart's kubeVersion we test, and a current one
-# Third-party CRDs: their schemas are not shipped with kubernetes-validate and are not vendored here
-# (no network at test time, and we do not copy other projects' files); shape-checked below instead.
+# Third-party CRDs: their schemas are not shipped with kubernetes-validate; test_third_party_schemas.py
+# validates these objects against the vendored prometheus-operator and KubeRay CRDs.
 THIRD_PARTY = {"ServiceMonitor", "PrometheusRule", "RayJob"}
 
 NON_DEFAULT: dict[str, Any] = {
     "image": {
-        "cpu": {"repository": "registry.example/asyncdapo-cpu", "tag": "0.1.0@sha256:" + "a" * 64},
+        "controlPlane": {
+            "repository": "registry.example/asyncdapo-control-plane",
+            "tag": "0.1.0@sha256:" + "a" * 64,
+        },
+        "cpu": {"repository": "registry.example/asyncdapo-cpu", "tag": "0.1.0@sha256:" + "b" * 64},
         "pullPolicy": "Always",
     },
     "imagePullSecrets": ["regcred"],
@@ -98,7 +102,7 @@ def test_default_render(default_docs: list[dict[str, Any]]) -> None:
         assert json.loads(text)["panels"]
     op = objs[("Deployment", "asyncdapo-operator")]["spec"]["template"]["spec"]["containers"][0]
     assert op["args"] == ["operator", "run", "--all-namespaces"]
-    env = {e["name"]: e["value"] for e in op["env"]}
+    env = {e["name"]: e.get("value") for e in op["env"]}
     assert env["ASYNCDAPO_OPERATOR_REDIS_URL"] == "redis://asyncdapo-redis.asyncdapo.svc:6379/0"
     assert env["ASYNCDAPO_OPERATOR_CPU_IMAGE"] == "ghcr.io/asyncdapo/asyncdapo-cpu:0.1.0"
     redis = objs[("StatefulSet", "asyncdapo-redis")]
@@ -119,7 +123,7 @@ def test_custom_render(custom_docs: list[dict[str, Any]]) -> None:
     assert c["args"] == ["operator", "run", "--namespace=ml", "--namespace=research"]
     assert c["image"].endswith("@sha256:" + "a" * 64) and c["imagePullPolicy"] == "Always"
     assert "annotations" not in op["metadata"]  # nothing to skip: digest pinned, pull Always
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["ASYNCDAPO_OPERATOR_REDIS_URL"] == "redis://redis.data.svc:6379/1"
     assert op["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     verifier = objs[("Deployment", "asyncdapo-verifier")]
@@ -232,7 +236,16 @@ def test_checkov_finds_nothing_unjustified(tmp_path: Path, default_docs: list[di
     workloads = {n for n in names if re.search(r"-(Deployment|StatefulSet|Job)-", n)}
     assert workloads <= scanned  # every workload was really scanned
     for skipped in results["skipped_checks"]:
-        assert skipped["check_id"] in ("CKV_K8S_43", "CKV_K8S_15")
+        # 43/15: release tags; 35: ASYNCDAPO_REDIS_PASSWORD is an env var by contract; 8/9/38: the
+        # one-shot `helm test` pods (no probes; the CRD check reads the API)
+        assert skipped["check_id"] in (
+            "CKV_K8S_43",
+            "CKV_K8S_15",
+            "CKV_K8S_35",
+            "CKV_K8S_8",
+            "CKV_K8S_9",
+            "CKV_K8S_38",
+        )
         assert len(skipped["check_result"]["suppress_comment"]) > 40  # a reason, not a bare id
 
 
@@ -269,3 +282,239 @@ def test_dockerfiles_run_as_non_root_with_the_asyncdapo_entrypoint() -> None:
         report = json.loads(proc.stdout)
         assert report["summary"]["failed"] == 0, [f["check_id"] for f in report["results"]["failed_checks"]]
         assert {s["check_id"] for s in report["results"]["skipped_checks"]} <= {"CKV_DOCKER_2"}
+
+
+# --- cluster-admin features (issue 20) -------------------------------------------------------
+
+ADMIN: dict[str, Any] = {
+    "global": {
+        "imageRegistry": "mirror.example/",
+        "imagePullSecrets": ["mirror-cred"],
+        "unrelated": {"x": 1},
+    },
+    "fullnameOverride": "ad",
+    "podLabels": {"team": "ml-platform"},
+    "podAnnotations": {"cost-center": "42"},
+    "priorityClassName": "platform-high",
+    "serviceAccount": {"annotations": {"iam.gke.io/gcp-service-account": "op@p.iam.gserviceaccount.com"}},
+    "operator": {
+        "watchNamespaces": ["ml"],
+        "podAnnotations": {"cost-center": "7"},
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+        "extraVolumes": [{"name": "ca", "configMap": {"name": "corp-ca"}}],
+        "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/corp-ca", "readOnly": True}],
+    },
+    "verifier": {
+        "priorityClassName": "verifier-low",
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+            }
+        ],
+    },
+    "redis": {"auth": {"existingSecret": "redis-pw", "existingSecretKey": "pw"}},
+    "networkPolicy": {"clientNamespaces": ["ml", "research"]},
+}
+
+
+@pytest.fixture(scope="module")
+def admin_docs() -> list[dict[str, Any]]:
+    return chart.render(ADMIN)
+
+
+def test_admin_values_render_valid_objects(admin_docs: list[dict[str, Any]]) -> None:
+    assert chart.lint(ADMIN)["errors"] == []
+    for doc in admin_docs:
+        if doc["kind"] not in THIRD_PARTY:
+            kubernetes_validate.validate(doc, K8S_VERSIONS[0], strict=True)
+    objs = _by_kind(admin_docs)
+    op = objs[("Deployment", "ad-operator")]
+    pod = op["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "ml-platform"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"  # ours win
+    assert pod["metadata"]["annotations"] == {"cost-center": "7"}  # the component's over the chart's
+    assert pod["spec"]["priorityClassName"] == "platform-high"
+    c = pod["spec"]["containers"][0]
+    assert c["image"] == "mirror.example/ghcr.io/asyncdapo/asyncdapo-control-plane:0.1.0"
+    assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in c["env"]
+    assert {"name": "ca", "mountPath": "/etc/corp-ca", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "ca", "configMap": {"name": "corp-ca"}} in pod["spec"]["volumes"]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "mirror-cred"}]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["ASYNCDAPO_OPERATOR_CPU_IMAGE"]["value"].startswith("mirror.example/")
+    assert env["ASYNCDAPO_OPERATOR_REDIS_PASSWORD"]["valueFrom"] == {
+        "secretKeyRef": {"name": "redis-pw", "key": "pw"}
+    }
+    sa = objs[("ServiceAccount", "ad-operator")]
+    assert sa["metadata"]["annotations"] == ADMIN["serviceAccount"]["annotations"]
+    verifier = objs[("Deployment", "ad-verifier")]["spec"]["template"]["spec"]
+    assert verifier["priorityClassName"] == "verifier-low"
+    (spread,) = verifier["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "verifier"
+    assert ("Secret", "ad-redis-auth") not in objs  # an existing Secret: nothing generated
+
+
+def test_values_schema_accepts_a_parent_charts_global_and_rejects_typos() -> None:
+    chart.render({"global": {"storageClass": "fast", "anything": [1, 2]}})  # a parent's globals pass
+    for bad, where in (
+        ({"podAnotations": {}}, "podAnotations"),
+        (
+            {"verifier": {"topologySpreadConstraints": [{"maxSkew": 0}]}},
+            "/verifier/topologySpreadConstraints/0",
+        ),
+        ({"serviceAccount": {"create": True, "annotation": {}}}, "annotation"),
+        ({"networkPolicy": {"clientNamespaces": ["Not_A_Namespace"]}}, "/networkPolicy/clientNamespaces/0"),
+    ):
+        with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+            chart.render(bad)
+
+
+def test_tenants_get_trainingruns_through_the_aggregated_roles(default_docs: list[dict[str, Any]]) -> None:
+    roles = {d["metadata"]["name"]: d for d in default_docs if d["kind"] == "ClusterRole"}
+    edit, view = roles["asyncdapo-edit"], roles["asyncdapo-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    (rule,) = edit["rules"]
+    assert rule["resources"] == ["trainingruns"] and {"create", "delete", "patch"} <= set(rule["verbs"])
+    assert all("trainingruns/status" not in r["resources"] for r in edit["rules"])  # the operator's
+    (rule,) = view["rules"]
+    assert set(rule["verbs"]) == {"get", "list", "watch"}
+    off = _by_kind(chart.render({"rbac": {"aggregateToDefaultRoles": False}}))
+    assert ("ClusterRole", "asyncdapo-edit") not in off
+
+
+def test_redis_requires_a_password_and_admits_named_namespaces_only(
+    default_docs: list[dict[str, Any]], admin_docs: list[dict[str, Any]]
+) -> None:
+    objs = _by_kind(default_docs)
+    secret = objs[("Secret", "asyncdapo-redis-auth")]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(secret["data"]["password"]) >= 40
+    redis = objs[("StatefulSet", "asyncdapo-redis")]["spec"]["template"]["spec"]["containers"][0]
+    assert "--protected-mode" not in redis["args"]
+    assert redis["args"][redis["args"].index("--requirepass") + 1] == "$(ASYNCDAPO_REDIS_PASSWORD)"
+    assert redis["env"] == [{"name": "ASYNCDAPO_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
+        "name": "asyncdapo-redis-auth", "key": "password"}}}]  # fmt: skip
+    for docs, names in ((default_docs, ["asyncdapo"]), (admin_docs, ["ml", "research"])):
+        pols = _by_kind(docs)
+        full = "ad" if docs is admin_docs else "asyncdapo"
+        for comp in ("redis", "verifier"):
+            for rule in pols[("NetworkPolicy", f"{full}-{comp}")]["spec"]["ingress"]:
+                for peer in rule["from"]:
+                    ns = peer.get("namespaceSelector")
+                    assert ns != {}, "no 'any namespace' peer"
+                    if ns and "matchExpressions" in ns:
+                        assert ns["matchExpressions"] == [{"key": "kubernetes.io/metadata.name",
+                                                           "operator": "In", "values": names}]  # fmt: skip
+    # default client namespaces: the release namespace and the watched ones
+    watched = _by_kind(chart.render({"operator": {"watchNamespaces": ["ml"]}}))
+    (rule,) = watched[("NetworkPolicy", "asyncdapo-redis")]["spec"]["ingress"]
+    assert rule["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["asyncdapo", "ml"]
+
+
+def test_helm_test_hooks(default_docs: list[dict[str, Any]]) -> None:
+    hooks = [d for d in default_docs if chart.is_hook(d)]
+    pods = {d["metadata"]["name"]: d for d in hooks if d["kind"] == "Pod"}
+    assert set(pods) == {"asyncdapo-test-operator", "asyncdapo-test-verifier", "asyncdapo-test-crd"}
+    args = {n: p["spec"]["containers"][0]["args"] for n, p in pods.items()}
+    assert args["asyncdapo-test-operator"][:3] == [
+        "operator",
+        "check",
+        "--http=http://asyncdapo-operator.asyncdapo.svc:8080/healthz",
+    ]
+    assert args["asyncdapo-test-verifier"][2] == "--http=http://asyncdapo-verifier.asyncdapo.svc:8080/readyz"
+    assert args["asyncdapo-test-crd"][2] == "--crd-established"
+    for d in hooks:
+        assert d["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    role = next(d for d in hooks if d["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                              "resourceNames": ["trainingruns.asyncdapo.io"], "verbs": ["get"]}]  # fmt: skip
+    assert all(
+        p["spec"]["automountServiceAccountToken"] is (n == "asyncdapo-test-crd") for n, p in pods.items()
+    )
+    # the operator's Service exposes /healthz for the check, and its NetworkPolicy admits the test pod
+    svc = _by_kind(default_docs)[("Service", "asyncdapo-operator")]
+    assert {"name": "health", "port": 8080, "targetPort": "health", "protocol": "TCP"} in svc["spec"]["ports"]
+    plain = [d for d in yaml.safe_load_all((REPO / "deploy" / "k8s" / "asyncdapo.yaml").read_text()) if d]
+    assert not [d for d in plain if chart.is_hook(d)]  # `kubectl apply` users get no test pods
+    assert not [d for d in chart.render({"tests": {"enabled": False}}) if chart.is_hook(d)]
+
+
+def test_control_plane_image_runs_operator_and_verifier(default_docs: list[dict[str, Any]]) -> None:
+    objs = _by_kind(default_docs)
+    for name in ("asyncdapo-operator", "asyncdapo-verifier"):
+        c = objs[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+        assert c["image"] == "ghcr.io/asyncdapo/asyncdapo-control-plane:0.1.0", name
+    op = objs[("Deployment", "asyncdapo-operator")]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in op["env"]}
+    assert env["ASYNCDAPO_OPERATOR_CONTROL_PLANE_IMAGE"] == "ghcr.io/asyncdapo/asyncdapo-control-plane:0.1.0"
+
+
+def test_notes_document_the_monitoring_selector_labels() -> None:
+    on = {"monitoring": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}}
+    text = chart.notes(on)
+    assert "WARNING: a Prometheus selects ServiceMonitors by label" in text
+    assert "monitoring.prometheusRule.labels" in text and "helm test asyncdapo -n asyncdapo" in text
+    labelled = {"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                               "prometheusRule": {"enabled": True, "labels": {"release": "kps"}}}}  # fmt: skip
+    text = chart.notes(labelled)
+    assert "WARNING" not in text and '{"release":"kps"}' in text
+    assert "deploy/k8s/examples/tiny-math-cpu.yaml\n" not in text  # no repository-relative path to apply
+    assert "list the namespaces" in chart.notes()  # watch-all operator, default Redis: say who gets in
+    readme = (REPO / "deploy" / "README.md").read_text()
+    assert "monitoring.serviceMonitor.labels" in readme and "release:" in readme
+
+
+def _pip_extras(dockerfile: Path) -> list[str]:
+    (line,) = [ln for ln in dockerfile.read_text().splitlines() if re.search(r'pip install "\.\[', ln)]
+    return re.search(r'"\.\[([^\]]+)\]"', line).group(1).split(",")
+
+
+def _pyproject() -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_control_plane_image_resolves_without_engines(tmp_path: Path) -> None:
+    """The slim image's pip extras resolve (pip's real resolver against the package index, a dry
+    run) to a set without vLLM, torch or CUDA; the engine images keep their engines."""
+    import sys
+
+    docker = REPO / "deploy" / "docker"
+    extras = _pip_extras(docker / "Dockerfile.control-plane")
+    assert set(extras) == {"operator", "scheduler", "verifier"}
+    assert "operator" not in _pip_extras(docker / "Dockerfile.cpu") + _pip_extras(docker / "Dockerfile.gpu")
+    assert "cpu" in _pip_extras(docker / "Dockerfile.cpu") and "gpu" in _pip_extras(docker / "Dockerfile.gpu")
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--report", str(report), f".[{','.join(extras)}]"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
+    assert {"kopf", "kubernetes", "redis", "fastapi", "math-verify"} <= names  # what the three services need
+    assert not {n for n in names if n.startswith("vllm")}
+    project = _pyproject()["project"]
+    split = set(extras) <= set(project.get("optional-dependencies", {})) and not any(
+        re.match(r"torch\b", d) for d in project["dependencies"]
+    )
+    if not split:
+        # The per-service extras (issue 19) move torch and transformers out of the base dependencies;
+        # until they are merged the image resolves but still carries torch.
+        pytest.xfail("pyproject has no per-service extras yet (issue 19): torch is a base dependency")
+    heavy = {n for n in names if n in ("torch", "transformers", "triton") or n.startswith("nvidia-")}
+    assert heavy == set(), heavy
+
+
+def test_name_override_keeps_the_selectors_runs_rely_on() -> None:
+    objs = _by_kind(chart.render({"nameOverride": "adp"}))
+    op = objs[("Deployment", "asyncdapo-adp-operator")]
+    labels = op["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "adp" and labels["app.kubernetes.io/part-of"] == "asyncdapo"
+    assert op["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "adp"
+    assert ("StatefulSet", "asyncdapo-adp-redis") in objs and ("Secret", "asyncdapo-adp-redis-auth") in objs

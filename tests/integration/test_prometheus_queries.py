@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _grafana_to_promql(expr: str) -> str:
-    return expr.replace("$__rate_interval", "1m").replace("$run", ".*")
+    return expr.replace("$__rate_interval", "1m").replace("$run", ".*").replace("$namespace", ".*")
 
 
 def test_promtool_checks_and_unit_tests_the_alert_rules() -> None:
@@ -75,10 +75,11 @@ class ContractExporter:
         Counter(s + "redispatched_requests", "", ["why"], registry=r)
         Gauge(s + "in_flight_requests", "", ["gateway"], registry=r).labels("gw-0:50051").set(12)
         for name, value in (("in_flight_prompts", 4), ("queue_depth", 64), ("dispatch_queue_depth", 3),
-                            ("policy_version", 3), ("valid_groups_produced", 30), ("valid_groups_bound", 32)):  # fmt: skip
+                            ("policy_version", 3), ("valid_groups_bound", 32)):  # fmt: skip
             Gauge(s + name, "", registry=r).set(value)
+        Counter(s + "valid_groups_produced", "", registry=r).inc(30)
         g = "asyncdapo_gateway_"
-        for name, value in (("kv_cache_usage", 0.4), ("engine_running", 10), ("engine_waiting", 2), ("in_flight", 12),
+        for name, value in (("kv_cache_usage_ratio", 0.4), ("engine_running", 10), ("engine_waiting", 2), ("in_flight", 12),
                             ("paused", 0), ("weight_version", 3)):  # fmt: skip
             Gauge(g + name, "", registry=r).set(value)
         self.gw_tokens = Counter(g + "generated_tokens", "", registry=r)
@@ -95,9 +96,10 @@ class ContractExporter:
         t = "asyncdapo_trainer_"
         for name, value in (("step", 5), ("version", 5), ("reward_mean", 0.4), ("acc_mean", 0.5),
                             ("val_accuracy", 0.45), ("response_length_mean", 21), ("response_length_max", 32),
-                            ("response_length_clip_ratio", 0.1), ("timing_wait_s", 0.4), ("timing_compute_s", 1.1),
-                            ("timing_checkpoint_s", 0.2), ("timing_publish_s", 0.3), ("actor_ppo_kl", 0.001),
-                            ("rollout_kl", 0.0005), ("actor_pg_clipfrac", 0.02), ("actor_pg_clipfrac_lower", 0.001),
+                            ("response_length_clip_ratio", 0.1), ("timing_wait_seconds", 0.4),
+                            ("timing_compute_seconds", 1.1), ("timing_checkpoint_seconds", 0.2),
+                            ("timing_publish_seconds", 0.3), ("actor_ppo_kl", 0.001), ("rollout_kl", 0.0005),
+                            ("actor_pg_clip_ratio", 0.02), ("actor_pg_clip_lower_ratio", 0.001),
                             ("actor_entropy", 1.2), ("actor_grad_norm", 0.8)):  # fmt: skip
             Gauge(t + name, "", registry=r).set(value)
         self.trained = Counter(t + "trained_groups", "", ["staleness"], registry=r)

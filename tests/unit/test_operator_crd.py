@@ -15,7 +15,7 @@ from openapi_schema_validator import OAS30Validator
 
 from asyncdapo.config import run_config_json_schema
 from asyncdapo.operator.crd import IMMUTABLE_PATHS, crd, crd_yaml, openapi_schema
-from asyncdapo.operator.openapi import SchemaConversionError, check_structural, to_structural
+from asyncdapo.operator.openapi import SchemaConversionError, apply_defaults, check_structural, to_structural
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_CRD = REPO / "deploy" / "helm" / "asyncdapo" / "crds" / "trainingruns.yaml"
@@ -53,7 +53,14 @@ _CEL = celpy.Environment()
 
 def cel_errors(schema: dict[str, Any], new: Any, old: Any = None) -> list[str]:
     """Evaluate every x-kubernetes-validations rule where the object has a value (transition rules,
-    those using oldSelf, only where the old object has one too) — as the API server does."""
+    those using oldSelf, only where the old object has one too) — as the API server does: on the
+    objects after structural defaulting (the stored old object was defaulted too)."""
+    new = apply_defaults(schema, new)
+    old = None if old is None else apply_defaults(schema, old)
+    return _cel_errors(schema, new, old)
+
+
+def _cel_errors(schema: dict[str, Any], new: Any, old: Any = None) -> list[str]:
     errors: list[str] = []
     for rule in schema.get("x-kubernetes-validations", []):
         transition = "oldSelf" in rule["rule"]
@@ -68,14 +75,14 @@ def cel_errors(schema: dict[str, Any], new: Any, old: Any = None) -> list[str]:
         for key, sub in schema.get("properties", {}).items():
             if key in new:
                 o = old.get(key) if isinstance(old, dict) else None
-                errors += cel_errors(sub, new[key], o)
+                errors += _cel_errors(sub, new[key], o)
         if isinstance(schema.get("additionalProperties"), dict):
             for key, value in new.items():
                 o = old.get(key) if isinstance(old, dict) else None
-                errors += cel_errors(schema["additionalProperties"], value, o)
+                errors += _cel_errors(schema["additionalProperties"], value, o)
     if isinstance(new, list) and isinstance(schema.get("items"), dict):
         for item in new:
-            errors += cel_errors(schema["items"], item, None)
+            errors += _cel_errors(schema["items"], item, None)
     return errors
 
 
@@ -211,9 +218,14 @@ def test_cel_immutability_on_update(schema: dict[str, Any]) -> None:
 
     removed = copy.deepcopy(old)
     del removed["spec"]["run"]["data"]["val_files"]
-    assert "spec.run.data.val_files is immutable: it cannot be added or removed" in cel_errors(
-        schema, removed, old
-    )
+    # removed: the API server defaults it back to [] (schema default), which the rule refuses
+    assert any(e.startswith("spec.run.data.val_files is immutable") for e in cel_errors(schema, removed, old))
+    removed_sel = copy.deepcopy(old)
+    del removed_sel["spec"]["trainer"]["tolerations"]  # not immutable: fine
+    assert cel_errors(schema, removed_sel, old) == []
+    no_redis = copy.deepcopy(old)
+    del no_redis["spec"]["redis"]["managed"]
+    assert "spec.redis is immutable" in cel_errors(schema, no_redis, old)
     assert all(p.split(".")[0] in ("run", "storage", "redis") for p in IMMUTABLE_PATHS)
 
 
@@ -232,3 +244,141 @@ def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
     assert len(rules) >= len(IMMUTABLE_PATHS) + 5
     for rule in rules:
         _CEL.compile(rule)
+
+
+# --- cross-field rules as CEL, and schema defaults (issue 20) ------------------------------------
+
+from asyncdapo.config import RunConfig  # noqa: E402
+from asyncdapo.operator.crd import RUN_RULES, SPEC_RULES  # noqa: E402
+from asyncdapo.operator.spec import parse_spec  # noqa: E402
+
+
+def _operator_accepts(obj: dict[str, Any]) -> bool:
+    try:
+        parse_spec(obj["spec"], obj["metadata"]["name"])
+    except ValueError:  # pydantic.ValidationError is one
+        return False
+    return True
+
+
+def _apiserver_accepts(schema: dict[str, Any], obj: dict[str, Any]) -> bool:
+    return not schema_errors(obj) and not cel_errors(schema, obj)
+
+
+VIOLATIONS: dict[str, dict[tuple[str, ...], Any]] = {
+    "ppo_mini_batch_size must divide": {("run", "trainer", "ppo_mini_batch_size"): 3},
+    "overlong_buffer.len must be <": {("run", "reward", "overlong_buffer", "len"): 32},
+    "max_staleness must be 0 in rollout.mode sync": {
+        ("run", "rollout", "mode"): "sync",
+        ("run", "rollout", "max_staleness"): 1,
+    },
+    "publish_every = k needs": {
+        ("run", "trainer", "publish_every"): 3,
+        ("run", "rollout", "max_staleness"): 1,
+    },
+    "workers must not exceed": {("run", "trainer", "workers"): 33},
+    "gpus_per_worker must equal": {("run", "trainer", "gpus_per_worker"): 1},
+}
+
+
+def _set(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = obj["spec"]
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+@pytest.mark.parametrize("message", sorted(VIOLATIONS))
+def test_each_cross_field_rule_is_refused_by_both(message: str, schema: dict[str, Any]) -> None:
+    obj = _example("tiny-math-cpu.yaml")
+    assert _operator_accepts(obj) and _apiserver_accepts(schema, obj)
+    for path, value in VIOLATIONS[message].items():
+        _set(obj, path, value)
+    assert schema_errors(obj) == []  # each field is fine on its own
+    errors = cel_errors(schema, obj)
+    assert len(errors) == 1 and message in errors[0], errors
+    assert not _operator_accepts(obj)
+
+
+def test_every_cel_cross_field_rule_is_exercised() -> None:
+    messages = [r.message for r in RUN_RULES + SPEC_RULES]
+    for m in messages:
+        assert sum(key in m for key in VIOLATIONS) == 1, m
+    assert len(messages) == len(VIOLATIONS)
+
+
+def test_cross_field_rules_agree_with_pydantic_on_random_specs(schema: dict[str, Any]) -> None:
+    """Random specs over the fields the cross-field rules read (and a few they do not): the API
+    server's verdict (OpenAPI schema + CEL after defaulting) equals the operator's (pydantic)."""
+    import random
+
+    rng = random.Random(20)
+    base = _example("tiny-math-cpu.yaml")
+    choices: dict[tuple[str, ...], list[Any]] = {
+        ("run", "data", "train_batch_size"): [1, 4, 6, 8, 12, 16, 64],
+        ("run", "trainer", "ppo_mini_batch_size"): [1, 2, 3, 4, 8, 16],
+        ("run", "data", "max_response_length"): [8, 16, 32, 512],
+        ("run", "reward", "overlong_buffer", "len"): [1, 8, 16, 32, 600],
+        ("run", "reward", "overlong_buffer", "enable"): [True, False],
+        ("run", "rollout", "mode"): ["async", "sync"],
+        ("run", "rollout", "max_staleness"): [0, 1, 2, 4],
+        ("run", "rollout", "n"): [1, 2, 8],
+        ("run", "trainer", "publish_every"): [1, 2, 3, 5],
+        ("run", "trainer", "workers"): [1, 2, 8, 40],
+        ("run", "trainer", "gpus_per_worker"): [None, 0, 1],
+        ("trainer", "gpusPerWorker"): [0, 1],
+        ("run", "rollout", "temperature"): [0.5, 1.0],
+    }
+    outcomes = {True: 0, False: 0}
+    for _ in range(250):
+        obj = copy.deepcopy(base)
+        for path, values in choices.items():
+            if rng.random() < 0.7:
+                value = rng.choice(values)
+                if value is None:
+                    continue
+                _set(obj, path, value)
+        operator, apiserver = _operator_accepts(obj), _apiserver_accepts(schema, obj)
+        assert operator == apiserver, (operator, cel_errors(schema, obj), obj["spec"]["run"])
+        outcomes[operator] += 1
+    assert min(outcomes.values()) > 30  # both verdicts are well represented
+
+
+def test_schema_defaults_are_runconfigs(schema: dict[str, Any]) -> None:
+    minimal = {
+        "apiVersion": "asyncdapo.io/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": "r1"},
+        "spec": {"run": {}, "storage": {"size": "1Gi"}},
+    }
+    stored = apply_defaults(schema, minimal)
+    run = stored["spec"]["run"]
+    expected = RunConfig(name="r1").model_dump(mode="json", exclude_none=True)
+    expected.pop("name")
+    assert "name" not in run  # run.name defaults to metadata.name, not to RunConfig's local default
+    assert run == expected  # every RunConfig default is visible in `kubectl get -o yaml`
+    assert stored["spec"]["storage"]["retain"] is True and stored["spec"]["gateway"]["replicas"] == 1
+    assert _apiserver_accepts(schema, minimal) and _operator_accepts(minimal)
+    assert parse_spec(stored["spec"], "r1").run == parse_spec(minimal["spec"], "r1").run
+
+
+def test_env_value_from_rules(schema: dict[str, Any]) -> None:
+    obj = _example("tiny-math-cpu.yaml")
+    obj["spec"]["env"] = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    assert _apiserver_accepts(schema, obj) and _operator_accepts(obj)
+    both = copy.deepcopy(obj)
+    both["spec"]["env"][0]["value"] = "plain"
+    assert "env: set value or valueFrom" in cel_errors(schema, both) and not _operator_accepts(both)
+    two = copy.deepcopy(obj)
+    two["spec"]["env"][0]["valueFrom"]["configMapKeyRef"] = {"name": "c", "key": "k"}
+    assert any("exactly one of" in e for e in cel_errors(schema, two)) and not _operator_accepts(two)
+
+
+def test_storage_retain_stays_mutable(schema: dict[str, Any]) -> None:
+    old = _example("tiny-math-cpu.yaml")
+    new = copy.deepcopy(old)
+    new["spec"]["storage"]["retain"] = False
+    assert cel_errors(schema, new, old) == []
+    grown = copy.deepcopy(old)
+    grown["spec"]["storage"]["size"] = "4Gi"
+    assert "spec.storage.size is immutable" in cel_errors(schema, grown, old)

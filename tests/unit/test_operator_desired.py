@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ def test_cpu_run_objects_and_wiring() -> None:
         ("Service", "tiny-math-verifier"),
         ("StatefulSet", "tiny-math-gateway"),
         ("Service", "tiny-math-gateway"),
+        ("PodDisruptionBudget", "tiny-math-gateway"),
         ("Deployment", "tiny-math-scheduler"),
         ("Service", "tiny-math-scheduler"),
         ("Job", "tiny-math-trainer"),
@@ -117,7 +119,12 @@ def test_cpu_run_objects_and_wiring() -> None:
     assert verifier["--timeout-s"] == "5.0" and verifier["--workers"] == "1"
     # The ConfigMap is the full RunConfig, named after the resource.
     run = yaml.safe_load(objs[("ConfigMap", "tiny-math-config")]["data"]["run.yaml"])
-    assert RunConfig.model_validate(run) == parse_spec(_spec(), "tiny-math").run
+    # ... with the workload's decision made explicit: the trainer's GPUs (launch.py's use_gpu)
+    expected = parse_spec(_spec(), "tiny-math").run
+    expected = expected.model_copy(
+        update={"trainer": expected.trainer.model_copy(update={"gpus_per_worker": 0})}
+    )
+    assert RunConfig.model_validate(run) == expected and run["trainer"]["gpus_per_worker"] == 0
     assert run["name"] == "tiny-math" and run["data"]["train_batch_size"] == 8
 
 
@@ -175,10 +182,17 @@ def test_redis_sources() -> None:
     )
     objs = _desired(external)
     assert ("StatefulSet", "tiny-math-redis") not in objs
+    # The contract with the Redis clients: the URL carries no password, every client reads it from
+    # ASYNCDAPO_REDIS_PASSWORD (valueFrom.secretKeyRef), and only clients get it.
     c = _container(objs, "Deployment", "tiny-math-scheduler")
-    assert _args(c)["--redis"] == "redis://:$(REDIS_PASSWORD)@cache.example:6380/2"
-    pw = next(e for e in c["env"] if e["name"] == "REDIS_PASSWORD")
+    assert _args(c)["--redis"] == "redis://cache.example:6380/2"
+    pw = next(e for e in c["env"] if e["name"] == "ASYNCDAPO_REDIS_PASSWORD")
     assert pw["valueFrom"] == {"secretKeyRef": {"name": "redis-auth", "key": "pw"}}
+    for kind, name in (("Job", "tiny-math-trainer"), ("Job", "tiny-math-prepare")):
+        assert pw in _container(objs, kind, name)["env"]
+    for kind, name in (("StatefulSet", "tiny-math-gateway"), ("Deployment", "tiny-math-verifier")):
+        assert all(e["name"] != "ASYNCDAPO_REDIS_PASSWORD" for e in _container(objs, kind, name)["env"])
+    assert "REDIS_PASSWORD)" not in json.dumps(list(objs.values()))  # never spliced into an argument
     default = _desired(_spec(redis=None))
     assert _args(_container(default, "Job", "tiny-math-trainer"))["--redis"] == DEFAULTS.redis_url
     with pytest.raises(DesiredStateError) as err:
@@ -207,6 +221,9 @@ def test_invariants_hold_for_every_object(name: str, lifecycle: Lifecycle) -> No
     for obj in objs:
         meta = obj["metadata"]
         assert meta["namespace"] == "ml" and meta["labels"]["asyncdapo.io/run"] == ref.name
+        if obj["kind"] == "PersistentVolumeClaim" and spec.storage.retain:
+            assert "ownerReferences" not in meta  # the workspace outlives the run (storage.retain)
+            continue
         assert meta["ownerReferences"] == [
             {
                 "apiVersion": "asyncdapo.io/v1alpha1",
@@ -324,3 +341,146 @@ def test_invalid_spec_names_the_field() -> None:
         parse_spec(bad, "tiny-math")
     with pytest.raises(ValueError, match=r"must equal metadata\.name"):
         parse_spec({**_spec(), "run": {**_spec()["run"], "name": "other"}}, "tiny-math")
+
+
+# --- workload fields a platform needs (issue 20) --------------------------------------------------
+
+
+def _all_pods(objs: dict) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(object name, pod template metadata, pod spec) of every pod template."""
+    out = []
+    for (_kind, name), obj in objs.items():
+        spec = obj.get("spec", {})
+        if obj["kind"] == "RayJob":
+            c = spec["rayClusterSpec"]
+            tpls = [c["headGroupSpec"]["template"], spec["submitterPodTemplate"]]
+            tpls += [g["template"] for g in c["workerGroupSpecs"]]
+        elif "template" in spec:
+            tpls = [spec["template"]]
+        else:
+            continue
+        out += [(name, t["metadata"], t["spec"]) for t in tpls]
+    return out
+
+
+def test_env_value_from_service_account_priority_and_pod_metadata() -> None:
+    hf = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    objs = _desired(
+        _spec(
+            "qwen3-8b-dapo-gpu.yaml",
+            env=[hf, {"name": "WANDB_MODE", "value": "offline"}],
+            trainer__env=[{"name": "WANDB_MODE", "value": "online"}],
+            serviceAccountName="training-s3",
+            priorityClassName="research",
+            gateway__priorityClassName="rollout-high",
+            podLabels={"team": "reasoning", "app.kubernetes.io/component": "hijack"},
+            podAnnotations={"sidecar.istio.io/inject": "false"},
+        ),
+        ref=RunRef("dapo-qwen3-8b", "ml", "u"),
+        defaults=OperatorDefaults(kuberay=True),
+    )
+    pods = _all_pods(objs)
+    assert len(pods) >= 6
+    for name, meta, pod in pods:
+        assert pod["serviceAccountName"] == "training-s3" and pod["automountServiceAccountToken"] is False
+        assert pod["priorityClassName"] == ("rollout-high" if name.endswith("gateway") else "research"), name
+        assert meta["labels"]["team"] == "reasoning"
+        assert meta["labels"]["app.kubernetes.io/component"] != "hijack"  # the operator's labels win
+        assert meta["annotations"]["sidecar.istio.io/inject"] == "false"
+        if name.endswith("-redis"):
+            continue  # the Redis image gets its password only, not the run's env
+        for c in pod["containers"]:
+            assert hf in c["env"], (name, c["name"])  # a secret by reference, never in plain text
+            wandb = [e for e in c["env"] if e["name"] == "WANDB_MODE"]
+            expected = "online" if name.endswith("trainer") else "offline"  # the component's wins
+            assert wandb == [{"name": "WANDB_MODE", "value": expected}], (name, c["name"])
+    for obj in objs.values():
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True) if obj["kind"] != "RayJob" else None
+
+
+def test_kueue_labels_go_to_the_gpu_workloads_and_kueue_owns_suspend() -> None:
+    ref = RunRef.of(
+        {
+            "name": "dapo-qwen3-8b",
+            "namespace": "ml",
+            "uid": "u",
+            "labels": {"kueue.x-k8s.io/queue-name": "gpu-queue", "team": "x"},
+            "annotations": {"kueue.x-k8s.io/priority-class": "p", "kubectl.kubernetes.io/last-applied": "{}"},
+        }
+    )
+    assert ref.queued and ref.workload_labels == (("kueue.x-k8s.io/queue-name", "gpu-queue"),)
+    for workers, kind in ((8, "RayJob"), (1, "Job")):
+        spec = _spec("qwen3-8b-dapo-gpu.yaml", run__trainer__workers=workers)
+        running = _desired(spec, ref=ref, defaults=OperatorDefaults(kuberay=True))
+        trainer = running[(kind, "dapo-qwen3-8b-trainer")]
+        assert trainer["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+        assert trainer["metadata"]["annotations"]["kueue.x-k8s.io/priority-class"] == "p"
+        assert "team" not in trainer["metadata"]["labels"]  # only Kueue's keys are propagated
+        assert "suspend" not in trainer["spec"]  # Kueue suspends it at creation, resumes on admission
+        suspended = _desired(spec, Lifecycle.SUSPENDED, ref=ref, defaults=OperatorDefaults(kuberay=True))
+        assert suspended[(kind, "dapo-qwen3-8b-trainer")]["spec"]["suspend"] is True
+        gw = running[("StatefulSet", "dapo-qwen3-8b-gateway")]
+        assert gw["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+        assert (
+            "kueue.x-k8s.io/queue-name"
+            not in running[("Deployment", "dapo-qwen3-8b-scheduler")]["metadata"]["labels"]
+        )
+    plain = _desired(_spec("qwen3-8b-dapo-gpu.yaml"), ref=RunRef("dapo-qwen3-8b", "ml", "u"),
+                     defaults=OperatorDefaults(kuberay=True))  # fmt: skip
+    assert plain[("RayJob", "dapo-qwen3-8b-trainer")]["spec"]["suspend"] is False
+
+
+def test_managed_redis_requires_a_password_with_protected_mode_on() -> None:
+    objs = _desired(_spec())
+    redis = _container(objs, "StatefulSet", "tiny-math-redis")
+    args = redis["args"]
+    assert "--protected-mode" not in args  # Redis' default (yes) stays
+    assert args[args.index("--requirepass") + 1] == "$(ASYNCDAPO_REDIS_PASSWORD)"
+    secret = {"secretKeyRef": {"name": "tiny-math-redis-auth", "key": "password"}}
+    assert redis["env"] == [{"name": "ASYNCDAPO_REDIS_PASSWORD", "valueFrom": secret}]
+    for kind, name in (
+        ("Deployment", "tiny-math-scheduler"),
+        ("Job", "tiny-math-trainer"),
+        ("Job", "tiny-math-prepare"),
+    ):
+        assert {"name": "ASYNCDAPO_REDIS_PASSWORD", "valueFrom": secret} in _container(objs, kind, name)[
+            "env"
+        ]
+    # the default Redis with a password (the chart's): clients read the run's copy of it
+    shared = _desired(
+        _spec(redis=None), defaults=OperatorDefaults(redis_url="redis://r:6379/0", redis_password="pw")
+    )
+    assert {"name": "ASYNCDAPO_REDIS_PASSWORD", "valueFrom": secret} in _container(
+        shared, "Job", "tiny-math-trainer"
+    )["env"]
+    assert "pw" not in json.dumps(list(shared.values()))  # the value itself is never rendered
+    nopw = _desired(_spec(redis=None))
+    assert all(
+        e["name"] != "ASYNCDAPO_REDIS_PASSWORD" for e in _container(nopw, "Job", "tiny-math-trainer")["env"]
+    )
+
+
+def test_control_plane_image_for_scheduler_and_verifier_and_gateway_pdb() -> None:
+    objs = _desired(_spec(images={"controlPlane": "reg.example/cp:1"}))
+    assert _container(objs, "Deployment", "tiny-math-scheduler")["image"] == "reg.example/cp:1"
+    assert _container(objs, "Deployment", "tiny-math-verifier")["image"] == "reg.example/cp:1"
+    assert _container(objs, "StatefulSet", "tiny-math-gateway")["image"] == DEFAULTS.cpu_image
+    assert _container(objs, "Job", "tiny-math-trainer")["image"] == DEFAULTS.cpu_image
+    default = _desired(_spec())
+    assert _container(default, "Deployment", "tiny-math-scheduler")["image"] == DEFAULTS.control_plane_image
+    pdb = default[("PodDisruptionBudget", "tiny-math-gateway")]
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {
+            "matchLabels": {"asyncdapo.io/run": "tiny-math", "app.kubernetes.io/component": "gateway"}
+        },
+    }
+    kubernetes_validate.validate(pdb, K8S_VERSION, strict=True)
+
+
+def test_workspace_pvc_is_retained_unless_opted_out() -> None:
+    kept = _desired(_spec())[("PersistentVolumeClaim", "tiny-math-workspace")]
+    assert "ownerReferences" not in kept["metadata"]
+    assert kept["metadata"]["annotations"] == {"asyncdapo.io/retained-from": "ml/tiny-math"}
+    gone = _desired(_spec(storage__retain=False))[("PersistentVolumeClaim", "tiny-math-workspace")]
+    assert gone["metadata"]["ownerReferences"][0]["uid"] == REF.uid and "annotations" not in gone["metadata"]

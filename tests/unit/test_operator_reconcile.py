@@ -36,6 +36,8 @@ class FakeCluster:
         self.kuberay = kuberay
         self.applies = 0
         self.creates: list[Key] = []
+        self.events: list[dict[str, Any]] = []
+        self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
 
     @staticmethod
     def key(obj: dict[str, Any]) -> Key:
@@ -83,6 +85,12 @@ class FakeCluster:
 
     def serves(self, api_version: str, kind: str) -> bool:
         return kind != "RayJob" or self.kuberay
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.status_patches.append((namespace, name, copy.deepcopy(status)))
+
+    def post_event(self, event: dict[str, Any]) -> None:
+        self.events.append(copy.deepcopy(event))
 
     # --- test helpers: what controllers and kubelets would do ---
 
@@ -138,7 +146,8 @@ def test_create_prepare_then_run_then_succeed() -> None:
     status = _pass(cluster, _run(), T0)
     assert status["phase"] == "Preparing"
     assert cluster.names("Job") == {"tiny-math-prepare"}
-    assert cluster.names("Secret") == {"tiny-math-token"}
+    # the run's token, and the managed Redis' password (generated once, read by its clients)
+    assert cluster.names("Secret") == {"tiny-math-token", "tiny-math-redis-auth"}
     assert "tiny-math-gateway" not in cluster.names("StatefulSet")
 
     cluster.set_status("Job", "tiny-math-prepare", {"conditions": [{"type": "Complete", "status": "True"}]})
@@ -172,11 +181,13 @@ def test_reconcile_is_idempotent_and_never_rotates_the_token() -> None:
     status = _pass(cluster, _run(status=status), T0)
     snapshot = copy.deepcopy(cluster.objects)
     token = cluster.obj("Secret", "tiny-math-token")["stringData"]["token"]
+    password = cluster.obj("Secret", "tiny-math-redis-auth")["stringData"]["password"]
     again = _pass(cluster, _run(status=status), T0)
     assert again == status
     assert cluster.objects == snapshot
     assert cluster.obj("Secret", "tiny-math-token")["stringData"]["token"] == token
-    assert len(cluster.creates) == 1
+    assert cluster.obj("Secret", "tiny-math-redis-auth")["stringData"]["password"] == password
+    assert len(cluster.creates) == 2 and len(password) >= 32
 
 
 def _running(cluster: FakeCluster) -> dict[str, Any]:
@@ -255,9 +266,7 @@ def test_several_workers_without_kuberay_waits_for_kuberay() -> None:
     assert "completionTime" not in status  # not terminal: installing KubeRay lets it proceed
 
 
-def test_delete_garbage_collects_every_child() -> None:
-    cluster = FakeCluster()
-    _running(cluster)
+def _delete_run(cluster: FakeCluster) -> None:
     owner = {
         "apiVersion": "asyncdapo.io/v1alpha1",
         "kind": "TrainingRun",
@@ -266,10 +275,33 @@ def test_delete_garbage_collects_every_child() -> None:
     cluster.objects[FakeCluster.key(owner)] = owner
     assert len(cluster.objects) > 15
     cluster.delete("asyncdapo.io/v1alpha1", "TrainingRun", "ml", "tiny-math")
+
+
+def test_delete_garbage_collects_every_child_but_keeps_the_workspace() -> None:
+    cluster = FakeCluster()
+    _running(cluster)
+    _delete_run(cluster)
+    # storage.retain (default true): model, data and checkpoints outlive the run
+    assert list(cluster.objects) == [("v1", "PersistentVolumeClaim", "ml", "tiny-math-workspace")]
+    pvc = cluster.obj("PersistentVolumeClaim", "tiny-math-workspace")
+    assert pvc["metadata"]["annotations"]["asyncdapo.io/retained-from"] == "ml/tiny-math"
+    # a run created again under the same name adopts it (server-side apply, same field manager)
+    status = _pass(cluster, _run(), T0)
+    assert status["phase"] == "Preparing" and "tiny-math-workspace" in cluster.names("PersistentVolumeClaim")
+
+
+def test_retain_false_deletes_the_workspace_with_the_run() -> None:
+    cluster = FakeCluster()
+    status = _running(cluster)
+    _pass(cluster, _run(generation=2, status=status, storage={"size": "2Gi", "accessModes": ["ReadWriteOnce"],
+                                                                "retain": False}), T0)  # fmt: skip
+    assert owned_by(cluster.obj("PersistentVolumeClaim", "tiny-math-workspace"), UID)
+    _delete_run(cluster)
     assert cluster.objects == {}
 
 
 def test_deletion_needs_no_finalizer() -> None:
+    """See tests/unit/test_operator_handlers.py for the whole kopf registry."""
     kopf = pytest.importorskip("kopf")
     from asyncdapo.operator import handlers
 
@@ -278,6 +310,5 @@ def test_deletion_needs_no_finalizer() -> None:
     assert deletion and all(h.requires_finalizer is False for h in deletion)
     names = {h.fn.__name__ for h in registry._changing.get_all_handlers()}
     assert {"on_create", "on_update", "on_resume", "on_delete"} <= names
-    timers = [h for h in registry._spawning.get_all_handlers() if h.fn is handlers.on_timer]
-    assert timers and timers[0].interval == handlers.TIMER_INTERVAL_S
+    assert registry._spawning.get_all_handlers() == []  # no timer, no daemon: they need finalizers
     assert Phase.RUNNING.value == "Running"

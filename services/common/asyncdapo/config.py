@@ -81,6 +81,11 @@ class WandbMode(StrEnum):
     ONLINE = "online"
 
 
+class ShardingStrategy(StrEnum):
+    DDP = "ddp"  # every worker holds the whole model and optimizer state
+    FSDP = "fsdp"  # FSDP2: parameters, gradients and optimizer state sharded over the workers
+
+
 class ModelConfig(_Strict):
     path: str = Field("models/tiny", description="Hugging Face causal-LM directory (weights + tokenizer).")
     dtype: str = Field("auto", description="Weights dtype for training and rollout: auto|float32|bfloat16.")
@@ -241,6 +246,22 @@ class TrainerConfig(_Strict):
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every k steps.")
     val_every: int = Field(0, ge=0, description="Validate every k steps (0: never).")
     workers: int = Field(1, ge=1, le=4096, description="Data-parallel workers (>1 uses Ray Train).")
+    gpus_per_worker: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="GPUs per worker (>1 workers). None: 1 if the driver sees CUDA, else 0 (local runs); "
+        "a TrainingRun sets it from spec.trainer.gpusPerWorker.",
+    )
+    sharding: ShardingStrategy = Field(
+        ShardingStrategy.DDP,
+        description="ddp (replicas) or fsdp (FSDP2: fp32 master weights and optimizer state sharded over "
+        "the workers; model.dtype bfloat16 computes in bf16).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in backward (less memory, ~+30% compute).",
+    )
     seed: int = Field(1, ge=0, description="Training seed.")
     checkpoint_dir: str = Field("checkpoints", description="Where checkpoints and weight snapshots go.")
 

@@ -6,6 +6,7 @@
 - `dashboards`, `manifests`: regenerate deploy/dashboards/*.json and deploy/k8s/asyncdapo.yaml.
 - `render FILE`: print the manifests the operator would apply for a TrainingRun file (offline;
   review them or `kubectl apply` without an operator).
+- `check`: the chart's `helm test` probes (an HTTP endpoint answers 200; the CRD is Established).
 """
 
 from __future__ import annotations
@@ -51,14 +52,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--lifecycle", default="running", choices=["preparing", "running", "suspended", "succeeded", "failed"]
     )
     render.add_argument("--kuberay", action="store_true", help="render a RayJob for trainer.workers > 1")
+    render.add_argument(
+        "--default-redis-auth",
+        action="store_true",
+        help="the default Redis has a password (as the chart's): runs on it read {run}-redis-auth",
+    )
     _default_args(render)
     render.set_defaults(func=_render)
+
+    ex = osub.add_parser(
+        "examples", help="write `render` of every example TrainingRun (deploy/k8s/examples/rendered)"
+    )
+    ex.add_argument("--examples", default="deploy/k8s/examples")
+    ex.set_defaults(func=_examples)
+
+    check = osub.add_parser("check", help="helm test probes: HTTP endpoints answer, the CRD is established")
+    check.add_argument("--http", action="append", default=[], metavar="URL", help="expect 200 (repeatable)")
+    check.add_argument("--crd-established", action="store_true", help="the TrainingRun CRD is Established")
+    check.add_argument("--timeout-s", type=float, default=60.0, help="retry until this deadline")
+    check.set_defaults(func=_check)
 
 
 def _default_args(p: argparse.ArgumentParser) -> None:
     from .desired import OperatorDefaults
 
     d = OperatorDefaults()
+    p.add_argument("--control-plane-image", default=_env("CONTROL_PLANE_IMAGE", d.control_plane_image))
     p.add_argument("--cpu-image", default=_env("CPU_IMAGE", d.cpu_image))
     p.add_argument("--gpu-image", default=_env("GPU_IMAGE", d.gpu_image))
     p.add_argument("--redis-image", default=_env("REDIS_IMAGE", d.redis_image))
@@ -66,15 +85,19 @@ def _default_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=_env("REDIS_URL"), help="Redis of runs that set no spec.redis")
 
 
-def _defaults(args: argparse.Namespace, kuberay: bool):  # -> OperatorDefaults
+def _defaults(
+    args: argparse.Namespace, kuberay: bool, redis_password: str | None = None
+):  # -> OperatorDefaults
     from .desired import OperatorDefaults
 
     return OperatorDefaults(
+        control_plane_image=args.control_plane_image,
         cpu_image=args.cpu_image,
         gpu_image=args.gpu_image,
         redis_image=args.redis_image,
         pull_policy=args.pull_policy,
         redis_url=args.redis_url or None,
+        redis_password=redis_password,
         kuberay=kuberay,
     )
 
@@ -126,12 +149,53 @@ def _render(args: argparse.Namespace) -> int:
         name = meta.get("name", "")
         try:
             spec = parse_spec(doc.get("spec") or {}, name)
-            ref = RunRef(name, meta.get("namespace", args.namespace), meta.get("uid", "00000000-render"))
-            out += desired_state(spec, ref, _defaults(args, args.kuberay), Lifecycle(args.lifecycle))
+            ref = RunRef.of({"uid": "00000000-render", **meta}, args.namespace)
+            # the password itself is never rendered: only the Secret that holds it is named
+            defaults = _defaults(args, args.kuberay, "(set)" if args.default_redis_auth else None)
+            out += desired_state(spec, ref, defaults, Lifecycle(args.lifecycle))
         except (ValidationError, DesiredStateError, ValueError) as err:
             print(f"{args.file}: TrainingRun {name!r}: {err}", file=sys.stderr)
             return 1
     sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False))
+    return 0
+
+
+# The settings of the committed renderings (golden files): the chart's defaults, namespace `ml`.
+EXAMPLE_RENDER_ARGS = [
+    "--namespace", "ml",
+    "--kuberay",
+    "--default-redis-auth",
+    "--redis-url", "redis://asyncdapo-redis.asyncdapo.svc:6379/0",
+]  # fmt: skip
+
+
+def example_render_argv(example: str) -> list[str]:
+    """`asyncdapo operator render` argv of a committed rendering."""
+    return ["operator", "render", example, *EXAMPLE_RENDER_ARGS]
+
+
+def _examples(args: argparse.Namespace) -> int:
+    import contextlib
+    import io
+    from pathlib import Path
+
+    from asyncdapo.cli import main
+
+    src = Path(args.examples)
+    out = src / "rendered"
+    out.mkdir(exist_ok=True)
+    for example in sorted(src.glob("*.yaml")):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main(example_render_argv(str(example)))
+        if rc != 0:
+            return rc
+        header = (
+            f"# `asyncdapo {' '.join(example_render_argv(str(example)))}`: what the operator applies for\n"
+            f"# {example.name} while it runs. Generated by `make deploy-manifests`; do not edit.\n"
+        )
+        (out / example.name).write_text(header + buf.getvalue())
+        print(out / example.name)
     return 0
 
 
@@ -156,7 +220,9 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    defaults = _defaults(args, kuberay=cluster.serves("ray.io/v1", "RayJob"))
+    # The default Redis' password (the chart's Secret, through the env): copied into runs' namespaces.
+    password = os.environ.get("ASYNCDAPO_OPERATOR_REDIS_PASSWORD") or None
+    defaults = _defaults(args, kuberay=cluster.serves("ray.io/v1", "RayJob"), redis_password=password)
     start_http_server(args.metrics_port)
     memo = kopf.Memo(cluster=cluster, defaults=defaults, read_progress=read_progress)
     asyncio.run(
@@ -169,3 +235,50 @@ def _run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Retry each probe until it passes or the deadline; print what passed and what did not."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + args.timeout_s
+    pending: dict[str, object] = {url: None for url in args.http}
+    if args.crd_established:
+        pending["crd"] = None
+    while pending:
+        for what in list(pending):
+            try:
+                if what == "crd":
+                    _crd_established()
+                else:
+                    resp = httpx.get(what, timeout=5.0)
+                    if resp.status_code != 200:
+                        raise RuntimeError(f"HTTP {resp.status_code}")
+            except Exception as err:  # a boundary: report and retry until the deadline
+                pending[what] = err
+                continue
+            print(f"ok: {what}")
+            del pending[what]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(2.0)
+    for what, err in pending.items():
+        print(f"FAILED: {what}: {err}", file=sys.stderr)
+    return 1 if pending else 0
+
+
+def _crd_established() -> None:
+    from kubernetes import client, config
+
+    from .crd import CRD_NAME
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    crd = client.ApiextensionsV1Api().read_custom_resource_definition(CRD_NAME)
+    conds = {c.type: c.status for c in (crd.status.conditions or [])}
+    if conds.get("Established") != "True":
+        raise RuntimeError(f"{CRD_NAME} is not Established: {conds}")

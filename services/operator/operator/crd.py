@@ -5,6 +5,12 @@ from `spec.py`; all go through `openapi.to_structural`. The committed copy in th
 (deploy/helm/asyncdapo/crds/trainingruns.yaml) is `asyncdapo operator crd` output; a test keeps it
 fresh.
 
+Cross-field rules (CEL, `RUN_RULES` / `SPEC_RULES`): the invariants pydantic checks across fields
+(RunConfig's, the trainer's start-up checks, the workload's) are CEL rules too, so `kubectl apply`
+refuses a spec the operator would mark InvalidSpec. Schema defaults (openapi.py) come from the
+pydantic defaults, so `kubectl get -o yaml` shows the effective values and the rules can rely on
+every defaulted field being present.
+
 Immutability (CEL transition rules, enforced by the API server): the fields that define what is
 being trained and where its state lives cannot change after creation — changing them mid-run
 would silently mix two experiments in one set of checkpoints and Redis keys. Each listed leaf gets
@@ -14,11 +20,12 @@ would silently mix two experiments in one set of checkpoints and Redis keys. Eac
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from asyncdapo.config import run_config_json_schema
+from asyncdapo.config import RunConfig, run_config_json_schema
 
 from .openapi import to_structural
 from .spec import API_GROUP, API_VERSION, KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
@@ -41,9 +48,81 @@ IMMUTABLE_PATHS: tuple[str, ...] = (
     "run.trainer.workers",
     "run.trainer.checkpoint_dir",
     "run.trainer.seed",
-    "storage",
+    # storage.retain stays mutable: opting in to deletion (or out of it) is allowed at any time
+    "storage.claimName",
+    "storage.size",
+    "storage.storageClassName",
+    "storage.accessModes",
+    "storage.mountPath",
     "redis",
 )
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A CEL rule the API server checks at admission, mirroring a pydantic validator (`source`),
+    so that `kubectl apply` refuses what the operator would. Rules see the object after the API
+    server applied the schema defaults, so every defaulted field is present."""
+
+    rule: str
+    message: str
+    field_path: str
+    source: str
+
+
+# On `spec.run` (RunConfig._cross_field, and the trainer's start-up checks: spec.TRAINER_RULES).
+RUN_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        "self.data.train_batch_size % self.trainer.ppo_mini_batch_size == 0",
+        "spec.run.trainer.ppo_mini_batch_size must divide spec.run.data.train_batch_size",
+        ".trainer.ppo_mini_batch_size",
+        "RunConfig",
+    ),
+    CrossFieldRule(
+        "!self.reward.overlong_buffer.enable || "
+        "self.reward.overlong_buffer.len < self.data.max_response_length",
+        "spec.run.reward.overlong_buffer.len must be < spec.run.data.max_response_length",
+        ".reward.overlong_buffer.len",
+        "RunConfig",
+    ),
+    CrossFieldRule(
+        "self.rollout.mode != 'sync' || self.rollout.max_staleness == 0",
+        "spec.run.rollout.max_staleness must be 0 in rollout.mode sync",
+        ".rollout.max_staleness",
+        "RunConfig",
+    ),
+    CrossFieldRule(
+        "self.trainer.publish_every <= 1 || self.rollout.max_staleness >= self.trainer.publish_every - 1",
+        "spec.run.trainer.publish_every = k needs spec.run.rollout.max_staleness >= k - 1",
+        ".trainer.publish_every",
+        "TRAINER_RULES",
+    ),
+    CrossFieldRule(
+        "self.trainer.workers <= self.trainer.ppo_mini_batch_size * self.rollout.n",
+        "spec.run.trainer.workers must not exceed the responses of a mini-batch "
+        "(trainer.ppo_mini_batch_size x rollout.n)",
+        ".trainer.workers",
+        "TRAINER_RULES",
+    ),
+)
+
+# On `spec` (TrainingRunSpec._workload_rules).
+SPEC_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        "!has(self.run.trainer.gpus_per_worker) || self.run.trainer.gpus_per_worker == self.trainer.gpusPerWorker",
+        "spec.run.trainer.gpus_per_worker must equal spec.trainer.gpusPerWorker (or be left out)",
+        ".run.trainer.gpus_per_worker",
+        "TrainingRunSpec",
+    ),
+)
+
+
+def _cel(rules: tuple[CrossFieldRule, ...]) -> list[dict[str, Any]]:
+    return [
+        {"rule": r.rule, "message": r.message, "fieldPath": r.field_path, "reason": "FieldValueInvalid"}
+        for r in rules
+    ]
+
 
 # CEL cost estimation needs bounded strings and lists; RunConfig leaves some unbounded.
 _CEL_STRING_BOUND = 4096
@@ -57,10 +136,25 @@ def spec_schema() -> dict[str, Any]:
     spec = to_structural(TrainingRunSpec.model_json_schema(mode="validation", by_alias=True))
     run = to_structural(run_config_json_schema())
     run["description"] = spec["properties"]["run"].get("description", run.get("description", ""))
+    _fill_defaults(run, RunConfig().model_dump(mode="json"))
+    # run.name defaults to metadata.name (spec.parse_spec), not to RunConfig's local default
+    run["properties"]["name"].pop("default", None)
     _bound(run)
+    run.setdefault("x-kubernetes-validations", []).extend(_cel(RUN_RULES))
     spec["properties"]["run"] = run
     _add_immutability(spec)
+    spec.setdefault("x-kubernetes-validations", []).extend(_cel(SPEC_RULES))
     return spec
+
+
+def _fill_defaults(node: dict[str, Any], value: Any) -> None:
+    """Defaults JSON schema cannot carry (pydantic `default_factory` lists) from a default instance."""
+    if node.get("type") == "object" and "properties" in node and isinstance(value, dict):
+        for key, sub in node["properties"].items():
+            if value.get(key) is not None:
+                _fill_defaults(sub, value[key])
+    elif "default" not in node and value is not None:
+        node["default"] = value
 
 
 def status_schema() -> dict[str, Any]:

@@ -2,8 +2,8 @@
 deploy/dashboards/ (`asyncdapo operator dashboards`); the chart ships them as ConfigMaps labelled
 `grafana_dashboard: "1"`. A test keeps the JSON fresh and runs every query through a real Prometheus.
 
-Queries use the metric names of deploy/METRICS.md. `$run` filters by the `run` target label;
-`$__rate_interval` is Grafana's. Panels marked `core` must be non-empty once a local stack runs.
+Queries use the metric names of deploy/METRICS.md. `$namespace` and `$run` filter by the
+`namespace` and `run` target labels; `$__rate_interval` is Grafana's. Panels marked `core` must be non-empty once a local stack runs.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RUN = 'run=~"$run"'
+# Every query is filtered by the dashboard's `namespace` and `run` variables ("All": `.*`, which
+# also matches series without the label, e.g. the local stack's, which has no namespace).
+NS = 'namespace=~"$namespace"'
+RUN = f'{NS},run=~"$run"'
 RATE = "[$__rate_interval]"
 
 
@@ -54,8 +57,8 @@ ROLLOUT = Dashboard(
             "Tokens/s",
             (
                 _q(
-                    f"sum by (run) (rate(asyncdapo_scheduler_generated_tokens_total{{{RUN}}}{RATE}))",
-                    "{{run}}",
+                    f"sum by (namespace, run) (rate(asyncdapo_scheduler_generated_tokens_total{{{RUN}}}{RATE}))",
+                    "{{namespace}} {{run}}",
                 ),
             ),
             description="Response tokens received by the scheduler per second.",
@@ -69,14 +72,17 @@ ROLLOUT = Dashboard(
         Panel(
             "Prompt queue depth and in-flight prompts",
             (
-                _q(f"sum by (run) (asyncdapo_scheduler_queue_depth{{{RUN}}})", "queued prompts {{run}}"),
                 _q(
-                    f"sum by (run) (asyncdapo_scheduler_in_flight_prompts{{{RUN}}})",
-                    "in-flight prompts {{run}}",
+                    f"sum by (namespace, run) (asyncdapo_scheduler_queue_depth{{{RUN}}})",
+                    "queued prompts {{namespace}} {{run}}",
                 ),
                 _q(
-                    f"sum by (run) (asyncdapo_scheduler_dispatch_queue_depth{{{RUN}}})",
-                    "awaiting a slot {{run}}",
+                    f"sum by (namespace, run) (asyncdapo_scheduler_in_flight_prompts{{{RUN}}})",
+                    "in-flight prompts {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"sum by (namespace, run) (asyncdapo_scheduler_dispatch_queue_depth{{{RUN}}})",
+                    "awaiting a slot {{namespace}} {{run}}",
                 ),
             ),
             core=True,
@@ -85,8 +91,8 @@ ROLLOUT = Dashboard(
             "Early stops",
             (
                 _q(
-                    f"sum by (run) (increase(asyncdapo_scheduler_early_stops_total{{{RUN}}}{RATE}))",
-                    "{{run}}",
+                    f"sum by (namespace, run) (increase(asyncdapo_scheduler_early_stops_total{{{RUN}}}{RATE}))",
+                    "{{namespace}} {{run}}",
                 ),
             ),
             description="Early stops (valid-group bound reached, in-flight requests aborted).",
@@ -95,12 +101,12 @@ ROLLOUT = Dashboard(
             "Aborted tokens/s",
             (
                 _q(
-                    f"sum by (run) (rate(asyncdapo_scheduler_aborted_tokens_total{{{RUN}}}{RATE}))",
-                    "tokens {{run}}",
+                    f"sum by (namespace, run) (rate(asyncdapo_scheduler_aborted_tokens_total{{{RUN}}}{RATE}))",
+                    "tokens {{namespace}} {{run}}",
                 ),
                 _q(
-                    f"sum by (run) (rate(asyncdapo_scheduler_aborted_requests_total{{{RUN}}}{RATE}))",
-                    "requests {{run}}",
+                    f"sum by (namespace, run) (rate(asyncdapo_scheduler_aborted_requests_total{{{RUN}}}{RATE}))",
+                    "requests {{namespace}} {{run}}",
                 ),
             ),
             description="Work thrown away by early stop and weight updates.",
@@ -110,12 +116,12 @@ ROLLOUT = Dashboard(
             (
                 _q(
                     # `or 0 * filtered`: a run whose groups are all filtered has no `valid` series yet.
-                    f'(sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome="valid"}}{RATE}))'
-                    f' or 0 * sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome="filtered"}}'
+                    f'(sum by (namespace, run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome="valid"}}{RATE}))'
+                    f' or 0 * sum by (namespace, run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome="filtered"}}'
                     f"{RATE})))"
-                    f' / sum by (run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome=~"valid|filtered"}}'
+                    f' / sum by (namespace, run) (rate(asyncdapo_scheduler_outcomes_total{{{RUN},outcome=~"valid|filtered"}}'
                     f"{RATE}))",
-                    "{{run}}",
+                    "{{namespace}} {{run}}",
                 ),
             ),
             unit="percentunit",
@@ -137,14 +143,14 @@ ROLLOUT = Dashboard(
             "Attempts per finished prompt",
             (
                 _q(
-                    f"sum by (run) (rate(asyncdapo_scheduler_prompt_attempts_sum{{{RUN}}}{RATE})) / "
-                    f"sum by (run) (rate(asyncdapo_scheduler_prompt_attempts_count{{{RUN}}}{RATE}))",
-                    "mean {{run}}",
+                    f"sum by (namespace, run) (rate(asyncdapo_scheduler_prompt_attempts_sum{{{RUN}}}{RATE})) / "
+                    f"sum by (namespace, run) (rate(asyncdapo_scheduler_prompt_attempts_count{{{RUN}}}{RATE}))",
+                    "mean {{namespace}} {{run}}",
                 ),
                 _q(
                     "histogram_quantile(0.99, sum by (le, run) "
                     f"(rate(asyncdapo_scheduler_prompt_attempts_bucket{{{RUN}}}{RATE})))",
-                    "p99 {{run}}",
+                    "p99 {{namespace}} {{run}}",
                 ),
             ),
             description="1 + the early stops that aborted and requeued a prompt before its outcome. "
@@ -154,12 +160,18 @@ ROLLOUT = Dashboard(
         Panel(
             "Valid groups vs bound, policy version",
             (
-                _q(f"max by (run) (asyncdapo_scheduler_valid_groups_produced{{{RUN}}})", "produced {{run}}"),
                 _q(
-                    f"max by (run) (asyncdapo_scheduler_valid_groups_bound{{{RUN}}})",
-                    "bound (v+s+1)·B {{run}}",
+                    f"max by (namespace, run) (asyncdapo_scheduler_valid_groups_produced_total{{{RUN}}})",
+                    "produced {{namespace}} {{run}}",
                 ),
-                _q(f"max by (run) (asyncdapo_scheduler_policy_version{{{RUN}}})", "version {{run}}"),
+                _q(
+                    f"max by (namespace, run) (asyncdapo_scheduler_valid_groups_bound{{{RUN}}})",
+                    "bound (v+s+1)·B {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"max by (namespace, run) (asyncdapo_scheduler_policy_version{{{RUN}}})",
+                    "version {{namespace}} {{run}}",
+                ),
             ),
         ),
         Panel(
@@ -168,12 +180,12 @@ ROLLOUT = Dashboard(
                 _q(
                     "histogram_quantile(0.99, sum by (le, run) "
                     f"(rate(asyncdapo_scheduler_group_staleness_versions_bucket{{{RUN}}}{RATE})))",
-                    "p99 {{run}}",
+                    "p99 {{namespace}} {{run}}",
                 ),
                 _q(
                     "histogram_quantile(0.5, sum by (le, run) "
                     f"(rate(asyncdapo_scheduler_group_staleness_versions_bucket{{{RUN}}}{RATE})))",
-                    "p50 {{run}}",
+                    "p50 {{namespace}} {{run}}",
                 ),
             ),
         ),
@@ -204,7 +216,7 @@ VERIFIER = Dashboard(
     panels=(
         Panel(
             "Items/s by status",
-            (_q(f"sum by (status) (rate(asyncdapo_verifier_items_total{RATE}))", "{{status}}"),),
+            (_q(f"sum by (status) (rate(asyncdapo_verifier_items_total{{{NS}}}{RATE}))", "{{status}}"),),
             stacked=True,
             core=True,
         ),
@@ -212,16 +224,16 @@ VERIFIER = Dashboard(
             "Request latency",
             (
                 _q(
-                    f"histogram_quantile(0.99, sum by (le) (rate(asyncdapo_verifier_request_seconds_bucket{RATE})))",
+                    f"histogram_quantile(0.99, sum by (le) (rate(asyncdapo_verifier_request_seconds_bucket{{{NS}}}{RATE})))",
                     "p99",
                 ),
                 _q(
-                    f"histogram_quantile(0.5, sum by (le) (rate(asyncdapo_verifier_request_seconds_bucket{RATE})))",
+                    f"histogram_quantile(0.5, sum by (le) (rate(asyncdapo_verifier_request_seconds_bucket{{{NS}}}{RATE})))",
                     "p50",
                 ),
                 _q(
                     "histogram_quantile(0.99, sum by (le) "
-                    f"(rate(asyncdapo_scheduler_verifier_latency_seconds_bucket{RATE})))",
+                    f"(rate(asyncdapo_scheduler_verifier_latency_seconds_bucket{{{NS}}}{RATE})))",
                     "p99 seen by schedulers",
                 ),
             ),
@@ -232,13 +244,13 @@ VERIFIER = Dashboard(
             "Timeout and error ratio",
             (
                 _q(
-                    f'sum(rate(asyncdapo_verifier_items_total{{status="timeout"}}{RATE}))'
-                    f" / sum(rate(asyncdapo_verifier_items_total{RATE}))",
+                    f'sum(rate(asyncdapo_verifier_items_total{{{NS},status="timeout"}}{RATE}))'
+                    f" / sum(rate(asyncdapo_verifier_items_total{{{NS}}}{RATE}))",
                     "timeout",
                 ),
                 _q(
-                    f'sum(rate(asyncdapo_verifier_items_total{{status="error"}}{RATE}))'
-                    f" / sum(rate(asyncdapo_verifier_items_total{RATE}))",
+                    f'sum(rate(asyncdapo_verifier_items_total{{{NS},status="error"}}{RATE}))'
+                    f" / sum(rate(asyncdapo_verifier_items_total{{{NS}}}{RATE}))",
                     "error",
                 ),
             ),
@@ -248,7 +260,7 @@ VERIFIER = Dashboard(
             "Worker restarts",
             (
                 _q(
-                    f"sum by (reason) (increase(asyncdapo_verifier_worker_restarts_total{RATE}))",
+                    f"sum by (reason) (increase(asyncdapo_verifier_worker_restarts_total{{{NS}}}{RATE}))",
                     "{{reason}}",
                 ),
             ),
@@ -256,13 +268,13 @@ VERIFIER = Dashboard(
         Panel(
             "Workers ready and queued items",
             (
-                _q("sum(asyncdapo_verifier_workers_ready)", "workers ready"),
-                _q("sum(asyncdapo_verifier_queued_items)", "queued items"),
+                _q(f"sum(asyncdapo_verifier_workers_ready{{{NS}}})", "workers ready"),
+                _q(f"sum(asyncdapo_verifier_queued_items{{{NS}}})", "queued items"),
             ),
         ),
         Panel(
             "HTTP requests/s by code",
-            (_q(f"sum by (code) (rate(asyncdapo_verifier_requests_total{RATE}))", "{{code}}"),),
+            (_q(f"sum by (code) (rate(asyncdapo_verifier_requests_total{{{NS}}}{RATE}))", "{{code}}"),),
             stacked=True,
         ),
     ),
@@ -275,7 +287,10 @@ TRAINER = Dashboard(
         Panel(
             "Step-time split",
             tuple(
-                _q(f"max by (run) (asyncdapo_trainer_timing_{part}_s{{{RUN}}})", f"{part} {{{{run}}}}")
+                _q(
+                    f"max by (namespace, run) (asyncdapo_trainer_timing_{part}_seconds{{{RUN}}})",
+                    f"{part} {{{{namespace}} {{run}}}}",
+                )
                 for part in ("wait", "compute", "checkpoint", "publish")
             ),
             unit="s",
@@ -286,22 +301,42 @@ TRAINER = Dashboard(
         Panel(
             "Reward and accuracy",
             (
-                _q(f"avg by (run) (asyncdapo_trainer_reward_mean{{{RUN}}})", "reward {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_acc_mean{{{RUN}}})", "accuracy {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_val_accuracy{{{RUN}}})", "validation accuracy {{run}}"),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_reward_mean{{{RUN}}})",
+                    "reward {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_acc_mean{{{RUN}}})",
+                    "accuracy {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_val_accuracy{{{RUN}}})",
+                    "validation accuracy {{namespace}} {{run}}",
+                ),
             ),
             core=True,
         ),
         Panel(
             "Response length",
             (
-                _q(f"avg by (run) (asyncdapo_trainer_response_length_mean{{{RUN}}})", "mean {{run}}"),
-                _q(f"max by (run) (asyncdapo_trainer_response_length_max{{{RUN}}})", "max {{run}}"),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_response_length_mean{{{RUN}}})",
+                    "mean {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"max by (namespace, run) (asyncdapo_trainer_response_length_max{{{RUN}}})",
+                    "max {{namespace}} {{run}}",
+                ),
             ),
         ),
         Panel(
             "Clipped responses",
-            (_q(f"avg by (run) (asyncdapo_trainer_response_length_clip_ratio{{{RUN}}})", "{{run}}"),),
+            (
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_response_length_clip_ratio{{{RUN}}})",
+                    "{{namespace}} {{run}}",
+                ),
+            ),
             unit="percentunit",
             description="Share of responses cut at max_response_length (overlong shaping applies).",
         ),
@@ -318,22 +353,42 @@ TRAINER = Dashboard(
         Panel(
             "KL and clip fractions",
             (
-                _q(f"avg by (run) (asyncdapo_trainer_actor_ppo_kl{{{RUN}}})", "ppo kl {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_rollout_kl{{{RUN}}})", "rollout kl {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_actor_pg_clipfrac{{{RUN}}})", "clipfrac {{run}}"),
                 _q(
-                    f"avg by (run) (asyncdapo_trainer_actor_pg_clipfrac_lower{{{RUN}}})",
-                    "clipfrac lower {{run}}",
+                    f"avg by (namespace, run) (asyncdapo_trainer_actor_ppo_kl{{{RUN}}})",
+                    "ppo kl {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_rollout_kl{{{RUN}}})",
+                    "rollout kl {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_actor_pg_clip_ratio{{{RUN}}})",
+                    "clipfrac {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_actor_pg_clip_lower_ratio{{{RUN}}})",
+                    "clipfrac lower {{namespace}} {{run}}",
                 ),
             ),
         ),
         Panel(
             "Step, version, entropy, grad norm",
             (
-                _q(f"max by (run) (asyncdapo_trainer_step{{{RUN}}})", "step {{run}}"),
-                _q(f"max by (run) (asyncdapo_trainer_version{{{RUN}}})", "version {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_actor_entropy{{{RUN}}})", "entropy {{run}}"),
-                _q(f"avg by (run) (asyncdapo_trainer_actor_grad_norm{{{RUN}}})", "grad norm {{run}}"),
+                _q(
+                    f"max by (namespace, run) (asyncdapo_trainer_step{{{RUN}}})", "step {{namespace}} {{run}}"
+                ),
+                _q(
+                    f"max by (namespace, run) (asyncdapo_trainer_version{{{RUN}}})",
+                    "version {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_actor_entropy{{{RUN}}})",
+                    "entropy {{namespace}} {{run}}",
+                ),
+                _q(
+                    f"avg by (namespace, run) (asyncdapo_trainer_actor_grad_norm{{{RUN}}})",
+                    "grad norm {{namespace}} {{run}}",
+                ),
             ),
         ),
     ),
@@ -345,7 +400,7 @@ GATEWAYS = Dashboard(
     panels=(
         Panel(
             "KV-cache usage",
-            (_q(f"max by (instance) (asyncdapo_gateway_kv_cache_usage{{{RUN}}})", "{{instance}}"),),
+            (_q(f"max by (instance) (asyncdapo_gateway_kv_cache_usage_ratio{{{RUN}}})", "{{instance}}"),),
             unit="percentunit",
             core=True,
         ),
@@ -429,27 +484,37 @@ def _panel_json(panel: Panel, panel_id: int) -> dict[str, Any]:
     }
 
 
+def _query_variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "query": {"query": query, "refId": name},
+        "definition": query,
+        "refresh": 2,
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "current": {"text": "All", "value": "$__all"},
+        "hide": 0,
+    }
+
+
 def dashboard_json(d: Dashboard) -> dict[str, Any]:
+    metric = d.run_variable_metric or "asyncdapo_verifier_items_total"
     variables: list[dict[str, Any]] = [
-        {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source", "hide": 0}
+        {
+            "name": "datasource",
+            "type": "datasource",
+            "query": "prometheus",
+            "label": "Data source",
+            "hide": 0,
+        },
+        _query_variable("namespace", "Namespace", f"label_values({metric}, namespace)"),
     ]
     if d.run_variable_metric:
-        variables.append(
-            {
-                "name": "run",
-                "label": "Run",
-                "type": "query",
-                "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                "query": {"query": f"label_values({d.run_variable_metric}, run)", "refId": "run"},
-                "definition": f"label_values({d.run_variable_metric}, run)",
-                "refresh": 2,
-                "includeAll": True,
-                "allValue": ".*",
-                "multi": True,
-                "current": {"text": "All", "value": "$__all"},
-                "hide": 0,
-            }
-        )
+        variables.append(_query_variable("run", "Run", f"label_values({d.run_variable_metric}{{{NS}}}, run)"))
     return {
         "uid": d.uid,
         "title": d.title,

@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .pods import RUN_LABEL
+from .spec import API_GROUP, API_VERSION, KIND
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "asyncdapo-operator"
 
 # Every kind the operator creates for a run, in the order children are pruned (dependents first).
+# Secrets are not listed: the operator may create them but not read them (RBAC); they go with
+# their ownerReference when the run is deleted.
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("ray.io/v1", "RayJob"),
     ("batch/v1", "Job"),
     ("apps/v1", "StatefulSet"),
     ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
     ("v1", "Service"),
     ("v1", "ConfigMap"),
@@ -51,6 +56,42 @@ class Cluster(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     def serves(self, api_version: str, kind: str) -> bool: ...
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch a TrainingRun's status subresource (the periodic pass; kopf handlers patch
+        through kopf)."""
+
+    def post_event(self, event: dict[str, Any]) -> None:
+        """Create a core/v1 Event (see `event_manifest`)."""
+
+
+def event_manifest(
+    run: dict[str, Any], type_: str, reason: str, message: str, now: datetime, component: str = FIELD_MANAGER
+) -> dict[str, Any]:
+    """A core/v1 Event about a TrainingRun, as `kubectl describe` shows it."""
+    meta = run["metadata"]
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid", ""),
+        },
+        "type": type_,
+        "reason": reason[:128],
+        "message": message[:1024],
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": component,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
 
 
 class KubeCluster:
@@ -116,6 +157,21 @@ class KubeCluster:
     ) -> list[dict[str, Any]]:
         items = self._resource(api_version, kind).get(namespace=namespace, label_selector=selector).to_dict()
         return list(items.get("items", []))
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        from kubernetes.dynamic.exceptions import NotFoundError
+
+        res = self._resource(f"{API_GROUP}/{API_VERSION}", KIND)
+        with contextlib.suppress(NotFoundError):  # deleted meanwhile
+            res.status.patch(
+                name=name,
+                namespace=namespace,
+                body={"status": status},
+                content_type="application/merge-patch+json",
+            )
+
+    def post_event(self, event: dict[str, Any]) -> None:
+        self._resource("v1", "Event").create(body=event, namespace=event["metadata"]["namespace"])
 
     def serves(self, api_version: str, kind: str) -> bool:
         from kubernetes.dynamic.exceptions import ResourceNotFoundError

@@ -1,12 +1,25 @@
 """A per-run Redis (`spec.redis.managed`): StatefulSet with AOF on a PVC and a Service (its
-NetworkPolicy is in network.py)."""
+NetworkPolicy is in network.py). It requires a password (`--requirepass`) from the run's
+`{run}-redis-auth` Secret, which reconcile.py creates once with a random value; protected mode stays
+on (Redis' default). Its AOF volume goes with the run: it holds rollout state that a restarted run
+rebuilds (the trainer resumes from the workspace's checkpoints), not user data."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .objects import CPU_DEFAULTS, OperatorDefaults, RunRef, meta, pull_policy, service
-from .pods import REDIS_PORT, UID, container_security, labels, resources, selector
+from .objects import CPU_DEFAULTS, OperatorDefaults, RunRef, meta, pull_policy, redis_env, service
+from .pods import (
+    REDIS_PASSWORD_ENV,
+    REDIS_PORT,
+    UID,
+    container_security,
+    labels,
+    pod_identity,
+    resources,
+    selector,
+    template_metadata,
+)
 from .spec import Resources, TrainingRunSpec
 
 
@@ -21,8 +34,8 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
         "--appendonly", "yes",
         "--appendfsync", "everysec",
         "--save", "",
-        # No password: only this run's scheduler and trainer reach it (NetworkPolicy below).
-        "--protected-mode", "no",
+        # $(VAR) is expanded by the kubelet; the NetworkPolicy admits this run's clients only.
+        "--requirepass", f"$({REDIS_PASSWORD_ENV})",
     ]  # fmt: skip
     tcp = {"tcpSocket": {"port": REDIS_PORT}}
     container = {
@@ -31,6 +44,7 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
         "imagePullPolicy": pull_policy(spec, defaults),
         "command": args[:1],
         "args": args[1:],
+        "env": redis_env(spec, ref, defaults),
         "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
         "resources": resources(Resources(), CPU_DEFAULTS["redis"]),
         "securityContext": container_security(),
@@ -54,8 +68,9 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
             "selector": {"matchLabels": selector(ref.name, "redis")},
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
             "template": {
-                "metadata": {"labels": labels(ref.name, "redis")},
+                "metadata": template_metadata(spec, ref.name, "redis"),
                 "spec": {
+                    **pod_identity(spec),
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": {

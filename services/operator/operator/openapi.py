@@ -13,14 +13,18 @@ rejects):
 - `anyOf [{type: integer}, {type: string}]` → `x-kubernetes-int-or-string` (resource quantities);
 - `prefixItems` of equal item schemas (tuples such as AdamW betas) → `items` + min/maxItems;
 - numeric `exclusiveMinimum/Maximum` → `minimum/maximum` + boolean flag; `const` → one-value enum;
-- `default` → dropped and appended to the description: pydantic applies defaults, so a changed
-  default in code never conflicts with values the API server would have stored;
+- `default` → kept (the API server stores the effective value, visible in `kubectl get -o yaml`;
+  a run keeps the defaults it was created with across operator upgrades); `null` defaults are
+  dropped (an absent nullable field is the same);
+- an object property that is optional, not nullable and has no required fields of its own gets
+  `default: {}`, so that the API server fills its nested defaults too (pydantic's
+  `default_factory` sub-models, which JSON schema cannot express);
 - `title`, `additionalProperties: false` → dropped.
 """
 
 from __future__ import annotations
 
-import json
+import copy
 from typing import Any
 
 _PASS_THROUGH = {
@@ -40,8 +44,9 @@ _PASS_THROUGH = {
     "multipleOf",
     "required",
     "nullable",
+    "default",
 }
-_DROPPED = {"title", "default", "examples", "$defs", "$schema"}
+_DROPPED = {"title", "examples", "$defs", "$schema"}
 _INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 
 
@@ -71,7 +76,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: str, seen: frozen
 
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if key in _DROPPED:
+        if key in _DROPPED or (key == "default" and value is None):
             continue
         if key.startswith("x-kubernetes-") or key in _PASS_THROUGH:
             out[key] = value
@@ -83,6 +88,9 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: str, seen: frozen
             out["maximum"], out["exclusiveMaximum"] = value, True
         elif key == "properties":
             out["properties"] = {k: _convert(v, defs, f"{path}.{k}", seen) for k, v in value.items()}
+            for k, sub in out["properties"].items():
+                if k not in node.get("required", ()) and _defaults_to_empty_object(sub):
+                    sub["default"] = {}
         elif key == "additionalProperties":
             if value is True:
                 out["x-kubernetes-preserve-unknown-fields"] = True
@@ -102,7 +110,17 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: str, seen: frozen
                 raise SchemaConversionError(f"{path}: uniqueItems is not allowed in a CRD schema")
         else:
             raise SchemaConversionError(f"{path}: unsupported JSON-schema keyword {key!r}")
-    return _describe_default(out, node.get("default"))
+    return out
+
+
+def _defaults_to_empty_object(node: dict[str, Any]) -> bool:
+    return (
+        node.get("type") == "object"
+        and "properties" in node
+        and "default" not in node
+        and not node.get("nullable")
+        and not node.get("required")
+    )
 
 
 def _convert_any_of(
@@ -123,15 +141,31 @@ def _convert_any_of(
         out["pattern"] = pattern
     if "description" in rest:
         out["description"] = rest["description"]
-    return _describe_default(out, rest.get("default"))
-
-
-def _describe_default(out: dict[str, Any], default: Any) -> dict[str, Any]:
-    if default is None:
-        return out
-    desc = out.get("description", "").rstrip()
-    out["description"] = f"{desc} Default: {json.dumps(default)}.".lstrip()
+    if rest.get("default") is not None:
+        out["default"] = rest["default"]
     return out
+
+
+def apply_defaults(schema: dict[str, Any], obj: Any) -> Any:
+    """`obj` with the schema's defaults filled in, as the API server's structural defaulting does
+    (top-down: an absent property with a `default` gets it, then its own properties are defaulted).
+    Returns a new object; used to evaluate CEL rules on what the API server would store."""
+    if isinstance(obj, dict):
+        out = dict(obj)
+        props = schema.get("properties", {})
+        for key, sub in props.items():
+            if key not in out and "default" in sub:
+                out[key] = copy.deepcopy(sub["default"])
+        for key, value in out.items():
+            sub = props.get(key)
+            if sub is None and isinstance(schema.get("additionalProperties"), dict):
+                sub = schema["additionalProperties"]
+            if sub is not None:
+                out[key] = apply_defaults(sub, value)
+        return out
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(schema["items"], item) for item in obj]
+    return obj
 
 
 def check_structural(schema: dict[str, Any], path: str = "$") -> None:

@@ -3,11 +3,13 @@ volumes (config, workspace, writable caches on a read-only root), labels, placem
 
 Every pod satisfies the `restricted` Pod Security Standard: non-root, no privilege escalation, all
 capabilities dropped, RuntimeDefault seccomp, read-only root filesystem (writable paths are
-emptyDirs: /tmp, /cache, and /dev/shm where NCCL/vLLM need shared memory), no service-account token.
+emptyDirs: /tmp, /cache, and /dev/shm where NCCL/vLLM need shared memory), no service-account token
+(also with `spec.serviceAccountName`: workload-identity webhooks project their own token).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .spec import EnvVar, Placement, Resources, Toleration, TrainingRunSpec
@@ -15,6 +17,11 @@ from .spec import EnvVar, Placement, Resources, Toleration, TrainingRunSpec
 APP = "asyncdapo"
 RUN_LABEL = "asyncdapo.io/run"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+# Which pods of a component serve /metrics (the trainer's: its Job pod or the Ray workers, not the
+# Ray head or the job submitter); the component's metrics Service selects on it.
+ROLE_LABEL = "asyncdapo.io/role"
+# Every Redis client of a run reads the password from this variable (valueFrom.secretKeyRef).
+REDIS_PASSWORD_ENV = "ASYNCDAPO_REDIS_PASSWORD"
 CONFIG_HASH_ANNOTATION = "asyncdapo.io/config-hash"
 MANAGED_BY = "asyncdapo-operator"
 
@@ -70,9 +77,22 @@ def container_security(uid: int = UID) -> dict[str, Any]:
     }
 
 
-def env(run: str, extra: list[EnvVar] = ()) -> list[dict[str, Any]]:
+def template_metadata(
+    spec: TrainingRunSpec, run: str, component: str, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod template's metadata: the run's `podLabels` / `podAnnotations` under the operator's own
+    (which win: selectors and NetworkPolicies depend on them)."""
+    out: dict[str, Any] = {"labels": {**spec.pod_labels, **labels(run, component)}}
+    merged = {**spec.pod_annotations, **(annotations or {})}
+    if merged:
+        out["annotations"] = dict(sorted(merged.items()))
+    return out
+
+
+def env(run: str, *extra: Sequence[EnvVar]) -> list[dict[str, Any]]:
     """Caches point into the /cache emptyDir (the root filesystem is read-only); HF_HUB_OFFLINE
-    because models and data come from the workspace volume, never from a download at runtime."""
+    because models and data come from the workspace volume, never from a download at runtime.
+    `extra`: the run-wide `env`, then the component's; a later variable of the same name wins."""
     base = [
         {"name": "ASYNCDAPO_RUN", "value": run},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -87,8 +107,12 @@ def env(run: str, extra: list[EnvVar] = ()) -> list[dict[str, Any]]:
         {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},
         {"name": "RAY_TMPDIR", "value": "/tmp/ray"},
     ]
-    names = {e.name for e in extra}
-    return [e for e in base if e["name"] not in names] + [{"name": e.name, "value": e.value} for e in extra]
+    user: dict[str, dict[str, Any]] = {}
+    for group in extra:
+        for e in group:
+            user.pop(e.name, None)
+            user[e.name] = e.manifest()
+    return [e for e in base if e["name"] not in user] + list(user.values())
 
 
 def volumes(
@@ -144,6 +168,17 @@ def placement(spec: TrainingRunSpec, component: Placement | None = None) -> dict
     return out
 
 
+def pod_identity(spec: TrainingRunSpec, component: Placement | None = None) -> dict[str, Any]:
+    """serviceAccountName and priorityClassName of a run pod (the component's priority wins)."""
+    out: dict[str, Any] = {}
+    if spec.service_account_name:
+        out["serviceAccountName"] = spec.service_account_name
+    priority = (component.priority_class_name if component else None) or spec.priority_class_name
+    if priority:
+        out["priorityClassName"] = priority
+    return out
+
+
 def pod_spec(
     spec: TrainingRunSpec,
     *,
@@ -161,6 +196,7 @@ def pod_spec(
         "volumes": vols,
         **placement(spec, component),
     }
+    out.update(pod_identity(spec, component))
     if restart_policy:
         out["restartPolicy"] = restart_policy
     if spec.images.pull_secrets:

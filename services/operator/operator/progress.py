@@ -22,7 +22,7 @@ STEP = "asyncdapo_trainer_step"
 POLICY_VERSION = "asyncdapo_trainer_version"
 REWARD = "asyncdapo_trainer_reward_mean"
 ACCURACY = "asyncdapo_trainer_acc_mean"
-CHECKPOINT_INFO = "asyncdapo_trainer_checkpoint_info"  # label `path`, value: its step (requested, METRICS.md)
+CHECKPOINT_INFO = "asyncdapo_trainer_checkpoint_info"  # label `path`, value: the checkpoint's step
 
 
 def parse_trainer_metrics(text: str) -> Progress:
@@ -51,15 +51,40 @@ def parse_trainer_metrics(text: str) -> Progress:
     )
 
 
+def resolve_endpoints(host: str, port: int) -> list[str]:
+    """`host:port` of every address of a (headless) Service name."""
+    import socket
+
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addrs = sorted({info[4][0] for info in infos})
+    return [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addrs]
+
+
+def read_trainer_metrics(endpoints: list[str], timeout_s: float) -> Progress:
+    """The progress of the first endpoint that exports a step. The trainer's metrics Service is
+    headless over every trainer worker pod; only rank 0 exports the training metrics (the other
+    ranks serve their rank only), so each endpoint is tried in turn."""
+    import httpx
+
+    for endpoint in endpoints:
+        try:
+            resp = httpx.get(f"http://{endpoint}/metrics", timeout=timeout_s)
+            resp.raise_for_status()
+        except httpx.HTTPError as err:
+            log.debug("trainer metrics at %s unavailable: %s", endpoint, err)
+            continue
+        progress = parse_trainer_metrics(resp.text)
+        if progress.step is not None:
+            return progress
+    return Progress()
+
+
 def read_progress(run: str, namespace: str, timeout_s: float = 3.0) -> Progress:
     """Sample the trainer and the scheduler of a run (in-cluster DNS); failures give None fields."""
     progress = Progress()
     try:
-        import httpx
-
-        resp = httpx.get(f"http://{run}-trainer.{namespace}.svc:{METRICS_PORT}/metrics", timeout=timeout_s)
-        resp.raise_for_status()
-        progress = parse_trainer_metrics(resp.text)
+        endpoints = resolve_endpoints(f"{run}-trainer.{namespace}.svc", METRICS_PORT)
+        progress = read_trainer_metrics(endpoints, timeout_s)
     except Exception as err:  # a boundary: the trainer may be starting, restarting or finished
         log.debug("trainer metrics of %s/%s unavailable: %s", namespace, run, err)
     try:

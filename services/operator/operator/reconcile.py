@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from .desired import DesiredStateError, Lifecycle, OperatorDefaults, RunRef, desired_state, object_key
 from .kube import CHILD_KINDS, Cluster, ImmutableFieldError, owned_by, run_selector
-from .objects import meta
+from .objects import REDIS_AUTH_KEY, meta, redis_auth_secret_name
 from .spec import TrainingRunSpec, TrainingRunStatus, parse_spec, parse_status
 from .status import JobState, Observation, Progress, Readiness, lifecycle, next_status
 
@@ -38,6 +38,31 @@ def token_secret(ref: RunRef) -> dict[str, Any]:
     }
 
 
+def redis_auth_secret(
+    spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
+) -> dict[str, Any] | None:
+    """The run's `{run}-redis-auth` Secret, when the operator provides the password: a random one
+    for a managed Redis, a copy of the default Redis' one (pods read Secrets of their own namespace
+    only). Created once, never read back (the operator has no `get` on Secrets): rotating the
+    default Redis' password means deleting these Secrets (`kubectl delete secret -l
+    app.kubernetes.io/component=redis-auth -A`) and restarting the runs."""
+    if spec.redis.password_secret_ref is not None or spec.redis.url is not None:
+        return None
+    if spec.redis.managed is not None:
+        password = secrets.token_urlsafe(32)
+    elif defaults.redis_password:
+        password = defaults.redis_password
+    else:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": meta(ref, redis_auth_secret_name(ref), "redis-auth"),
+        "stringData": {REDIS_AUTH_KEY: password},
+    }
+
+
 def _format_validation(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
@@ -51,14 +76,8 @@ def _job_state(obj: dict[str, Any] | None) -> JobState | None:
         return None
     st = obj.get("status") or {}
     if obj["kind"] == "RayJob":
-        deploy, job = st.get("jobDeploymentStatus", ""), st.get("jobStatus", "")
-        if job == "SUCCEEDED" and deploy in ("Complete", ""):
-            return JobState(succeeded=True)
-        if deploy == "Failed" or job == "FAILED":
-            return JobState(
-                failed=True, reason=st.get("reason") or "RayJobFailed", message=st.get("message", "")
-            )
-        return JobState(active=1 if deploy == "Running" else 0)
+        return ray_job_state(st)
+    suspended = False
     for cond in st.get("conditions") or []:
         if cond.get("status") != "True":
             continue
@@ -68,7 +87,41 @@ def _job_state(obj: dict[str, Any] | None) -> JobState | None:
             return JobState(
                 failed=True, reason=cond.get("reason") or "JobFailed", message=cond.get("message", "")
             )
-    return JobState(active=int(st.get("active") or 0))
+        if cond.get("type") == "Suspended":
+            suspended = True
+    return JobState(active=int(st.get("active") or 0), suspended=suspended)
+
+
+# KubeRay's jobDeploymentStatus values that end a RayJob (IsJobDeploymentTerminal, plus a spec the
+# KubeRay operator refused). `Retrying` is not one: with backoffLimit the failed attempt's cluster
+# is deleted and a new one submits the job again, so `jobStatus` reads FAILED in between.
+_RAY_DONE = {"Complete", "Failed", "ValidationFailed"}
+
+
+def ray_job_state(st: dict[str, Any]) -> JobState:
+    """A RayJob's status (ray.io/v1) as a JobState."""
+    deploy, job = st.get("jobDeploymentStatus", ""), st.get("jobStatus", "")
+    failed_attempts = int(st.get("failed") or 0)
+    if deploy in _RAY_DONE:
+        if deploy == "Complete" and job == "SUCCEEDED":
+            return JobState(succeeded=True)
+        reason = st.get("reason") or (
+            "RayJobValidationFailed" if deploy == "ValidationFailed" else "RayJobFailed"
+        )
+        return JobState(
+            failed=True,
+            reason=reason,
+            message=st.get("message") or f"RayJob {deploy} (job {job or 'unknown'})",
+        )
+    if deploy == "Retrying":
+        return JobState(
+            message=f"RayJob retrying after {failed_attempts} failed attempt(s): {st.get('message', '')}".rstrip(
+                ": "
+            )
+        )
+    if deploy in ("Suspended", "Suspending"):
+        return JobState(suspended=True)
+    return JobState(active=1 if deploy == "Running" else 0)
 
 
 def _readiness(obj: dict[str, Any] | None, at_least_one: bool = False) -> Readiness | None:
@@ -138,7 +191,7 @@ def reconcile(
 ) -> TrainingRunStatus:
     """Drive the run's children towards its spec and return the new status (not yet written)."""
     meta_ = body["metadata"]
-    ref = RunRef(name=meta_["name"], namespace=meta_["namespace"], uid=meta_["uid"])
+    ref = RunRef.of(meta_)
     generation = int(meta_.get("generation") or 0)
     prev = parse_status(body.get("status"))
     try:
@@ -159,6 +212,8 @@ def reconcile(
         except DesiredStateError as err:
             return next_status(prev, Observation(generation, spec, (err.reason, str(err))), now)
         cluster.create_if_absent(token_secret(ref))
+        if (auth := redis_auth_secret(spec, ref, defaults)) is not None:
+            cluster.create_if_absent(auth)
         _apply_all(cluster, manifests)
         applied = {object_key(m): m for m in manifests}
         _prune(cluster, ref, set(applied))

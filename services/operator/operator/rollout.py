@@ -1,5 +1,6 @@
 """Rollout workloads of a run: scheduler (Deployment + Service), gateways (StatefulSet + headless
-Service + NetworkPolicy guarding the control port), dedicated verifier (Deployment + Service + HPA).
+Service + PodDisruptionBudget; network.py guards the control port), dedicated verifier (Deployment
++ Service + HPA). Scheduler and verifier run the slim control-plane image.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from .objects import (
     GPU_POD_DEFAULTS,
     OperatorDefaults,
     RunRef,
-    client_env,
     config_hash,
+    control_plane_image,
     grpc_probe,
     image,
     make_container,
     meta,
     pull_policy,
+    redis_env,
     redis_url,
     service,
     svc_host,
@@ -32,10 +34,10 @@ from .pods import (
     TOKEN_FILE,
     VERIFIER_PORT,
     env,
-    labels,
     pod_spec,
     resources,
     selector,
+    template_metadata,
     volumes,
 )
 from .spec import GatewayEngine, TrainingRunSpec
@@ -59,10 +61,10 @@ def scheduler(
     ]  # fmt: skip
     container = make_container(
         "scheduler",
-        image(spec, defaults, gpu=False),
+        control_plane_image(spec, defaults),
         pull_policy(spec, defaults),
         args,
-        env_vars=[*env(ref.name, spec.scheduler.env), *client_env(spec)],
+        env_vars=[*env(ref.name, spec.env, spec.scheduler.env), *redis_env(spec, ref, defaults)],
         mounts=mounts,
         res=resources(spec.scheduler.resources, CPU_DEFAULTS["scheduler"]),
         working_dir=spec.storage.mount_path,
@@ -80,10 +82,9 @@ def scheduler(
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector(ref.name, "scheduler")},
             "template": {
-                "metadata": {
-                    "labels": labels(ref.name, "scheduler"),
-                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(spec)},
-                },
+                "metadata": template_metadata(
+                    spec, ref.name, "scheduler", {CONFIG_HASH_ANNOTATION: config_hash(spec)}
+                ),
                 "spec": pod_spec(spec, containers=[container], vols=vols),
             },
         },
@@ -117,7 +118,7 @@ def gateway(
         image(spec, defaults, gpu=gpu and gw.engine is GatewayEngine.VLLM),
         pull_policy(spec, defaults),
         args,
-        env_vars=env(ref.name, gw.env),
+        env_vars=env(ref.name, spec.env, gw.env),
         mounts=mounts,
         res=resources(gw.resources, GPU_POD_DEFAULTS if gpu else CPU_POD_DEFAULTS, gw.gpus_per_pod),
         working_dir=spec.storage.mount_path,
@@ -130,14 +131,14 @@ def gateway(
     sts = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": meta(ref, f"{ref.name}-gateway", "gateway"),
+        "metadata": meta(ref, f"{ref.name}-gateway", "gateway", workload=True),
         "spec": {
             "replicas": gw.replicas if active else 0,
             "serviceName": f"{ref.name}-gateway",
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector(ref.name, "gateway")},
             "template": {
-                "metadata": {"labels": labels(ref.name, "gateway")},
+                "metadata": template_metadata(spec, ref.name, "gateway"),
                 "spec": {
                     **pod_spec(spec, containers=[container], vols=vols, component=gw),
                     "terminationGracePeriodSeconds": 60,
@@ -151,7 +152,15 @@ def gateway(
         [("grpc", GRPC_PORT, GRPC_PORT), ("metrics", METRICS_PORT, METRICS_PORT)],
         headless=True,
     )
-    return [sts, svc]
+    # A node drain takes gateways down one at a time: the scheduler re-dispatches a lost gateway's
+    # requests, but losing all at once would stall rollout (and reload every engine).
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(ref, f"{ref.name}-gateway", "gateway"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(ref.name, "gateway")}},
+    }
+    return [sts, svc, pdb]
 
 
 def verifier(
@@ -171,10 +180,10 @@ def verifier(
     ]  # fmt: skip
     container = make_container(
         "verifier",
-        image(spec, defaults, gpu=False),
+        control_plane_image(spec, defaults),
         pull_policy(spec, defaults),
         verifier_args,
-        env_vars=env(ref.name),
+        env_vars=env(ref.name, spec.env),
         mounts=mounts,
         res=resources(v.resources, CPU_DEFAULTS["verifier"]),
         working_dir="/tmp",
@@ -186,7 +195,7 @@ def verifier(
     deploy_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector(ref.name, "verifier")},
         "template": {
-            "metadata": {"labels": labels(ref.name, "verifier")},
+            "metadata": template_metadata(spec, ref.name, "verifier"),
             "spec": pod_spec(spec, containers=[container], vols=vols),
         },
     }

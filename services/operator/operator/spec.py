@@ -62,9 +62,86 @@ class Resources(_K8sModel):
     limits: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {memory: 64Gi}")
 
 
+class KeySelector(_K8sModel):
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret or ConfigMap.")
+    key: str = Field(min_length=1, max_length=253, description="Key in it.")
+    optional: bool | None = None
+
+
+class ObjectFieldSelector(_K8sModel):
+    field_path: str = Field(min_length=1, max_length=256, description="e.g. metadata.name")
+    api_version: str | None = Field(None, max_length=64)
+
+
+class ResourceFieldSelector(_K8sModel):
+    resource: str = Field(min_length=1, max_length=128, description="e.g. limits.memory")
+    container_name: str | None = Field(None, max_length=63)
+    divisor: Quantity | None = None
+
+
+class EnvVarSource(_K8sModel):
+    """corev1.EnvVarSource: exactly one source, so secrets (HF_TOKEN, WANDB_API_KEY) stay in Secrets."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0) + "
+                    "(has(self.fieldRef) ? 1 : 0) + (has(self.resourceFieldRef) ? 1 : 0) == 1",
+                    "message": "valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef, "
+                    "resourceFieldRef",
+                }
+            ]
+        }
+    )
+
+    secret_key_ref: KeySelector | None = None
+    config_map_key_ref: KeySelector | None = None
+    field_ref: ObjectFieldSelector | None = None
+    resource_field_ref: ResourceFieldSelector | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVarSource:
+        sources = (self.secret_key_ref, self.config_map_key_ref, self.field_ref, self.resource_field_ref)
+        if sum(s is not None for s in sources) != 1:
+            raise ValueError(
+                "valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef"
+            )
+        return self
+
+
 class EnvVar(_K8sModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.value) && has(self.valueFrom))",
+                    "message": "env: set value or valueFrom",
+                }
+            ]
+        }
+    )
+
     name: str = Field(min_length=1, max_length=256, description="Environment variable name.")
-    value: str = Field("", max_length=32768, description="Its value.")
+    value: str | None = Field(None, max_length=32768, description="Its value (plain text: no secrets).")
+    value_from: EnvVarSource | None = Field(
+        None, description="From a Secret or ConfigMap key, or the pod (corev1.EnvVarSource)."
+    )
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: set value or valueFrom, not both")
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        """The corev1.EnvVar."""
+        if self.value_from is not None:
+            return {
+                "name": self.name,
+                "valueFrom": self.value_from.model_dump(by_alias=True, exclude_none=True),
+            }
+        return {"name": self.name, "value": self.value or ""}
 
 
 class Toleration(_K8sModel):
@@ -75,16 +152,28 @@ class Toleration(_K8sModel):
     toleration_seconds: int | None = Field(None, ge=0)
 
 
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
 class Placement(_K8sModel):
-    """Where a component's pods go; merged over the run-wide `nodeSelector` / `tolerations`."""
+    """Where a component's pods go; merged over the run-wide `nodeSelector` / `tolerations` /
+    `priorityClassName`."""
 
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    priority_class_name: str | None = Field(
+        None, max_length=253, pattern=_DNS_SUBDOMAIN, description="PriorityClass of this component's pods."
+    )
 
 
 class Images(_K8sModel):
+    control_plane: str | None = Field(
+        None,
+        max_length=512,
+        description="Image of the scheduler and a dedicated verifier (no torch, no vLLM).",
+    )
     cpu: str | None = Field(
-        None, max_length=512, description="Image of CPU pods (scheduler, verifier, CPU gateways/trainer)."
+        None, max_length=512, description="Image of CPU gateways and trainers and of the prepare Job."
     )
     gpu: str | None = Field(None, max_length=512, description="Image of GPU pods (vLLM gateways, trainer).")
     pull_policy: PullPolicy | None = Field(None, description="imagePullPolicy of every container.")
@@ -146,13 +235,21 @@ class SchedulerSpec(_K8sModel):
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
 
 
+class RayHeadSpec(_K8sModel):
+    """The Ray head of a RayJob trainer: it runs the driver and Ray's control plane, no training."""
+
+    resources: Resources = Field(default_factory=Resources, description="Default: 1-4 CPU, 4-8 Gi.")
+
+
 class TrainerSpec(Placement):
-    """Trainer pods. The number of data-parallel workers is `run.trainer.workers` (> 1: a RayJob)."""
+    """Trainer pods. The number of data-parallel workers is `run.trainer.workers` (> 1: a RayJob);
+    `resources` are per worker — the Ray head and the job submitter have their own."""
 
     gpus_per_worker: int = Field(1, ge=0, le=64, description="nvidia.com/gpu per trainer worker.")
     resources: Resources = Field(default_factory=Resources)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     backoff_limit: int = Field(3, ge=0, le=100, description="Trainer restarts (it resumes from checkpoint).")
+    ray_head: RayHeadSpec = Field(default_factory=RayHeadSpec, description="RayJob only: the Ray head pod.")
 
 
 class SecretKeyRef(_K8sModel):
@@ -180,7 +277,9 @@ class RedisSpec(_K8sModel):
 
     url: str | None = Field(None, max_length=1024, pattern=r"^rediss?://", description="redis://host:6379/0")
     password_secret_ref: SecretKeyRef | None = Field(
-        None, description="Secret key holding the password; spliced into the URL inside the pods."
+        None,
+        description="Secret key holding the password of `url`; every Redis client of the run reads it "
+        "from ASYNCDAPO_REDIS_PASSWORD. A managed Redis gets a generated one.",
     )
     managed: ManagedRedis | None = None
 
@@ -216,6 +315,11 @@ class StorageSpec(_K8sModel):
         default_factory=lambda: ["ReadWriteMany"], min_length=1, max_length=3
     )
     mount_path: str = Field("/workspace", max_length=1024, pattern=r"^/", description="Mount path and cwd.")
+    retain: bool = Field(
+        True,
+        description="Keep a PVC the operator created (`size`) when the TrainingRun is deleted: it holds "
+        "the model, data and checkpoints. false: delete it with the run (an explicit opt-in).",
+    )
 
     @model_validator(mode="after")
     def _claim_or_size(self) -> StorageSpec:
@@ -233,6 +337,31 @@ class PrepareSpec(_K8sModel):
     backoff_limit: int = Field(2, ge=0, le=100)
 
 
+def _publish_needs_staleness(run: RunConfig) -> str | None:
+    t = run.trainer
+    if t.publish_every > 1 and run.rollout.max_staleness < t.publish_every - 1:
+        return (
+            f"run.trainer.publish_every={t.publish_every} needs run.rollout.max_staleness >= "
+            f"{t.publish_every - 1} (groups come from published versions only)"
+        )
+    return None
+
+
+def _workers_fit_a_mini_batch(run: RunConfig) -> str | None:
+    t = run.trainer
+    if t.workers > t.ppo_mini_batch_size * run.rollout.n:
+        return (
+            f"run.trainer.workers={t.workers} exceeds the {t.ppo_mini_batch_size * run.rollout.n} responses "
+            "of a mini-batch (run.trainer.ppo_mini_batch_size x run.rollout.n)"
+        )
+    return None
+
+
+# The trainer refuses these at start (asyncdapo.trainer.loop.check_config); the operator and the
+# API server refuse them at admission, so that a run never starts only to crash-loop.
+TRAINER_RULES = (_publish_needs_staleness, _workers_fit_a_mini_batch)
+
+
 class TrainingRunSpec(_K8sModel):
     run: RunConfig = Field(
         description="The run config (RunConfig: `asyncdapo config schema`). `run.name` defaults to "
@@ -248,6 +377,28 @@ class TrainingRunSpec(_K8sModel):
     prepare: PrepareSpec | None = None
     node_selector: dict[str, str] = Field(default_factory=dict, description="For every pod of the run.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    priority_class_name: str | None = Field(
+        None, max_length=253, pattern=_DNS_SUBDOMAIN, description="PriorityClass of every pod of the run."
+    )
+    service_account_name: str | None = Field(
+        None,
+        max_length=253,
+        pattern=_DNS_SUBDOMAIN,
+        description="ServiceAccount of every pod of the run (e.g. one bound to cloud storage by workload "
+        "identity); its API token is not mounted. Default: the namespace's `default`.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="For every asyncdapo container of the run (not a managed Redis), before the component's `env` "
+        "(secrets such as HF_TOKEN through valueFrom.secretKeyRef).",
+    )
+    pod_labels: dict[str, Annotated[str, Field(max_length=_LABEL_VALUE_MAX)]] = Field(
+        default_factory=dict, max_length=64, description="Extra labels of every pod (the operator's win)."
+    )
+    pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=64, description="Extra annotations of every pod."
+    )
     suspend: bool = Field(
         False, description="Scale rollout to zero and suspend the trainer Job; false resumes from checkpoint."
     )
@@ -256,6 +407,21 @@ class TrainingRunSpec(_K8sModel):
         ge=1,
         description="Fail the run this long after it started (wall clock, suspended time included).",
     )
+
+    @model_validator(mode="after")
+    def _workload_rules(self) -> TrainingRunSpec:
+        """The cross-field rules that involve the workload or the trainer's own checks (the CRD has
+        the same as CEL rules: crd.SPEC_RULES and crd.RUN_RULES)."""
+        t = self.run.trainer
+        if t.gpus_per_worker is not None and t.gpus_per_worker != self.trainer.gpus_per_worker:
+            raise ValueError(
+                f"run.trainer.gpus_per_worker ({t.gpus_per_worker}) must equal trainer.gpusPerWorker "
+                f"({self.trainer.gpus_per_worker}) or be left out"
+            )
+        for rule in TRAINER_RULES:
+            if (msg := rule(self.run)) is not None:
+                raise ValueError(msg)
+        return self
 
 
 # --- status ---

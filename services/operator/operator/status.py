@@ -40,6 +40,7 @@ class JobState:
     active: int = 0
     succeeded: bool = False
     failed: bool = False
+    suspended: bool = False  # e.g. waiting for admission by Kueue
     reason: str = ""
     message: str = ""
 
@@ -241,18 +242,22 @@ def next_status(prev: TrainingRunStatus, obs: Observation, now: datetime) -> Tra
         now,
     )
     trainer_ok = t is not None and t.active > 0
+    if trainer_ok:
+        trainer_reason, trainer_msg = "TrainerRunning", ""
+    elif t is not None and t.suspended:
+        trainer_reason, trainer_msg = (
+            "TrainerQueued",
+            "the trainer is suspended: waiting for admission (Kueue)",
+        )
+    else:
+        trainer_reason = "TrainerPending"
+        trainer_msg = (t.message if t is not None and t.message else "") or "no active trainer pod yet"
     conds = _set_condition(
-        conds,
-        ConditionType.TRAINER_RUNNING,
-        trainer_ok,
-        "TrainerRunning" if trainer_ok else "TrainerPending",
-        "" if trainer_ok else "no active trainer pod yet",
-        gen,
-        now,
+        conds, ConditionType.TRAINER_RUNNING, trainer_ok, trainer_reason, trainer_msg, gen, now
     )
     running = rollout_ok and trainer_ok
     reason = "Running" if running else ("WaitingForRollout" if not rollout_ok else "WaitingForTrainer")
-    message = "" if running else (waiting or "no active trainer pod yet")
+    message = "" if running else (waiting or trainer_msg)
     conds = _set_condition(conds, ConditionType.READY, running, reason, message, gen, now)
     return prev.model_copy(
         update={
@@ -262,4 +267,30 @@ def next_status(prev: TrainingRunStatus, obs: Observation, now: datetime) -> Tra
             "message": message,
             "conditions": conds,
         }
+    )
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    """A Kubernetes Event to post on the TrainingRun: `type` Normal or Warning."""
+
+    type: str
+    reason: str
+    message: str
+
+
+def phase_event(prev: TrainingRunStatus, new: TrainingRunStatus) -> PhaseEvent | None:
+    """The Event a status change deserves: one per phase change (and per new reason of a Failed
+    run, e.g. a spec fixed into another error); Warning for Failed, Normal otherwise."""
+    if new.phase is None:
+        return None
+    failed = new.phase is Phase.FAILED
+    if new.phase is prev.phase and not (failed and new.reason != prev.reason):
+        return None
+    was = prev.phase.value if prev.phase is not None else "new"
+    detail = f": {new.message}" if new.message else ""
+    return PhaseEvent(
+        type="Warning" if failed else "Normal",
+        reason=new.reason or new.phase.value,
+        message=f"{was} -> {new.phase.value}{detail}"[:1024],
     )

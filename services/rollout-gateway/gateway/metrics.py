@@ -3,7 +3,8 @@
 The CLI registers them in the process-wide default registry (where vLLM's own `vllm:*` metrics
 also appear with `--vllm-metrics`); tests pass a private registry. The engine's stats (running,
 waiting, KV usage, prompt tokens, prefix-cache lookups) are re-exported as
-`engine_*` / `kv_cache_usage` gauges, refreshed every second and on each GetLoad.
+`engine_*` gauges, `kv_cache_usage_ratio` and the engine's running totals as counters
+(`engine_*_total`), refreshed every second and on each GetLoad.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from asyncdapo.gateway.engine import EngineLoad, Finish
 from asyncdapo.gateway.validation import Rejection
+from asyncdapo.metrics import TotalCounter
 
 
 class AbortCause(StrEnum):
@@ -58,19 +60,21 @@ class GatewayMetrics:
         self.draining = Gauge(p + "draining", "1 while the gateway drains before exit.", registry=r)
         self.engine_running = Gauge(p + "engine_running", "Requests the engine is running.", registry=r)
         self.engine_waiting = Gauge(p + "engine_waiting", "Requests waiting in the engine.", registry=r)
-        self.kv_cache_usage = Gauge(p + "kv_cache_usage", "KV-cache usage of the engine (0..1).", registry=r)
-        # The engine's own running totals, mirrored at each load refresh (hence gauges).
+        self.kv_cache_usage = Gauge(
+            p + "kv_cache_usage_ratio", "KV-cache usage of the engine (0..1).", registry=r
+        )
+        # The engine's own running totals, mirrored at each load refresh (counters: rate() applies).
         self.engine_totals = {
-            "prompt_tokens_total": Gauge(
-                p + "engine_prompt_tokens",
+            "prompt_tokens_total": TotalCounter(
+                p + "engine_prompt_tokens_total",
                 "Prompt tokens the engine prefilled (recompute included).",
-                registry=r,
+                r,
             ),
-            "prefix_cache_queries_total": Gauge(
-                p + "engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r
+            "prefix_cache_queries_total": TotalCounter(
+                p + "engine_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", r
             ),
-            "prefix_cache_hits_total": Gauge(
-                p + "engine_prefix_cache_hits", "Prompt tokens found in the prefix cache.", registry=r
+            "prefix_cache_hits_total": TotalCounter(
+                p + "engine_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", r
             ),
         }
         # bound once: `labels()` is a locked dict lookup, and this one is taken per request

@@ -126,7 +126,7 @@ def apply_outcome(ro: Rollout, task: PromptTask, res: FinishResult) -> None:
     if outcome != Outcome.REQUEUED:
         ro.metrics.prompt_attempts.labels(outcome).observe(task.attempt)
     if outcome == Outcome.VALID:
-        ro.metrics.groups.labels(str(ro.version)).inc()
+        ro.metrics.groups.inc()
         ro.metrics.staleness.observe(ro.version - task.progress.min_version)
         for resp in task.responses:
             ro.lengths.committed += 1

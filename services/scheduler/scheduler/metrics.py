@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from asyncdapo.metrics import TotalCounter
+
 _LAT = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -60,9 +62,8 @@ class SchedulerMetrics:
         self.redispatched = Counter(
             p + "redispatched_requests_total", "Requests dispatched again.", ["why"], registry=r
         )
-        self.groups = Counter(
-            p + "groups_total", "Valid groups produced per policy version.", ["version"], registry=r
-        )
+        # no `version` label: one series per policy version would grow without bound
+        self.groups = Counter(p + "groups_total", "Valid groups committed by this scheduler.", registry=r)
         self.staleness = Histogram(
             p + "group_staleness_versions",
             "Policy version at commit minus the oldest token version of the group.",
@@ -84,8 +85,9 @@ class SchedulerMetrics:
             registry=r,
         )
         self.policy_version = Gauge(p + "policy_version", "Current policy version.", registry=r)
-        self.valid_produced = Gauge(
-            p + "valid_groups_produced", "Valid groups produced in total.", registry=r
+        # a running total kept in Redis (survives scheduler restarts): a counter, mirrored with set()
+        self.valid_produced = TotalCounter(
+            p + "valid_groups_produced_total", "Valid groups produced in total (the run's, from Redis).", r
         )
         self.valid_bound = Gauge(p + "valid_groups_bound", "(v + s + 1) * B.", registry=r)
         self.valid_credited = Gauge(

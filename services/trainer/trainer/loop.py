@@ -34,6 +34,7 @@ from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
 from asyncdapo.trainer.data_feed import Cursor, PromptFeed, make_encoder
 from asyncdapo.trainer.dist import DistContext
 from asyncdapo.trainer.faults import CrashPoint, maybe_crash
+from asyncdapo.trainer.fsdp import Sharding
 from asyncdapo.trainer.groups_reader import DropReason, Entry, GroupsReader, classify, dropped_counter
 from asyncdapo.trainer.metrics import JsonlLog, MetricsSink, batch_metrics
 from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
@@ -106,11 +107,9 @@ class Trainer:
         if cfg.algorithm.kl_coef > 0:
             self.ref_model, _ = load_policy(cfg.model.path, dev, cfg.model.trust_remote_code)
             self.ref_model.requires_grad_(False)
-        if self.dist.world > 1:
-            model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[dev.index] if dev.type == "cuda" else None
-            )
-        self.model = model
+        # DDP replicas or FSDP shards (trainer.sharding), activation checkpointing (fsdp.py)
+        self.sharding = Sharding(cfg.trainer, self.dist, self.precision.compute_dtype)
+        self.model = self.sharding.wrap(model)
         t = cfg.trainer
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
@@ -124,7 +123,7 @@ class Trainer:
         latest = self.store.latest()
         if latest is not None:
             self.state = self.store.load_into(
-                latest, unwrap(self.model), self.optimizer, self.lr_scheduler, dev
+                latest, *self.sharding.loadable(self.model, self.optimizer), self.lr_scheduler, dev
             )
             self.counters.update(self.state.counters)
             log.info("resumed from %s (step %d)", latest, self.state.step)
@@ -166,6 +165,8 @@ class Trainer:
         self.ledger = JsonlLog(out / "trained.jsonl")
         self.metrics.truncate_after(self.state.step)
         self.ledger.truncate_after(self.state.step)
+        if (restored := self.store.latest()) is not None:
+            self.metrics.checkpoint(restored, self.state.step)
         self.val_examples = []
         if cfg.trainer.val_every and cfg.data.val_files and self.opts.scheduler:
             self.val_examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
@@ -179,7 +180,7 @@ class Trainer:
                 "so that checkpoint is missing: restore it, or start a new run name"
             )
         if announced < self.state.step:  # the crash hit between checkpoint and publish
-            self._publish()
+            self._publish(self.sharding.from_checkpoint(self.model, self.store.latest()))
         self.state.published_version = self.state.step
         log.info("trainer ready at version %d; %d pending group(s) to replay", self.state.step, replay)
 
@@ -242,8 +243,10 @@ class Trainer:
 
         # 4. commit (rank 0): ledger → checkpoint → publish → XACK
         timing = {"timing/checkpoint_s": 0.0, "timing/publish_s": 0.0, "timing/snapshot_s": 0.0}
+        # sharded weights are gathered onto rank 0 by every rank (a collective) when a step saves them
+        full = self.sharding.gather(self.model, self.optimizer) if self._saves_state() else None
         if dist.is_main:
-            timing = self._commit(entries)
+            timing = self._commit(entries, full)
         t_end = time.perf_counter()
         step_s = t_end - t_start
         record: dict[str, Any] = {
@@ -353,7 +356,14 @@ class Trainer:
                 out[f"dropped/{reason.value}"] = self.counters[dropped_counter(reason)]
         return out
 
-    def _commit(self, entries: list[tuple[str, bytes]]) -> dict[str, float]:
+    def _saves_state(self) -> bool:
+        """Whether this step checkpoints or publishes (the cadence `_commit` applies)."""
+        t, step = self.cfg.trainer, self.state.step
+        return step % t.publish_every == 0 or step == t.total_steps or step % t.checkpoint_every == 0
+
+    def _commit(
+        self, entries: list[tuple[str, bytes]], full: tuple[Any, Any] | None = None
+    ) -> dict[str, float]:
         """Durably record the step; returns its timings. Order matters: see the module docstring."""
         t = self.cfg.trainer
         step = self.state.step
@@ -371,11 +381,13 @@ class Trainer:
             t0 = time.perf_counter()
             self.state.feed_cursor = self.feed.cursor.to_dict()
             self.state.counters = dict(self.counters)
-            self.store.save(self.state, unwrap(self.model), self.optimizer, self.lr_scheduler)
+            model, optimizer = full or (unwrap(self.model), self.optimizer)
+            saved = self.store.save(self.state, model, optimizer, self.lr_scheduler)
+            self.metrics.checkpoint(saved, step)
             timing["timing/checkpoint_s"] = time.perf_counter() - t0
             maybe_crash(CrashPoint.AFTER_CHECKPOINT, step)
         if publishing:
-            res = self._publish()
+            res = self._publish(full[0] if full else None)
             timing["timing/publish_s"] = res.write_s + res.notify_s
             timing["timing/snapshot_s"] = res.write_s
             maybe_crash(CrashPoint.AFTER_PUBLISH, step)
@@ -385,10 +397,10 @@ class Trainer:
             maybe_crash(CrashPoint.AFTER_ACK, step)
         return timing
 
-    def _publish(self) -> Any:
+    def _publish(self, model: Any = None) -> Any:
         dtype = self.precision.compute_dtype
         res = publish(
-            unwrap(self.model), self.tokenizer, self.ckpt_dir, self.state.step, dtype, self.notifier
+            model or unwrap(self.model), self.tokenizer, self.ckpt_dir, self.state.step, dtype, self.notifier
         )
         self.state.published_version = self.state.step
         return res

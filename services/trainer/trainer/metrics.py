@@ -30,10 +30,23 @@ from asyncdapo.v1 import rollout_pb2
 PREFIX = "asyncdapo_trainer_"
 # record keys that Prometheus gets as labelled counters instead of one gauge per key
 LABELLED = ("dropped/", "staleness/")
+# Prometheus names of record keys that do not follow from the suffix rules below (deploy/METRICS.md)
+RENAMED = {
+    "actor/pg_clipfrac": "actor_pg_clip_ratio",
+    "actor/pg_clipfrac_lower": "actor_pg_clip_lower_ratio",
+    "rollout/logprob_coverage": "rollout_logprob_coverage_ratio",
+}
 
 
 def _prom_name(key: str) -> str:
-    return PREFIX + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    """Record key → gauge name, in Prometheus' base units: `timing/wait_s` →
+    `asyncdapo_trainer_timing_wait_seconds`, a fraction `…_frac` → `…_ratio`."""
+    if key in RENAMED:
+        return PREFIX + RENAMED[key]
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    name = re.sub(r"_s$", "_seconds", name)
+    name = re.sub(r"_frac$", "_ratio", name)
+    return PREFIX + name
 
 
 class JsonlLog:
@@ -103,12 +116,23 @@ class MetricsSink:
             PREFIX + "trained_groups", "Groups trained, by staleness (version - min_version)", ["staleness"],
             registry=self.registry,
         )  # fmt: skip
+        # One series: the newest durable checkpoint (an older path's series is removed, so the
+        # `path` label stays bounded); the operator shows it as status.lastCheckpoint.
+        self._checkpoint = Gauge(
+            PREFIX + "checkpoint_info", "The newest checkpoint: label path, value its step", ["path"],
+            registry=self.registry,
+        )  # fmt: skip
         self._server: Any = None
         if port is not None:
             self._server = start_http_server(port, addr="0.0.0.0", registry=self.registry)
 
     def truncate_after(self, step: int) -> int:
         return self.log.truncate_after(step)
+
+    def checkpoint(self, path: Path | str, step: int) -> None:
+        """Export the checkpoint just made durable (or restored) as `checkpoint_info{path} = step`."""
+        self._checkpoint.clear()
+        self._checkpoint.labels(path=str(path)).set(step)
 
     def write(self, record: Mapping[str, Any]) -> None:
         if self.rollout_status is not None:

@@ -1,9 +1,13 @@
 """The policy: any Hugging Face causal-LM directory, and per-token log-probs / entropy of responses.
 
 Parameters are kept in float32 (the optimizer's master copy); `dtype: bfloat16` (or `auto` on a
-GPU) runs forward/backward under bf16 autocast, like verl's FSDP mixed precision.
+GPU) runs forward/backward under bf16 autocast, like verl's FSDP mixed precision (with
+`trainer.sharding: fsdp` the gathered parameters themselves are bf16, fsdp.py).
 Log-probs use the rollout temperature (logits / T), as verl does, so they are comparable with the
-engine's sampled distribution.
+engine's sampled distribution. They are computed in fp32 chunk by chunk along the response
+(`LOGITS_CHUNK` positions): with a 150k vocabulary and 20k-token responses a whole fp32 copy of the
+logits would be the update's largest tensor; a chunk's copy lives only while that chunk is computed
+(and is recomputed in backward).
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.trainer.algos import entropy_from_logits, log_probs_from_logits
 from asyncdapo.trainer.batch import TrainBatch
+from asyncdapo.trainer.fsdp import aligned_forwards
+
+LOGITS_CHUNK = 4096  # response positions per fp32 log-softmax chunk
 
 
 class ModelDirError(AsyncdapoError, FileNotFoundError):
@@ -105,12 +113,48 @@ def forward_response(
             use_cache=False,
             **kwargs,
         )
-    logits = out.logits[:, -(r_len + 1) : -1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = log_probs_from_logits(logits, batch.responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    logits = out.logits[:, -(r_len + 1) : -1, :]
+    log_probs = response_log_probs(logits, batch.responses, temperature)
+    entropy = response_entropy(logits, temperature) if with_entropy else None
     return log_probs, entropy
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    z = logits.float()
+    return z / temperature if temperature != 1.0 else z
+
+
+def _log_probs_chunk(logits: Tensor, labels: Tensor, temperature: float) -> Tensor:
+    return log_probs_from_logits(_scaled(logits, temperature), labels)
+
+
+def _entropy_chunk(logits: Tensor, temperature: float) -> Tensor:
+    return entropy_from_logits(_scaled(logits, temperature))
+
+
+def _by_chunks(fn: Any, logits: Tensor, *rest: Any, chunk: int) -> Tensor:
+    n = logits.shape[1]
+    if n <= chunk:
+        return fn(logits, *rest)
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    parts = []
+    for start in range(0, n, chunk):
+        sl = slice(start, start + chunk)
+        args = [logits[:, sl], *(r[:, sl] if isinstance(r, Tensor) else r for r in rest)]
+        parts.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
+    return torch.cat(parts, dim=1)
+
+
+def response_log_probs(
+    logits: Tensor, labels: Tensor, temperature: float, chunk: int = LOGITS_CHUNK
+) -> Tensor:
+    """log softmax(logits / T)[labels] in fp32, `chunk` positions at a time (see the module doc)."""
+    return _by_chunks(_log_probs_chunk, logits, labels, temperature, chunk=chunk)
+
+
+def response_entropy(logits: Tensor, temperature: float, chunk: int = LOGITS_CHUNK) -> Tensor:
+    """Entropy of softmax(logits / T) in fp32, `chunk` positions at a time."""
+    return _by_chunks(_entropy_chunk, logits, temperature, chunk=chunk)
 
 
 @torch.no_grad()
@@ -127,20 +171,27 @@ def compute_log_probs(
     was_training = model.training
     model.eval()
     lps, ents = [], []
+    starts = list(range(0, batch.size, micro_batch_size))
     try:
-        for start in range(0, batch.size, micro_batch_size):
-            mb = batch.select(range(start, min(start + micro_batch_size, batch.size)))
-            lp, ent = forward_response(
-                model, mb, temperature=temperature, precision=precision, with_entropy=with_entropy
-            )
-            lps.append(lp)
-            if ent is not None:
-                ents.append(ent)
+        with aligned_forwards(model, len(starts)) as n_forwards:
+            for start in starts:
+                mb = batch.select(range(start, min(start + micro_batch_size, batch.size)))
+                lp, ent = forward_response(
+                    model, mb, temperature=temperature, precision=precision, with_entropy=with_entropy
+                )
+                lps.append(lp)
+                if ent is not None:
+                    ents.append(ent)
+            for _ in range(n_forwards - len(starts)):  # a sharded model: match the other ranks' gathers
+                forward_response(
+                    model, batch.select([0]), temperature=temperature, precision=precision, with_entropy=False
+                )
     finally:
         model.train(was_training)
     return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The Hugging Face model inside a DistributedDataParallel wrapper (or the model itself)."""
+    """The Hugging Face model inside a DistributedDataParallel wrapper (or the model itself; an
+    FSDP2 model is the Hugging Face model, sharded in place)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model

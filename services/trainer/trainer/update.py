@@ -6,12 +6,13 @@ that DDP's gradient averaging divides by again. The accumulated gradient is ther
 gradient of the mini-batch loss, whatever the micro-batch size or the number of workers.
 
 Every rank runs the same number of micro-batches per mini-batch (DDP all-reduces on the last
-backward); a rank whose share runs out first repeats a row with weight 0.
+backward, FSDP all-gathers in every forward and reduce-scatters in every backward); a rank whose
+share runs out first repeats a row with weight 0. The same code trains a replica (DDP) or a shard
+(FSDP, fsdp.py): the gradient norm is global either way.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from asyncdapo.config import RunConfig
 from asyncdapo.trainer.algos import agg_loss, low_var_kl, policy_loss
 from asyncdapo.trainer.batch import TrainBatch, group_row_ranges
 from asyncdapo.trainer.dist import DistContext
+from asyncdapo.trainer.fsdp import clip_grad_norm, no_sync
 from asyncdapo.trainer.model import Precision, forward_response
 
 
@@ -115,9 +117,7 @@ def ppo_update(
                     chunk, weight = rows[:1], 0.0
                 mb = batch.select(chunk).to(dist.device)
                 idx = torch.as_tensor(chunk, device=old_log_prob.device)
-                last = i == len(chunks) - 1
-                sync = contextlib.nullcontext() if dist.world == 1 or last else model.no_sync()
-                with sync:
+                with no_sync(model, last=i == len(chunks) - 1):
                     logp, ent = forward_response(
                         model, mb, temperature=s.temperature, precision=precision,
                         with_entropy=s.entropy_coeff > 0,
@@ -146,7 +146,7 @@ def ppo_update(
                     float(ent_term.detach()) * weight / dist.world, float(m["pg_clipfrac"]) * tok,
                     float(m["pg_clipfrac_lower"]) * tok, float(m["ppo_kl"]) * tok, tok,
                 ], dtype=torch.float64)  # fmt: skip
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
+            grad_norm = clip_grad_norm(model, s.grad_clip)
             if math.isfinite(grad_norm):
                 optimizer.step()
                 grad_norms.append(grad_norm)

@@ -296,9 +296,10 @@ async def test_load_and_metrics_while_generating(vllm_gateway, prompt, gateway_t
     assert "asyncdapo_gateway_generated_tokens_total" in text and "asyncdapo_gateway_reload_seconds" in text
     # Engine stats re-exported from vLLM's scheduler: prompt tokens were prefilled, KV was used.
     prompt_tokens = [
-        ln for ln in text.splitlines() if ln.startswith("asyncdapo_gateway_engine_prompt_tokens ")
+        ln for ln in text.splitlines() if ln.startswith("asyncdapo_gateway_engine_prompt_tokens_total ")
     ]
     assert prompt_tokens and float(prompt_tokens[0].split()[1]) > 0
     assert (
-        "asyncdapo_gateway_engine_prefix_cache_queries" in text and "asyncdapo_gateway_kv_cache_usage" in text
+        "asyncdapo_gateway_engine_prefix_cache_queries_total" in text
+        and "asyncdapo_gateway_kv_cache_usage_ratio" in text
     )

@@ -1,4 +1,5 @@
-"""Data parallelism on Ray Train: two CPU workers (DDP over gloo) make the same update as one."""
+"""Data parallelism on Ray Train: two CPU workers (DDP, or FSDP2 shards, over gloo) make the same
+update as one — through the whole trainer: checkpoint and weights snapshot gathered from the shards."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ pytest.importorskip("ray.train")
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_two_ray_workers_match_one_worker(
-    tmp_path: Path, make_config: Any, rollout: Any, redis_url: str, redis_client: Any
+    tmp_path: Path, make_config: Any, rollout: Any, redis_url: str, redis_client: Any, sharding: str
 ) -> None:
     # 2 groups x 4 responses; mini-batch = 1 group = 4 rows -> 2 rows per worker, micro-batch 1:
     # the accumulation, the sharding and the DDP all-reduce are all exercised in one step.
@@ -27,8 +29,8 @@ def test_two_ray_workers_match_one_worker(
         "algorithm__loss_agg_mode": "token-mean",
     }
     one = make_config(tmp_path / "one", **over)
-    two = make_config(tmp_path / "two", **over, trainer__workers=2)
-    one.name, two.name = "dp-one", "dp-two"
+    two = make_config(tmp_path / "two", **over, trainer__workers=2, trainer__sharding=sharding)
+    one.name, two.name = "dp-one", f"dp-two-{sharding}"
     groups = rollout.produce(redis_client, RunKeys(one.name), iter(rollout.records(40, epoch=21)), 2)
     for g in groups:
         redis_client.xadd(RunKeys(two.name).groups, {GROUP_FIELD: g.SerializeToString()})
@@ -57,3 +59,9 @@ def test_two_ray_workers_match_one_worker(
     record = json.loads(lines[0])
     assert record["workers"] == 2
     assert record["actor/optimizer_steps"] == 2.0
+    # the checkpoint is the replicated format whatever the sharding: a single process resumes it
+    import torch
+
+    (step,) = sorted((tmp_path / "two" / "checkpoints").glob("step-*"))
+    state = torch.load(step / "model.pt", weights_only=True)
+    assert state.keys() == before.keys() and all(not hasattr(v, "placements") for v in state.values())
