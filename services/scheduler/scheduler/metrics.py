@@ -90,10 +90,11 @@ class SchedulerMetrics:
             p + "valid_groups_produced_total", "Valid groups produced in total (the run's, from Redis).", r
         )
         self.valid_bound = Gauge(p + "valid_groups_bound", "(v + s + 1) * B.", registry=r)
-        self.valid_credited = Gauge(
-            p + "valid_groups_credited",
-            "Valid groups the trainer dropped (stale, malformed, trimmed), credited back to the bound.",
-            registry=r,
+        self.valid_credited = TotalCounter(
+            p + "valid_groups_credited_total",
+            "Valid groups the trainer dropped (stale, malformed, trimmed), credited back to the bound "
+            "(the run's, from Redis); the bound applies to produced - credited.",
+            r,
         )
         self.redis_up = Gauge(
             p + "redis_up", "1 while Redis answers, 0 while the scheduler waits for it.", registry=r

@@ -748,7 +748,7 @@ class Rollout:
         m = self.metrics
         m.in_flight_prompts.set(len(self.tasks))
         m.valid_credited.set(self.credited)
-        m.valid_produced.set(self.valid_produced)
+        m.valid_produced.set(self.produced)
         m.redis_round_trips.inc(self.rtt.count - self._rtt_reported)
         self._rtt_reported = self.rtt.count
         for gw in self.pool.members:

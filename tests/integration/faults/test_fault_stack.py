@@ -208,7 +208,7 @@ def test_lost_finish_reply_keeps_memory_equal_to_redis(fault_stack: MakeStack) -
     while time.monotonic() < deadline and not settled():
         time.sleep(0.2)
     status = stack.scheduler_status()
-    in_memory = stack.scheduler_metric("asyncdapo_scheduler_valid_groups_produced")
+    in_memory = stack.scheduler_metric("asyncdapo_scheduler_valid_groups_produced_total")
     in_redis = produced()
     checker = InvariantChecker(stack.redis_url, stack.run, stack.trainer_dir)
     checker.poll()

@@ -122,7 +122,7 @@ class FaultStack:
 
     def scheduler_metric(self, name: str) -> float | None:
         """One unlabelled sample of the scheduler's Prometheus metrics (its in-memory state), e.g.
-        `asyncdapo_scheduler_valid_groups_produced`; None when absent."""
+        `asyncdapo_scheduler_valid_groups_produced_total`; None when absent."""
         import httpx
 
         text = httpx.get(f"http://127.0.0.1:{self.scheduler_metrics_port}/metrics", timeout=5.0).text
