@@ -24,12 +24,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-steps", type=int, help="stop after this many steps in this process")
     p.add_argument("--max-wait-s", type=float, help="fail when no group arrives for this long")
+    p.add_argument(
+        "--trainer-id",
+        help="this trainer's id in the run's lease (default: host-pid-random; env ASYNCDAPO_TRAINER_ID). "
+        "A trainer restarted with the same id takes its lease over at once; another id waits for it to expire",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     import logging
+    import os
     from pathlib import Path
 
     from asyncdapo.config import load_run_config
@@ -66,6 +72,9 @@ def _run(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         max_wait_s=args.max_wait_s,
     )
+    trainer_id = args.trainer_id or os.environ.get("ASYNCDAPO_TRAINER_ID")
+    if trainer_id:
+        opts.trainer_id = trainer_id
     run_training(cfg, opts)
     return 0
 
