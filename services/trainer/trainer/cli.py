@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,8 +76,15 @@ def _run(args: argparse.Namespace) -> int:
     trainer_id = args.trainer_id or os.environ.get("ASYNCDAPO_TRAINER_ID")
     if trainer_id:
         opts.trainer_id = trainer_id
+    # SIGTERM (pod deletion, rollout): stop like a crash — everything durable is consistent at any
+    # point — but give the lease up, so a successor starts at once instead of after the lease
+    signal.signal(signal.SIGTERM, _terminate)
     run_training(cfg, opts)
     return 0
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _paths(values: list[str]) -> list[str]:
