@@ -160,7 +160,6 @@ class Trainer:
         self.fence = TrainerFence(self.redis, self.keys, self.opts.trainer_id, self.waiter, self.opts.lease_s)
         self.fence.acquire()
         self.fence.start_heartbeat()
-        self.state.trainer_id, self.state.trainer_epoch = self.fence.trainer_id, self.fence.epoch
         removed = self.store.remove_leftovers() + remove_snapshot_leftovers(self.ckpt_dir)
         if removed:
             log.info("removed %d temporary directory(ies) left by crashed writers", removed)

@@ -50,6 +50,8 @@ def connect(url: str) -> redis.Redis:
 
 def is_unavailable(err: BaseException) -> bool:
     """True for errors that mean Redis is away or not ready (wait), not a bug (raise)."""
+    if isinstance(err, redis.AuthenticationError | redis.exceptions.AuthorizationError):
+        return False  # a wrong password is the user's to fix, not an outage
     if isinstance(err, redis.ConnectionError | redis.TimeoutError):  # BusyLoadingError included
         return True
     return isinstance(err, redis.ResponseError) and str(err).startswith(_UNAVAILABLE_REPLIES)

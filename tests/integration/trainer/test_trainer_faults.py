@@ -1,6 +1,7 @@
 """Process-level faults at default settings (30 s lease, unlimited waiting), real processes: two
 trainers on one run, Redis rolled back to an older AOF under a running and a restarted trainer,
-Redis SIGKILLed for 5 s and for 120 s mid-run, a trainer crash between a drop and its checkpoint.
+Redis SIGKILLed for 5 s and for 120 s mid-run, a trainer crash between a drop and its checkpoint,
+SIGTERM (the lease is given up).
 
 The invariant checked each time is the one a user relies on: the trainer's ledger (`trained.jsonl`)
 lists every step once and every group of the stream exactly once, in stream order, and every
@@ -93,8 +94,14 @@ def test_two_trainers_second_waits_then_takes_over_after_sigkill(
             produce.step(step)
         a.wait_steps(4)
         # a keeps renewing its lease (heartbeat every 10 s, and each fence check) while b waits
-        ttl = client.pttl(keys.trainer_lease)
-        wait_for(lambda: client.pttl(keys.trainer_lease) > ttl + 500, DEFAULT_LEASE_S / 3 + 5, "a renewal")
+        low = [client.pttl(keys.trainer_lease)]
+
+        def renewed() -> bool:
+            ttl = client.pttl(keys.trainer_lease)
+            low[0] = min(low[0], ttl)
+            return ttl > low[0] + 500
+
+        wait_for(renewed, DEFAULT_LEASE_S / 3 + 5, "a renewal of trainer-a's lease")
         b.assert_alive()
         assert "holds the lease" not in b.log()
         assert client.get(keys.trainer_lease) == b"trainer-a" and client.get(keys.trainer_epoch) == b"1"
@@ -194,83 +201,62 @@ def test_redis_rolled_back_to_an_older_aof_nothing_trained_twice(
     assert client.hget(keys.weights, "version") == b"8"
 
 
-def test_redis_outages_of_5s_and_120s_mid_run(
+def test_redis_outages_a_crash_and_sigterm_in_one_run(
     tmp_path: Path, make_config: Any, rollout: Any, kredis: KillableRedis
 ) -> None:
+    """One run through: Redis SIGKILLed for 5 s (step 3) and for 120 s (step 6, longer than the
+    lease) and restarted on its AOF; the trainer killed between dropping two groups and the
+    checkpoint of their step (step 4), restarted with its id; finally SIGTERM. The trainer waits
+    through both outages, trains every group once, credits each drop once, and leaves its lease."""
     out = tmp_path / "out"
     steps = 8
-    cfg = make_config(out, trainer__total_steps=steps)
+    cfg = make_config(out, trainer__total_steps=steps + 1)  # SIGTERMed while it waits for the last
     keys = RunKeys(cfg.name)
+    client = redis.Redis.from_url(kredis.url)
     produce = Producer(rollout, kredis.url, keys, epoch=23)
-    port = free_port()
-    t = TrainerProc(cfg, kredis.url, tmp_path, "t-c", metrics_port=port).start()
+    t = TrainerProc(
+        cfg, kredis.url, tmp_path, "t-c", crash="after_update@4", metrics_port=free_port()
+    ).start()
+    first = t
     max_xlen = 0
     outages = {3: 5.0, 6: 120.0}  # step during which Redis is down -> seconds
     try:
         for step in range(1, steps + 1):
             if step == 4:
                 produce.stale()
+                client.xadd(keys.groups, {GROUP_FIELD: b"\xff not a Group"})
             produce.step(step)
             if step in outages:
                 kredis.kill()  # the trainer is reading or training this step's groups
-                wait_for(lambda: t.scrape("asyncdapo_trainer_redis_up") == 0, 30, "redis_up 0")
+                wait_for(lambda t=t: t.scrape("asyncdapo_trainer_redis_up") == 0, 30, "redis_up 0")
                 time.sleep(outages[step])
                 t.assert_alive()
                 kredis.start()
-            t.wait_steps(step, timeout_s=120)
-            client = redis.Redis.from_url(kredis.url)
+                client = redis.Redis.from_url(kredis.url)
+            if step == 4:
+                # dropped (XACK + credit) and trained, then killed before the step's checkpoint
+                assert t.wait(120) == EXIT_CODE, t.log()[-4000:]
+                c = _counters(client, keys)
+                assert c[VALID_CREDITED] == 2 and c[STALE] == 1 and c["trainer:dropped:malformed"] == 1, c
+                assert [x["step"] for x in ledger(out)] == [1, 2, 3]
+                t = TrainerProc(cfg, kredis.url, tmp_path, "t-c", metrics_port=free_port()).start()
+            t.wait_steps(step, timeout_s=150)
+            assert t.scrape("asyncdapo_trainer_redis_up") == 1
             max_xlen = max(max_xlen, client.xlen(keys.groups))
-            client.close()
-        assert t.wait(60) == 0, t.log()[-4000:]
+        t.signal(signal.SIGTERM)
+        assert t.wait(30) == 128 + signal.SIGTERM, t.log()[-4000:]
     finally:
         t.stop()
-    log = t.log()
+    assert client.get(keys.trainer_lease) is None  # given up at SIGTERM: a successor starts at once
+    assert client.get(keys.trainer_epoch) == b"2"  # the crashed process's restart; never replaced
     assert_trained_exactly_once(out, produce.prompt_ids, steps)
-    client = redis.Redis.from_url(kredis.url)
     c = _counters(client, keys)
-    assert c[VALID_CREDITED] == 1 and c[STALE] == 1, c
+    assert c[VALID_CREDITED] == 2 and c[STALE] == 1 and c["trainer:dropped:malformed"] == 1, c
     assert client.xpending(keys.groups, GROUPS_CONSUMER_GROUP)["pending"] == 0
-    assert max_xlen <= 3 and client.xlen(keys.groups) == 0, max_xlen
-    assert client.get(keys.trainer_epoch) == b"1"  # the same trainer, never replaced
+    assert max_xlen <= 4 and client.xlen(keys.groups) == 0, max_xlen
     # one line per state change (and a reminder a minute), not one per retry
+    log = first.log() + t.log()
     assert log.count("unavailable (") == 2, log[-4000:]
     assert log.count("is back after") == 2
-    assert "still unavailable after" in log  # the 120 s outage: one reminder a minute
-    assert "re-took its expired lease" in log  # Redis was away longer than the 30 s lease
-
-
-def test_drops_credited_once_across_a_crash_before_the_checkpoint(
-    tmp_path: Path, make_config: Any, rollout: Any, kredis: KillableRedis
-) -> None:
-    out = tmp_path / "out"
-    cfg = make_config(out, trainer__total_steps=3)
-    keys = RunKeys(cfg.name)
-    produce = Producer(rollout, kredis.url, keys, epoch=24)
-    client = redis.Redis.from_url(kredis.url)
-    produce.step(1)
-    produce.stale()
-    client.xadd(keys.groups, {GROUP_FIELD: b"\xff not a Group"})
-    produce.step(2)
-    # step 2: the stale and the malformed group are dropped (XACK + credit), the step trains, the
-    # process dies before its checkpoint
-    t = TrainerProc(cfg, kredis.url, tmp_path, "t-d", crash="after_update@2").start()
-    assert t.wait(120) == EXIT_CODE, t.log()[-4000:]
-    c = _counters(client, keys)
-    assert c[VALID_CREDITED] == 2 and c[STALE] == 1 and c["trainer:dropped:malformed"] == 1, c
-    assert [x["step"] for x in ledger(out)] == [1]
-
-    # the restart (same id: no lease wait) replays step 2, then is stopped by SIGTERM while it waits
-    # for step 3: it gives its lease up, so a trainer with another id starts at once
-    t2 = TrainerProc(cfg, kredis.url, tmp_path, "t-d").start()
-    t2.wait_steps(2)
-    t2.signal(signal.SIGTERM)
-    assert t2.wait(30) == 128 + signal.SIGTERM, t2.log()[-4000:]
-    assert client.get(keys.trainer_lease) is None
-    produce.step(3)
-    t3 = TrainerProc(cfg, kredis.url, tmp_path, "t-d2").start()
-    assert t3.wait(120) == 0, t3.log()[-4000:]
-    assert "waits for it" not in t3.log()
-    assert_trained_exactly_once(out, produce.prompt_ids, 3)
-    c = _counters(client, keys)
-    assert c[VALID_CREDITED] == 2 and c[STALE] == 1 and c["trainer:dropped:malformed"] == 1, c
-    assert client.xlen(keys.groups) == 0
+    assert "still unavailable after" in log  # the 120 s outage
+    assert "re-took its expired lease" in t.log()  # Redis was away longer than the 30 s lease
