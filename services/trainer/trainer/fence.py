@@ -168,6 +168,12 @@ class TrainerFence:
     # ------------------------------------------------------------------ checks
 
     def _fenced(self, holder: Any, epoch: Any) -> TrainerFenced:
+        if not text(holder) and not text(epoch):
+            return TrainerFenced(
+                f"trainer {self.trainer_id} (epoch {self.epoch}) lost its fence of run {self.keys.run}: Redis "
+                "no longer has the run's trainer epoch (its data was lost or flushed). This trainer stops "
+                "without writing; a restart takes the lease anew and resumes from its checkpoint"
+            )
         return TrainerFenced(
             f"trainer {self.trainer_id} (epoch {self.epoch}) was fenced out of run {self.keys.run}: "
             f"the lease is held by {text(holder) or 'nobody'!r} at epoch {text(epoch) or '?'}. Another "

@@ -434,8 +434,8 @@ class GroupsReader:
 
     def drop(self, entries: Iterable[tuple[Entry, DropReason]]) -> int:
         """XACK groups that will never be trained and credit them (`valid_credited`, and
-        `trainer:dropped:<reason>`), atomically and only for entries still pending; returns how
-        many were credited."""
+        `trainer:dropped:<reason>`) in one script, once per entry (its credit marker); returns how
+        many were credited now."""
         pairs = []
         for e, reason in entries:
             self.dropped[e.id] = reason
