@@ -115,7 +115,9 @@ def test_short_run_trains_early_stops_and_cleans_up(
     assert r.xpending(keys.groups, GROUPS_CONSUMER_GROUP)["pending"] == 0
     (group,) = r.xinfo_groups(keys.groups)
     delivered = tuple(int(x) for x in group["last-delivered-id"].split("-"))
-    left = [tuple(int(x) for x in eid.split("-")) for eid, _ in r.xrange(keys.groups)]
+    raw = redis.Redis.from_url(redis_url)  # entries are binary protobufs
+    left = [tuple(int(x) for x in eid.split(b"-")) for eid, _ in raw.xrange(keys.groups)]
+    raw.close()
     assert all(eid > delivered for eid in left), (delivered, left)
     # Every admitted prompt attempt ended in exactly one recorded outcome; nothing is left claimed.
     assert r.hlen(keys.prompts_claimed) == 0
