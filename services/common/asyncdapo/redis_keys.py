@@ -11,6 +11,15 @@ from dataclasses import dataclass
 GROUPS_CONSUMER_GROUP = "trainer"
 GROUP_FIELD = "g"  # stream field holding a serialized asyncdapo.v1.Group
 
+# Fields of the `counters` HASH that the scheduler and the trainer share (the bound of fully async
+# rollout applies to VALID_PRODUCED - VALID_CREDITED).
+VALID_PRODUCED = "valid_produced"  # valid groups XADDed (the scheduler's FINISH script)
+# valid groups the trainer will never train (dropped), credited back to the bound; incremented in
+# the same atomic script as the XACK of those entries, once per entry (`RunKeys.trainer_credited`)
+VALID_CREDITED = "valid_credited"
+TRAINER_DROPPED_PREFIX = "trainer:dropped:"  # + DropReason: groups dropped, by reason
+TRAINER_REDELIVERED = "trainer:redelivered"  # entries delivered again after being processed
+
 
 @dataclass(frozen=True)
 class RunKeys:
@@ -54,9 +63,32 @@ class RunKeys:
         return self.prefix + "weights"
 
     @property
+    def trainer_feed(self) -> str:
+        """HASH {epoch, position}: the trainer's prompt-feed cursor (moves with the queued prompts)."""
+        return self.prefix + "trainer:feed"
+
+    @property
+    def trainer_lease(self) -> str:
+        """STRING id of the trainer that may write, with a PX lease its heartbeat keeps renewing."""
+        return self.prefix + "trainer:lease"
+
+    @property
     def trainer_epoch(self) -> str:
-        """STRING the trainer's fencing epoch (INCR when a trainer acquires the run's lease)."""
+        """INT fencing epoch, INCRed each time a trainer acquires the lease (PublishWeights carries it)."""
         return self.prefix + "trainer:epoch"
+
+    @property
+    def trainer_credited(self) -> str:
+        """ZSET stream ids of dropped groups already credited (score: the id's milliseconds): a
+        credit is added only together with its marker, so a retry, a redelivery or a Redis rollback
+        never credits a group twice or loses its credit. Pruned with the stream's trimming."""
+        return self.prefix + "trainer:credited"
+
+    @property
+    def trainer_owner(self) -> str:
+        """STRING id of the trainer that took the current epoch (no expiry): only it may re-take an
+        expired lease without a new epoch (after a Redis outage longer than the lease)."""
+        return self.prefix + "trainer:owner"
 
     # --- scheduler ownership, idempotency and audit (asyncdapo.scheduler.lua) ---
 
@@ -86,9 +118,7 @@ class RunKeys:
         return self.prefix + "outcomes"
 
 
-# Counter fields of `RunKeys.counters` shared by the scheduler and the trainer.
-VALID_PRODUCED = "valid_produced"  # valid groups XADDed (scheduler, FINISH)
-VALID_CREDITED = "valid_credited"  # valid groups the trainer dropped, credited back to the bound
+# More counter fields of `RunKeys.counters` and limits of the scheduler's keys.
 ADMITTED = "admitted"  # prompt attempts claimed (scheduler, CLAIM)
 OUTCOMES_MAXLEN = 100_000  # audit entries kept (approximate MAXLEN)
 FINISHED_PROMPT_TTL_S = 300  # a finished prompt's compacted state lives this long (dup detection)

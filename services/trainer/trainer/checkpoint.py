@@ -4,17 +4,27 @@ Layout under `{checkpoint_dir}/checkpoints/`:
     step-00000012/  model.pt  optimizer.pt  scheduler.pt  rng.pt  state.json
     latest          text: the name of the newest complete checkpoint
 
-Atomicity: a checkpoint is written into a `.tmp-*` directory, every file and the directory are
-fsynced, then it is renamed into place and `latest` is replaced (write tmp + fsync + rename). A
-crash at any point leaves either the previous or the new checkpoint as `latest`, never a partial
-one; leftover `.tmp-*` directories are removed on the next save.
+Atomicity: a checkpoint is written into a `.tmp-{name}-{writer}` directory, every file and the
+directory are fsynced, then it is renamed into place and `latest` is replaced (write tmp + fsync +
+rename). A crash at any point leaves either the previous or the new checkpoint as `latest`, never a
+partial one.
+
+Several writers: two trainer processes may share the directory for a while (a replacement pod
+overlapping the old one). Only the holder of the trainer lease writes (`fence.py`): the loop checks
+the fence before a save, and `save(before_commit=...)` checks it again between writing the
+temporary directory and renaming it into place, so a fenced-out writer never publishes a
+checkpoint. Temporary directories carry their writer's id, a save never deletes another's, and
+leftovers are removed only by `remove_leftovers()`, which the trainer calls once it holds the lease
+(no other writer is live then).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +39,13 @@ class TrainerState:
     step: int = 0  # completed training steps == policy version of the weights
     feed_cursor: dict[str, int] | None = None  # asyncdapo.trainer.data_feed.Cursor.to_dict()
     covered_group_ids: list[str] = field(default_factory=list)  # trained since the previous checkpoint
-    last_stream_id: str = "0-0"  # newest stream entry trained so far
+    # newest stream id processed (trained or dropped) as of this checkpoint: the redelivery fence;
+    # an entry delivered again at or below it is never trained or credited again
+    last_stream_id: str = "0-0"
     published_version: int = 0
     counters: dict[str, float] = field(default_factory=dict)  # cumulative (dropped groups, tokens …)
+    trainer_id: str = ""  # the writer (lease holder) of this checkpoint
+    trainer_epoch: int = 0  # its fencing epoch
 
 
 def _fsync_dir(path: Path) -> None:
@@ -60,11 +74,20 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 class CheckpointStore:
-    def __init__(self, checkpoint_dir: str | Path, keep: int = 2) -> None:
+    def __init__(self, checkpoint_dir: str | Path, keep: int = 2, writer: str = "") -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
         self.root = Path(checkpoint_dir) / "checkpoints"
         self.keep = keep
+        self.writer = re.sub(r"[^A-Za-z0-9_.-]", "_", writer) or str(os.getpid())
+
+    def remove_leftovers(self) -> int:
+        """Delete every `.tmp-*` directory (crashed saves). Only while holding the trainer lease."""
+        n = 0
+        for stale in self.root.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+            n += 1
+        return n
 
     def save(
         self,
@@ -72,12 +95,14 @@ class CheckpointStore:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         lr_scheduler: Any,
+        before_commit: Callable[[], None] | None = None,
     ) -> Path:
+        """Write the checkpoint of `state.step`; `before_commit()` runs after the temporary directory
+        is complete and before it becomes visible (the trainer's fence check: it raises to abort)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        for stale in self.root.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
         name = f"step-{state.step:08d}"
-        tmp = self.root / f".tmp-{name}-{os.getpid()}"
+        tmp = self.root / f".tmp-{name}-{self.writer}"
+        shutil.rmtree(tmp, ignore_errors=True)  # our own, from an earlier attempt
         tmp.mkdir()
         _save(model.state_dict(), tmp / "model.pt")
         _save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -88,6 +113,12 @@ class CheckpointStore:
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
+        if before_commit is not None:
+            try:
+                before_commit()
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         final = self.root / name
         if final.exists():  # the same step saved again after a restart
             shutil.rmtree(final)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from asyncdapo.config_cli import add_overrides_argument
 
@@ -27,12 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-steps", type=int, help="stop after this many steps in this process")
     p.add_argument("--max-wait-s", type=float, help="fail when no group arrives for this long")
+    p.add_argument(
+        "--trainer-id",
+        help="this trainer's id in the run's lease (default: host-pid-random; env ASYNCDAPO_TRAINER_ID). "
+        "A trainer restarted with the same id takes its lease over at once; another id waits for it to expire",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     import logging
+    import os
     from pathlib import Path
 
     from asyncdapo.config import load_run_config
@@ -69,8 +76,18 @@ def _run(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         max_wait_s=args.max_wait_s,
     )
+    trainer_id = args.trainer_id or os.environ.get("ASYNCDAPO_TRAINER_ID")
+    if trainer_id:
+        opts.trainer_id = trainer_id
+    # SIGTERM (pod deletion, rollout): stop like a crash — everything durable is consistent at any
+    # point — but give the lease up, so a successor starts at once instead of after the lease
+    signal.signal(signal.SIGTERM, _terminate)
     run_training(cfg, opts)
     return 0
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _paths(values: list[str]) -> list[str]:

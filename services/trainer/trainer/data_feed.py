@@ -4,9 +4,16 @@ Order: epoch e visits the training set in the permutation drawn from `(seed, e)`
 shuffle is off), so the whole order is a pure function of the cursor `(epoch, position)`.
 
 Crash safety: each refill is one MULTI/EXEC transaction that writes the prompts' data, queues
-their ids and moves the cursor stored in Redis (`feed_key`). The cursor in Redis therefore always
-matches what was queued, and a restarted trainer continues from it: no prompt is queued twice or
-skipped. The checkpoint keeps a copy, used only when Redis has no cursor (a fresh Redis).
+their ids and moves the cursor stored in Redis (`RunKeys.trainer_feed`). The cursor in Redis
+therefore always matches what was queued, and a restarted trainer continues from it: no prompt is
+queued twice or skipped. The checkpoint keeps a copy, used only when Redis has no cursor (a fresh
+Redis).
+
+Lost replies and rollbacks: the transaction runs under WATCH of the cursor (and of the trainer
+fence's keys), after re-reading the cursor from Redis. A refill whose EXEC reply was lost is simply
+run again: it finds the cursor already moved and continues from there, so nothing is queued twice;
+after a Redis rollback it finds the older cursor and queues the lost prompts again. A fenced-out
+trainer queues nothing (its transaction fails, and `fence.check()` raises TrainerFenced).
 """
 
 from __future__ import annotations
@@ -14,13 +21,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import redis
 
 from asyncdapo.data.verl_format import Example
 from asyncdapo.prompts import PromptRecord, prompt_id, queue_prompts
 from asyncdapo.redis_keys import RunKeys
+from asyncdapo.trainer.redis_io import text as as_text
+
+if TYPE_CHECKING:
+    from asyncdapo.trainer.fence import TrainerFence
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +42,7 @@ COUNTER_QUEUED = "trainer:prompts_queued"
 
 def feed_key(keys: RunKeys) -> str:
     """HASH {epoch, position}: the data cursor of the prompt feed."""
-    return keys.prefix + "trainer:feed"
+    return keys.trainer_feed
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ class PromptFeed:
         max_prompt_length: int,
         seed: int,
         shuffle: bool,
+        fence: TrainerFence | None = None,
     ) -> None:
         if not examples:
             raise ValueError("the training set is empty (data.train_files)")
@@ -79,7 +92,9 @@ class PromptFeed:
         self.max_prompt_length = max_prompt_length
         self.seed = seed
         self.shuffle = shuffle
+        self.fence = fence
         self.cursor = Cursor()
+        self.transactions_retried = 0  # WATCH conflicts (a changed cursor or fence)
         self._order_epoch = -1
         self._order: np.ndarray = np.arange(0)
 
@@ -104,10 +119,45 @@ class PromptFeed:
         return index, nxt
 
     def refill(self) -> int:
-        """Queue prompts until the queue holds at least `watermark`; returns how many were queued."""
-        depth = int(self.client.llen(self.keys.prompts))
-        need = self.watermark - depth
+        """Queue prompts until the queue holds at least `watermark`; returns how many were queued.
+
+        Safe to call again after any error, including a lost EXEC reply (see the module docstring)."""
+        if self.watermark - int(self.client.llen(self.keys.prompts)) <= 0:
+            return 0
+        for _ in range(100):
+            with self.client.pipeline(transaction=True) as pipe:
+                try:
+                    return self._refill_watched(pipe)
+                except redis.WatchError:
+                    self.transactions_retried += 1
+                    continue
+        raise RuntimeError(f"the prompt feed cursor {feed_key(self.keys)} keeps changing under WATCH")
+
+    def _refill_watched(self, pipe: Any) -> int:
+        fence_keys = self.fence.lease_keys[:2] if self.fence else []
+        pipe.watch(feed_key(self.keys), *fence_keys)
+        if self.fence is not None:
+            lease, epoch = pipe.mget(*fence_keys)
+            if (
+                lease is None
+                or as_text(lease) != self.fence.trainer_id
+                or int(epoch or 0) != self.fence.epoch
+            ):
+                pipe.unwatch()
+                self.fence.check()  # raises TrainerFenced, or re-took our expired lease
+                raise redis.WatchError("fence re-checked")
+        stored = pipe.hgetall(feed_key(self.keys))
+        if stored:
+            in_redis = Cursor.from_dict(stored)
+            if in_redis != self.cursor:
+                log.warning(
+                    "prompt feed cursor in Redis is %s, in memory %s (a refill whose reply was lost, or "
+                    "a Redis rollback): continuing from Redis'", in_redis, self.cursor,
+                )  # fmt: skip
+                self.cursor = in_redis
+        need = self.watermark - int(pipe.llen(self.keys.prompts))
         if need <= 0:
+            pipe.unwatch()
             return 0
         records: list[PromptRecord] = []
         too_long = 0
@@ -131,7 +181,7 @@ class PromptFeed:
                 raise ValueError(
                     f"no training prompt fits data.max_prompt_length={self.max_prompt_length} tokens"
                 )
-        pipe = self.client.pipeline(transaction=True)
+        pipe.multi()
         queue_prompts(pipe, self.keys, records)
         pipe.hset(feed_key(self.keys), mapping=cursor.to_dict())
         pipe.hincrby(self.keys.counters, COUNTER_QUEUED, len(records))

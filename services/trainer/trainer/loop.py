@@ -6,10 +6,18 @@ whose tokens come from versions in [t - s, t] and produces version t + 1.
 
 Exactly-once training across crashes (see groups_reader): the groups of a step are acknowledged
 only after a checkpoint that includes the step is durable; the checkpoint lists them, a restart
-acknowledges them again and replays whatever is still pending. Every published version is
-checkpointed before it is published (`checkpoint_every` only adds checkpoints in between), so a
-restart resumes at or after the version rollout runs, never behind it. Rank 0 does all I/O (Redis, files,
-gRPC); other data-parallel ranks receive the groups by broadcast and only compute.
+acknowledges them again and replays whatever is still pending; entries delivered again at or below
+the newest processed stream id are never trained twice; dropped groups are credited exactly once.
+Every published version is checkpointed before it is published (`checkpoint_every` only adds
+checkpoints in between), so a restart resumes at or after the version rollout runs, never behind it.
+
+One writer (fence.py): rank 0 acquires the run's trainer lease before it reads a checkpoint or the
+stream (waiting while another live trainer holds it), and checks it before every ledger line,
+checkpoint and publish; a fenced-out trainer raises TrainerFenced and writes nothing more. Redis
+away: every Redis operation waits (redis_io.RedisWaiter) instead of failing.
+
+Rank 0 does all I/O (Redis, files, gRPC); other data-parallel ranks receive the groups by broadcast
+and only compute.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +41,14 @@ from asyncdapo.trainer.batch import TrainBatch, build_batch
 from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
 from asyncdapo.trainer.data_feed import Cursor, PromptFeed, make_encoder
 from asyncdapo.trainer.dist import DistContext
-from asyncdapo.trainer.faults import CrashPoint, maybe_crash
+from asyncdapo.trainer.faults import CrashPoint, SimulatedCrash, maybe_crash
+from asyncdapo.trainer.fence import DEFAULT_LEASE_S, TrainerFence, TrainerFenced, default_trainer_id
 from asyncdapo.trainer.fsdp import Sharding
 from asyncdapo.trainer.groups_reader import DropReason, Entry, GroupsReader, classify, dropped_counter
-from asyncdapo.trainer.metrics import JsonlLog, MetricsSink, batch_metrics
+from asyncdapo.trainer.metrics import PREFIX, JsonlLog, MetricsSink, batch_metrics
 from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
-from asyncdapo.trainer.publish import Notifier, publish
+from asyncdapo.trainer.publish import Notifier, publish, remove_snapshot_leftovers
+from asyncdapo.trainer.redis_io import RedisWaiter, connect
 from asyncdapo.trainer.update import UpdateSettings, ppo_update, rows_of_rank
 from asyncdapo.v1 import rollout_pb2
 
@@ -64,6 +74,10 @@ class TrainerOptions:
     poll_ms: int = 500
     max_wait_s: float | None = None  # give up when no group arrives for this long (None: wait forever)
     max_steps: int | None = None  # stop after this many steps in this process (None: until total_steps)
+    # the lease holder's id: unique per process by default; the same id takes its own lease over at
+    # once (a restart of the same container), any other waits for it to expire
+    trainer_id: str = field(default_factory=default_trainer_id)
+    lease_s: float = DEFAULT_LEASE_S
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -92,7 +106,13 @@ class Trainer:
         self.state = TrainerState()
         self.settings = UpdateSettings.from_config(cfg)
         self.counters: Counter[str] = Counter()
-        self._setup()
+        self.fence: TrainerFence | None = None
+        self._step_drops: list[tuple[str, str]] = []  # (stream id, reason) dropped for the coming step
+        try:
+            self._setup()
+        except BaseException as err:
+            self._stop_fence(release=not isinstance(err, SimulatedCrash | TrainerFenced))
+            raise
 
     # ------------------------------------------------------------------ setup and recovery
 
@@ -119,7 +139,10 @@ class Trainer:
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
         )
-        self.store = CheckpointStore(self.ckpt_dir)
+        self.store = CheckpointStore(self.ckpt_dir, writer=self.opts.trainer_id)
+        if self.dist.is_main:
+            self._acquire_fence()
+        self.dist.barrier()  # no rank reads a checkpoint before rank 0 holds the lease
         latest = self.store.latest()
         if latest is not None:
             self.state = self.store.load_into(
@@ -130,43 +153,70 @@ class Trainer:
         if self.dist.is_main:
             self._setup_io()
 
+    def _acquire_fence(self) -> None:
+        """Rank 0: connect, wait for and take the run's trainer lease, then clean up after crashed
+        writers (no other writer is live now)."""
+        self.waiter = RedisWaiter(self.opts.redis_url)
+        self.redis = connect(self.opts.redis_url)
+        self.fence = TrainerFence(self.redis, self.keys, self.opts.trainer_id, self.waiter, self.opts.lease_s)
+        self.fence.acquire()
+        self.fence.start_heartbeat()
+        removed = self.store.remove_leftovers() + remove_snapshot_leftovers(self.ckpt_dir)
+        if removed:
+            log.info("removed %d temporary directory(ies) left by crashed writers", removed)
+
+    def _stop_fence(self, release: bool) -> None:
+        """Stop the heartbeat; give the lease up unless this process crashed or was fenced."""
+        if self.fence is None:
+            return
+        if release:
+            self.fence.release()
+        else:
+            self.fence.stop_heartbeat()
+
     def _setup_io(self) -> None:
-        import redis
-        from redis.backoff import ExponentialBackoff
-        from redis.retry import Retry
+        from prometheus_client import Gauge
 
         from asyncdapo.data.verl_format import load_examples
 
-        cfg = self.cfg
-        self.redis = redis.Redis.from_url(
-            self.opts.redis_url,
-            retry=Retry(ExponentialBackoff(cap=10.0, base=0.5), 8),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        )
+        cfg, waiter = self.cfg, self.waiter
+        assert self.fence is not None
+        self.state.trainer_id, self.state.trainer_epoch = self.fence.trainer_id, self.fence.epoch
         self.encode = make_encoder(self.tokenizer, cfg.data.apply_chat_template)
         examples = load_examples(cfg.data.train_files, cfg.data.prompt_key)
         self.feed = PromptFeed(
             self.redis, self.keys, examples, self.encode,
             watermark=cfg.data.prompt_queue_watermark, max_prompt_length=cfg.data.max_prompt_length,
-            seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+            seed=cfg.data.seed, shuffle=cfg.data.shuffle, fence=self.fence,
         )  # fmt: skip
         ckpt_cursor = Cursor.from_dict(self.state.feed_cursor) if self.state.feed_cursor else None
-        self.feed.restore(ckpt_cursor)
-        self.reader = GroupsReader(self.redis, self.keys, self.opts.consumer)
-        replay, missing = self.reader.start(covered_by_checkpoint=self.state.covered_group_ids)
-        self.counters[dropped_counter(DropReason.MISSING)] += missing
-        self.state.covered_group_ids = []
-        self.notifier = Notifier(self.redis, self.keys, self.opts.scheduler, self.opts.token)
+        waiter.call(lambda _a: self.feed.restore(ckpt_cursor), "prompt feed cursor read")
         out = Path(self.opts.out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        self.ledger = JsonlLog(out / "trained.jsonl")
+        self.ledger.truncate_after(self.state.step)
+        self.reader = GroupsReader(self.redis, self.keys, self.opts.consumer, self.fence, waiter)
+        replay, missing = self.reader.start(
+            covered_by_checkpoint=self.state.covered_group_ids,
+            newest=self.state.last_stream_id,
+            dropped=_ledger_drops(self.ledger),
+        )
+        self.counters[dropped_counter(DropReason.MISSING)] += missing
+        self.state.covered_group_ids = []
+        self.notifier = Notifier(
+            self.redis, self.keys, self.opts.scheduler, self.opts.token, fence=self.fence
+        )
         status = scheduler_status_source(self.notifier, cfg.name) if self.opts.scheduler else None
         tracking = open_tracking(cfg, out, self.state.step)  # TensorBoard / W&B / MLflow (logging.*)
         self.metrics = MetricsSink(out / "metrics.jsonl", self.opts.metrics_port, tracking, status)
-        self.ledger = JsonlLog(out / "trained.jsonl")
         self.metrics.truncate_after(self.state.step)
-        self.ledger.truncate_after(self.state.step)
         if (restored := self.store.latest()) is not None:
             self.metrics.checkpoint(restored, self.state.step)
+        redis_up = Gauge(PREFIX + "redis_up", "1 while Redis answers, 0 while the trainer waits for it",
+                         registry=self.metrics.registry)  # fmt: skip
+        waiter.on_change(lambda up: redis_up.set(1 if up else 0))
+        Gauge(PREFIX + "fence_epoch", "Fencing epoch of this trainer (trainer:epoch when it took the lease)",
+              registry=self.metrics.registry).set(self.fence.epoch)  # fmt: skip
         self.val_examples = []
         if cfg.trainer.val_every and cfg.data.val_files and self.opts.scheduler:
             self.val_examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
@@ -189,14 +239,19 @@ class Trainer:
     def run(self) -> TrainerState:
         total = self.cfg.trainer.total_steps
         done_here = 0
+        release = True
         try:
             while self.state.step < total and (
                 self.opts.max_steps is None or done_here < self.opts.max_steps
             ):
                 self.train_step()
                 done_here += 1
+        except BaseException as err:
+            # a crash (simulated here) keeps its lease until it expires, like a killed process
+            release = not isinstance(err, SimulatedCrash | TrainerFenced)
+            raise
         finally:
-            self.close()
+            self.close(release=release)
         return self.state
 
     def train_step(self) -> dict[str, Any]:
@@ -282,7 +337,7 @@ class Trainer:
         got: list[Entry] = []
         last_progress = time.monotonic()
         while len(got) < need:
-            self.feed.refill()
+            self.waiter.call(lambda _a: self.feed.refill(), "prompt refill")
             entries = self.reader.read(need - len(got), block_ms=self.opts.poll_ms)
             drops: list[tuple[Entry, DropReason]] = []
             for e in entries:
@@ -296,10 +351,14 @@ class Trainer:
                 else:
                     drops.append((e, reason))
                     log.warning("dropping group %s (%s): %s", e.id, reason.value, detail)
-            self.reader.drop(drops)
-            for _, reason in drops:
+            credited = self.reader.drop(drops)
+            for e, reason in drops:
                 self.counters[dropped_counter(reason)] += 1
                 self.metrics.dropped.labels(reason=reason.value).inc()
+                self._step_drops.append((e.id, reason.value))
+            self.counters["groups/credited"] += credited
+            # time spent waiting for Redis is not time without groups
+            last_progress = max(last_progress, self.waiter.last_recovered)
             if entries:
                 last_progress = time.monotonic()
             elif self.opts.max_wait_s is not None and time.monotonic() - last_progress > self.opts.max_wait_s:
@@ -354,6 +413,8 @@ class Trainer:
                 self.metrics.staleness.labels(staleness=str(k)).inc(v)
             for reason in DropReason:
                 out[f"dropped/{reason.value}"] = self.counters[dropped_counter(reason)]
+            out["groups/credited"] = self.counters["groups/credited"]
+            out["groups/redelivered"] = self.reader.redelivered
         return out
 
     def _saves_state(self) -> bool:
@@ -367,11 +428,15 @@ class Trainer:
         """Durably record the step; returns its timings. Order matters: see the module docstring."""
         t = self.cfg.trainer
         step = self.state.step
+        assert self.fence is not None
+        self.fence.check()  # a fenced-out trainer writes no ledger line, checkpoint or version
         ids = [eid for eid, _ in entries]
         self.state.covered_group_ids.extend(ids)
-        self.state.last_stream_id = ids[-1] if ids else self.state.last_stream_id
+        self.state.last_stream_id = self.reader.newest  # trained or dropped, the redelivery fence
         self.ledger.write({"step": step, "stream_ids": ids,
-                           "group_ids": [rollout_pb2.Group.FromString(raw).prompt_id for _, raw in entries]})  # fmt: skip
+                           "group_ids": [rollout_pb2.Group.FromString(raw).prompt_id for _, raw in entries],
+                           "dropped": self._step_drops})  # fmt: skip
+        self._step_drops = []
         timing = {"timing/checkpoint_s": 0.0, "timing/publish_s": 0.0, "timing/snapshot_s": 0.0}
         publishing = step % t.publish_every == 0 or step == t.total_steps
         # a published version is always durable first: a restart never rolls the policy back
@@ -382,7 +447,9 @@ class Trainer:
             self.state.feed_cursor = self.feed.cursor.to_dict()
             self.state.counters = dict(self.counters)
             model, optimizer = full or (unwrap(self.model), self.optimizer)
-            saved = self.store.save(self.state, model, optimizer, self.lr_scheduler)
+            saved = self.store.save(
+                self.state, model, optimizer, self.lr_scheduler, before_commit=self.fence.check
+            )
             self.metrics.checkpoint(saved, step)
             timing["timing/checkpoint_s"] = time.perf_counter() - t0
             maybe_crash(CrashPoint.AFTER_CHECKPOINT, step)
@@ -392,7 +459,7 @@ class Trainer:
             timing["timing/snapshot_s"] = res.write_s
             maybe_crash(CrashPoint.AFTER_PUBLISH, step)
         if checkpointed:
-            self.reader.ack(self.state.covered_group_ids)
+            self.reader.commit(self.state.covered_group_ids)  # XACK, then trim the stream
             self.state.covered_group_ids = []
             maybe_crash(CrashPoint.AFTER_ACK, step)
         return timing
@@ -400,8 +467,9 @@ class Trainer:
     def _publish(self, model: Any = None) -> Any:
         dtype = self.precision.compute_dtype
         res = publish(
-            model or unwrap(self.model), self.tokenizer, self.ckpt_dir, self.state.step, dtype, self.notifier
-        )
+            model or unwrap(self.model), self.tokenizer, self.ckpt_dir, self.state.step, dtype, self.notifier,
+            writer=self.opts.trainer_id,
+        )  # fmt: skip
         self.state.published_version = self.state.step
         return res
 
@@ -416,12 +484,25 @@ class Trainer:
         req = eval_request(self.cfg, self.val_examples, self.encode)
         stub = self.notifier.scheduler_stub()
         try:
-            return self.notifier.call("Evaluate", lambda: evaluate(stub, req, self.notifier.metadata()))
+            return self.notifier.call(
+                "Evaluate", lambda: evaluate(stub, req, self.notifier.metadata()), attempts=6
+            )
         except PublishError as err:
             log.error("validation at step %d failed: %s", self.state.step, err)
             return {"val/failed": 1.0}
 
-    def close(self) -> None:
+    def close(self, release: bool = True) -> None:
+        """Stop the lease heartbeat (giving the lease up when `release`) and the I/O."""
+        self._stop_fence(release)
         if self.dist.is_main and hasattr(self, "metrics"):
             self.metrics.close()
             self.notifier.close()
+
+
+def _ledger_drops(ledger: JsonlLog) -> dict[str, DropReason]:
+    """Stream ids the ledger lists as dropped (a redelivered one is dropped again, never trained)."""
+    out: dict[str, DropReason] = {}
+    for line in ledger.read():
+        for sid, reason in line.get("dropped", []):
+            out[sid] = DropReason(reason)
+    return out

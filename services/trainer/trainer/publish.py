@@ -6,10 +6,17 @@ Snapshot: `{checkpoint_dir}/weights/v{N}/` is a complete Hugging Face model dire
 a temporary directory and renamed, so a reader never sees a partial snapshot; the uri handed out
 is the snapshot directory's absolute path.
 
-Notification: with a scheduler address, PublishWeights(version, uri) over gRPC (bearer token when
-given), retried with exponential backoff on UNAVAILABLE / DEADLINE_EXCEEDED, raising after the
-last attempt; the scheduler fans out to the gateways and owns `RunKeys.weights`. Without one, the
-trainer sets `RunKeys.weights` = {version, uri} itself.
+Notification: with a scheduler address, PublishWeights(version, uri, trainer_epoch) over gRPC
+(bearer token when given); the scheduler fans out to the gateways and owns `RunKeys.weights`.
+Without one, the trainer sets `RunKeys.weights` = {version, uri} itself. Either way the trainer
+first checks its fence (`fence.py`): a fenced-out trainer publishes nothing.
+
+Waiting, not failing: UNAVAILABLE (scheduler away, or no gateway could load the version),
+DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED are retried with capped exponential backoff, without limit
+by default: the trainer neither crashes nor skips a version. A retry may follow an attempt the
+scheduler applied (its reply lost): when the scheduler then refuses the version as not newer,
+GetRun tells whether it already runs it (done) or not (an error). FAILED_PRECONDITION about the
+trainer epoch, or any refusal while this trainer no longer holds the fence, raises TrainerFenced.
 """
 
 from __future__ import annotations
@@ -25,14 +32,21 @@ from typing import Any
 import torch
 
 from asyncdapo.redis_keys import RunKeys
+from asyncdapo.trainer.fence import TrainerFence, TrainerFenced, safe_id
+from asyncdapo.trainer.redis_io import RedisWaiter
 
 log = logging.getLogger(__name__)
 
 _RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
+BACKOFF_CAP_S = 10.0
 
 
 class PublishError(RuntimeError):
     """Weights could not be published; the message names the version and the cause."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -49,14 +63,20 @@ def snapshot_dir(checkpoint_dir: str | Path, version: int) -> Path:
 
 
 def write_snapshot(
-    model: torch.nn.Module, tokenizer: Any, checkpoint_dir: str | Path, version: int, dtype: torch.dtype
+    model: torch.nn.Module,
+    tokenizer: Any,
+    checkpoint_dir: str | Path,
+    version: int,
+    dtype: torch.dtype,
+    writer: str = "",
 ) -> Path:
-    """Write (or reuse, when already complete) the snapshot of `version`; returns its directory."""
+    """Write (or reuse, when already complete) the snapshot of `version`; returns its directory.
+    The temporary directory is named after `writer` (the trainer id): never another's."""
     final = snapshot_dir(checkpoint_dir, version)
     if (final / "model.safetensors").is_file() or (final / "model.safetensors.index.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    tmp = final.with_name(f".tmp-{final.name}-{safe_id(writer) if writer else os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     state = {k: v.detach().to(dtype) for k, v in model.state_dict().items()}
     model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
@@ -81,8 +101,21 @@ def prune_snapshots(checkpoint_dir: str | Path, keep_from_version: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def remove_snapshot_leftovers(checkpoint_dir: str | Path) -> int:
+    """Delete `.tmp-*` snapshot directories of crashed writers. Only while holding the trainer lease."""
+    root = Path(checkpoint_dir).resolve() / "weights"
+    n = 0
+    for d in root.glob(".tmp-*"):
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
+    return n
+
+
 class Notifier:
-    """Tells the rollout side about a new version: the scheduler over gRPC, or Redis directly."""
+    """Tells the rollout side about a new version: the scheduler over gRPC, or Redis directly.
+
+    `attempts` None (the default): retry transient errors forever; a number: give up (PublishError)
+    after that many attempts (tools and tests)."""
 
     def __init__(
         self,
@@ -90,8 +123,10 @@ class Notifier:
         keys: RunKeys,
         scheduler_addr: str | None,
         token: str | None = None,
-        attempts: int = 6,
+        attempts: int | None = None,
         timeout_s: float = 600.0,
+        fence: TrainerFence | None = None,
+        waiter: RedisWaiter | None = None,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -99,6 +134,9 @@ class Notifier:
         self.token = token
         self.attempts = attempts
         self.timeout_s = timeout_s
+        self.fence = fence
+        self.waiter = waiter or (fence.waiter if fence else RedisWaiter(give_up_after_s=0))
+        self.retries = 0  # transient failures retried so far (all calls)
         self._channel: Any = None
         self._stub: Any = None
 
@@ -115,29 +153,34 @@ class Notifier:
     def metadata(self) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {self.token}")] if self.token else []
 
-    def call(self, what: str, fn: Any) -> Any:
-        """fn() with exponential backoff on transient gRPC errors; PublishError after the last try."""
+    def call(self, what: str, fn: Any, attempts: int | str | None = "default") -> Any:
+        """fn() with capped exponential backoff on transient gRPC errors (UNAVAILABLE,
+        DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED): forever, or PublishError after `attempts`."""
         import grpc
 
+        limit = self.attempts if attempts == "default" else attempts
         delay = 0.5
-        for attempt in range(1, self.attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return fn()
             except grpc.RpcError as err:
                 code = err.code().name if err.code() else "UNKNOWN"
-                if code not in _RETRYABLE or attempt == self.attempts:
+                if code not in _RETRYABLE or (limit is not None and attempt >= int(limit)):
                     raise PublishError(
-                        f"{what} to {self.scheduler_addr} failed: {code}: {err.details()}"
+                        f"{what} to {self.scheduler_addr} failed: {code}: {err.details()}", code
                     ) from None
-                log.warning("%s attempt %d: %s; retrying in %.1fs", what, attempt, code, delay)
+                self.retries += 1
+                log_fn = log.warning if attempt == 1 or attempt % 10 == 0 else log.info
+                log_fn("%s attempt %d: %s: %s; retrying in %.1fs", what, attempt, code, err.details(), delay)
                 time.sleep(delay)
-                delay = min(delay * 2, 15.0)
-        raise AssertionError("unreachable")
+                delay = min(delay * 2, BACKOFF_CAP_S)
 
     def current_version(self, run: str) -> int:
         """The policy version the rollout side was last told about (0: none yet)."""
         if not self.scheduler_addr:
-            raw = self.client.hget(self.keys.weights, "version")
+            raw = self.waiter.call(lambda _a: self.client.hget(self.keys.weights, "version"), "weights read")
             return int(raw) if raw is not None else 0
         from asyncdapo.v1 import scheduler_pb2
 
@@ -149,19 +192,49 @@ class Notifier:
 
     def notify(self, version: int, uri: str) -> list[str]:
         """Announce `version`; returns per-gateway errors the scheduler reported (empty: all ok)."""
+        if self.fence is not None:
+            self.fence.check()
         if not self.scheduler_addr:
-            self.client.hset(self.keys.weights, mapping={"version": version, "uri": uri})
+            self.waiter.call(
+                lambda _a: self.client.hset(self.keys.weights, mapping={"version": version, "uri": uri}),
+                "weights announcement",
+            )
             return []
         from asyncdapo.v1 import scheduler_pb2
 
-        req = scheduler_pb2.PublishWeightsRequest(version=version, uri=uri)
-        resp = self.call(
-            f"PublishWeights(version={version})",
-            lambda: self.scheduler_stub().PublishWeights(
-                req, metadata=self.metadata(), timeout=self.timeout_s
-            ),
+        req = scheduler_pb2.PublishWeightsRequest(
+            version=version, uri=uri, trainer_epoch=self.fence.epoch if self.fence else 0
         )
+        retries_before = self.retries
+        try:
+            resp = self.call(
+                f"PublishWeights(version={version})",
+                lambda: self.scheduler_stub().PublishWeights(
+                    req, metadata=self.metadata(), timeout=self.timeout_s
+                ),
+            )
+        except PublishError as err:
+            if err.code != "FAILED_PRECONDITION":
+                raise
+            self._raise_if_fenced(err)
+            if self.retries > retries_before and self.current_version(self.keys.run) == version:
+                # an earlier attempt was applied and its reply lost: the version is published
+                log.warning("PublishWeights(version=%d): already applied by an earlier attempt", version)
+                return []
+            raise
         return [f"{r.gateway}: {r.error}" for r in resp.results if not r.ok]
+
+    def _raise_if_fenced(self, err: PublishError) -> None:
+        """A FAILED_PRECONDITION naming the trainer epoch, or any while our fence is gone."""
+        if self.fence is None:
+            return
+        msg = str(err).lower()
+        if "epoch" in msg or "fenc" in msg:
+            raise TrainerFenced(
+                f"the scheduler refused weights of trainer {self.fence.trainer_id} (epoch {self.fence.epoch}): "
+                f"{err}. Another trainer took over the run, so this one stops without writing anything"
+            ) from None
+        self.fence.check()  # raises TrainerFenced if the lease or the epoch moved on
 
     def close(self) -> None:
         if self._channel is not None:
@@ -176,9 +249,10 @@ def publish(
     dtype: torch.dtype,
     notifier: Notifier,
     keep_versions: int = 2,
+    writer: str = "",
 ) -> PublishResult:
     t0 = time.perf_counter()
-    path = write_snapshot(model, tokenizer, checkpoint_dir, version, dtype)
+    path = write_snapshot(model, tokenizer, checkpoint_dir, version, dtype, writer)
     t1 = time.perf_counter()
     errors = notifier.notify(version, str(path))
     t2 = time.perf_counter()

@@ -76,8 +76,10 @@ def test_sigkill_between_steps_then_restart(
     config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     env.pop(ENV, None)
+    # the restart below reuses the trainer id, like a container restarted in its pod: it takes the
+    # killed process's lease over at once (another id would wait for it to expire: test_trainer_faults)
     cmd = [sys.executable, "-m", "asyncdapo.cli", "trainer", "--config", str(config), "--redis", redis_url,
-           "--out", str(tmp_path / "out"), "--log-level", "WARNING"]  # fmt: skip
+           "--out", str(tmp_path / "out"), "--log-level", "WARNING", "--trainer-id", "pod-0"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         metrics = tmp_path / "out" / "metrics.jsonl"
@@ -92,7 +94,7 @@ def test_sigkill_between_steps_then_restart(
         proc.wait(30)
     assert proc.returncode == -signal.SIGKILL
     groups += rollout.produce(redis_client, keys, records, 4, version=2)
-    Trainer(cfg, TrainerOptions(redis_url, tmp_path / "out", max_wait_s=30)).run()
+    Trainer(cfg, TrainerOptions(redis_url, tmp_path / "out", max_wait_s=30, trainer_id="pod-0")).run()
     _assert_exactly_once_and_same_weights(
         tmp_path / "out", groups, make_config, tmp_path, redis_url, redis_client, cfg
     )
