@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from asyncdapo.redis_conn import add_password_flag
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -24,6 +26,15 @@ def register(subparsers: Any) -> None:
         "--gateways", required=True, help="host:port,host:port or dns:NAME:PORT (headless Service)"
     )
     p.add_argument("--token-file", help="bearer token for control RPCs (ours and the gateways')")
+    p.add_argument(
+        "--tls-cert", help="serve gRPC over TLS with this PEM certificate (chain); needs --tls-key"
+    )
+    p.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    p.add_argument(
+        "--gateway-tls-ca",
+        help="call the gateways over TLS, verifying their certificates against this PEM CA",
+    )
+    add_password_flag(p)
     p.add_argument("--tokenizer", help="directory with tokenizer.json (default: the run's model.path)")
     p.add_argument("--start", action="store_true", help="start the run at once (else wait for StartRun)")
     p.add_argument("--log-level", default="INFO")
@@ -39,19 +50,19 @@ def _main(args: argparse.Namespace) -> int:
     )
     from asyncdapo.config import load_run_config
     from asyncdapo.errors import AsyncdapoError
+    from asyncdapo.grpc_security import client_tls_from_args, read_token_file, server_tls_from_args
+    from asyncdapo.redis_conn import apply_password_flag
     from asyncdapo.scheduler.pool import GatewaySpec, GatewaySpecError
 
+    apply_password_flag(args)
     cfg = load_run_config(args.config)
     try:
         spec = GatewaySpec.parse(args.gateways)
     except GatewaySpecError as err:
         raise AsyncdapoError(str(err)) from None
-    token = None
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as err:
-            raise AsyncdapoError(f"--token-file: cannot read {args.token_file}: {err.strerror}") from None
+    token = read_token_file(args.token_file) if args.token_file else None
+    args.tls = server_tls_from_args(args)
+    args.gateway_tls = client_tls_from_args(args, "--gateway-tls-ca")
     tok_dir = args.tokenizer or cfg.model.path
     if not (Path(tok_dir) / "tokenizer.json").is_file():
         raise AsyncdapoError(f"--tokenizer / model.path: no tokenizer.json in {tok_dir}")
@@ -64,9 +75,9 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     import logging
     import signal
 
-    import redis.asyncio as aioredis
     from prometheus_client import start_http_server
 
+    from asyncdapo.redis_conn import async_client, check_auth_async
     from asyncdapo.scheduler.metrics import SchedulerMetrics
     from asyncdapo.scheduler.pool import GatewayPool
     from asyncdapo.scheduler.rollout import Rollout
@@ -77,15 +88,16 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     metrics = SchedulerMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-    r = aioredis.from_url(args.redis)
-    pool = GatewayPool(spec, token=token)
+    r = async_client(args.redis)
+    await check_auth_async(r, args.redis)
+    pool = GatewayPool(spec, token=token, tls=args.gateway_tls)
     verifier = HttpVerifier(
         args.verifier, Detokenizer(tok_dir), timeout_s=cfg.reward.verifier_timeout_s * 4 + 10
     )
     rollout = Rollout(cfg, r, pool, verifier, metrics)
     await pool.start()
     await rollout.open()
-    server, port, _ = await build_server(rollout, f"{args.host}:{args.port}", token)
+    server, port, _ = await build_server(rollout, f"{args.host}:{args.port}", token, args.tls)
     log.info("scheduler of run %s on %s:%d (%d gateways)", cfg.name, args.host, port, len(pool.members))
     if args.start:
         rollout.start_run()

@@ -56,6 +56,7 @@ class TrainerOptions:
     out_dir: Path  # metrics.jsonl, trained.jsonl; checkpoints go to cfg.trainer.checkpoint_dir
     scheduler: str | None = None
     token: str | None = None
+    scheduler_tls_ca: str | None = None  # PEM CA: call the scheduler over TLS
     metrics_port: int | None = None
     consumer: str = "trainer-0"
     poll_ms: int = 500
@@ -135,9 +136,10 @@ class Trainer:
         from redis.retry import Retry
 
         from asyncdapo.data.verl_format import load_examples
+        from asyncdapo.redis_conn import sync_client
 
         cfg = self.cfg
-        self.redis = redis.Redis.from_url(
+        self.redis = sync_client(
             self.opts.redis_url,
             retry=Retry(ExponentialBackoff(cap=10.0, base=0.5), 8),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError],
@@ -155,7 +157,9 @@ class Trainer:
         replay, missing = self.reader.start(covered_by_checkpoint=self.state.covered_group_ids)
         self.counters[dropped_counter(DropReason.MISSING)] += missing
         self.state.covered_group_ids = []
-        self.notifier = Notifier(self.redis, self.keys, self.opts.scheduler, self.opts.token)
+        self.notifier = Notifier(
+            self.redis, self.keys, self.opts.scheduler, self.opts.token, tls_ca=self.opts.scheduler_tls_ca
+        )
         out = Path(self.opts.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsSink(out / "metrics.jsonl", self.opts.metrics_port)

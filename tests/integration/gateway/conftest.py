@@ -23,6 +23,7 @@ from asyncdapo.gateway.metrics import GatewayMetrics
 from asyncdapo.gateway.server import GatewayServer, ServerSettings
 from asyncdapo.gateway.service import GatewayOptions
 from asyncdapo.gateway.weights import WeightsValidator
+from asyncdapo.grpc_security import ServerTls
 from asyncdapo.local.ports import free_port
 
 TOKEN = "test-token"
@@ -147,6 +148,7 @@ def sim_gateway_factory() -> Iterator[Callable[..., GatewayThread]]:
         model_dir: Path | None = None,
         max_concurrency: int = 16,
         drain_timeout_s: float = 1.0,
+        tls: ServerTls | None = None,
     ) -> GatewayThread:
         timing = timing or SimTiming(
             base_step_s=0.002, per_seq_step_s=0.0002, length_dist="fixed", length_mean=20
@@ -160,7 +162,7 @@ def sim_gateway_factory() -> Iterator[Callable[..., GatewayThread]]:
         thread = GatewayThread(
             engine,
             GatewayOptions(gateway_id="sim-test", pool="heavy", capacity=max_concurrency),
-            ServerSettings(host="127.0.0.1", port=0, token=token, drain_timeout_s=drain_timeout_s),
+            ServerSettings(host="127.0.0.1", port=0, token=token, drain_timeout_s=drain_timeout_s, tls=tls),
             WeightsValidator(model_dir) if model_dir else None,
         ).start(timeout_s=30)
         started.append(thread)
