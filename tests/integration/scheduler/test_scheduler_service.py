@@ -330,7 +330,8 @@ async def test_watch_run_rejects_an_interval_out_of_bounds(redis_url: str, inter
         served(ro) as (_, stub),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            async for _ in stub.WatchRun(scheduler_pb2.WatchRunRequest(run="t", interval_ms=interval_ms)):
+            req = scheduler_pb2.WatchRunRequest(run="t", interval_ms=interval_ms)
+            async for _ in stub.WatchRun(req, timeout=10):
                 pass
         assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "interval_ms" in e.value.details()
         for ok in (0, 10, 60_000):  # the default and both bounds stream
