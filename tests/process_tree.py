@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,3 +64,22 @@ def survivors(procs: list[Proc], within_s: float) -> list[Proc]:
         time.sleep(0.2)
         left = [p for p in left if alive(p)]
     return left
+
+
+def with_env(name: str, value: str) -> list[str]:
+    """Command lines of the live processes (zombies aside, this one too) whose environment has
+    `name=value`: a marker every process of a run inherits finds what outlived it."""
+    marker = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        st = _stat(int(entry.name))
+        if marker in environ and st is not None and st[1] != "Z":
+            found.append(f"{entry.name}: {cmd.strip()}")
+    return found

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from process_tree import descendants, survivors
+from process_tree import descendants, survivors, with_env
 
 from asyncdapo.local.stack import RUN_DIR_ENV
 
@@ -54,24 +54,6 @@ def sim_config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     path = root / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def _marked(run_dir: Path) -> list[str]:
-    """Live processes carrying this run's marker (every service, Redis, the reaper inherit it)."""
-    marker = f"{RUN_DIR_ENV}={run_dir.resolve()}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in environ and state != "Z":
-            found.append(f"{proc.name}: {cmd[:100]}")
-    return found
 
 
 def _raw(port: int, command: bytes) -> bytes:
@@ -163,7 +145,7 @@ def test_up_protects_its_redis_and_leaves_nothing_behind(
             assert "interrupted: stopping every service" in out.read_text()
         left = survivors(tree, within_s=10.0)
         assert not left, f"alive 10 s after up got {sig.name}: {left}"
-        assert not _marked(run_dir)
+        assert not with_env(RUN_DIR_ENV, str(run_dir.resolve()))
     finally:
         for p in descendants(proc.pid):
             with contextlib.suppress(ProcessLookupError):

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from asyncdapo.errors import AsyncdapoError
+from asyncdapo.secret_files import read_secret
 
 MIN_WATCH_INTERVAL_MS = 10
 MAX_WATCH_INTERVAL_MS = 60_000
@@ -38,15 +39,8 @@ ChannelOptions = Sequence[tuple[str, Any]]
 
 
 def read_token_file(path: str | Path, flag: str = "--token-file") -> str:
-    """The token in `path` (surrounding whitespace stripped); an empty file is an error, since an
-    empty token would turn authentication off without anyone noticing."""
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as err:
-        raise AsyncdapoError(f"{flag} {str(path)!r}: {err.strerror}") from None
-    if not token:
-        raise AsyncdapoError(f"{flag} {str(path)!r} is empty")
-    return token
+    """The token in `path` (stripped; empty is an error)."""
+    return read_secret(path, flag)
 
 
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

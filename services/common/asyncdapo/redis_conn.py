@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncdapo.errors import AsyncdapoError
+from asyncdapo.secret_files import read_secret
 
 if TYPE_CHECKING:
     import redis
@@ -56,13 +57,7 @@ def async_client(url: str, **kwargs: Any) -> redis.asyncio.Redis:
 
 
 def read_password_file(path: str | Path, flag: str = PASSWORD_FLAG) -> str:
-    try:
-        password = Path(path).read_text().strip()
-    except OSError as err:
-        raise AsyncdapoError(f"{flag} {str(path)!r}: {err.strerror}") from None
-    if not password:
-        raise AsyncdapoError(f"{flag} {str(path)!r} is empty")
-    return password
+    return read_secret(path, flag)
 
 
 def add_password_flag(parser: argparse.ArgumentParser | Any) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.local.ports import free_port, wait_until
+from asyncdapo.secret_files import write_private
 
 
 class RedisServerError(AsyncdapoError):
@@ -95,10 +96,7 @@ class RedisServer:
         if any(c.isspace() or c in "\"'\\" for c in self.password):
             raise RedisServerError("the Redis password must not contain whitespace, quotes or backslashes")
         path = self.workdir / "auth.conf"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)  # an existing file keeps its mode through O_CREAT
-            f.write(f"requirepass {self.password}\n")
+        write_private(path, f"requirepass {self.password}\n")
         return path
 
     def stop(self, timeout_s: float = 10.0) -> None:

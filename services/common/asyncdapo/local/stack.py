@@ -15,7 +15,6 @@ user's: its password, if any, comes from the environment or `--redis-password-fi
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from asyncdapo.local.ports import free_port
 from asyncdapo.local.redis_server import RedisServer
 from asyncdapo.local.supervisor import ServiceSpec, Supervisor
 from asyncdapo.redis_conn import PASSWORD_ENV
+from asyncdapo.secret_files import ensure_secret
 
 RUN_DIR_ENV = "ASYNCDAPO_RUN_DIR"
 
@@ -88,7 +88,7 @@ class LocalStack:
         self.redis: RedisServer | None = None
         self.ep = StackEndpoints()
         self.token_file = self.run_dir / "secrets" / "token"
-        self.ep.token = self._secret(self.token_file)
+        self.ep.token = ensure_secret(self.token_file)
 
     # --- lifecycle ---
 
@@ -128,7 +128,7 @@ class LocalStack:
         if self.opts.redis_url:
             self.ep.redis_url = self.opts.redis_url
             return
-        password = self._secret(self.run_dir / "secrets" / "redis-password")
+        password = ensure_secret(self.run_dir / "secrets" / "redis-password")
         self.redis = RedisServer(self.run_dir / "redis", password=password, env=dict(self.sup.env))
         self.redis.start()
         assert self.redis.proc is not None
@@ -136,17 +136,6 @@ class LocalStack:
         self.sup.env[PASSWORD_ENV] = password  # every service started from now on
         self.ep.redis_url = self.redis.url
         self.ep.redis_password = password
-
-    @staticmethod
-    def _secret(path: Path) -> str:
-        """The secret in `path`, made (random, mode 0600, directory 0700) if absent."""
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.parent.chmod(0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32))
-        return path.read_text().strip()
 
     def _start_verifier(self) -> None:
         port = free_port()
