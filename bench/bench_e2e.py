@@ -73,6 +73,7 @@ from asyncdapo.config import RunConfig
 from asyncdapo.local.report import read_metrics
 from asyncdapo.local.run import run_status
 from asyncdapo.local.stack import LocalStack, StackOptions
+from asyncdapo.redis_conn import PASSWORD_ENV
 from asyncdapo.v1 import scheduler_pb2_grpc
 
 CACHE = Path("runs/cache")
@@ -196,6 +197,8 @@ def run_mode(
     ) as stack:
         ep = stack.start(on_stage=lambda s: print(f"  [{mode}] starting {s}", flush=True))
         sched_port = {"scheduler": ep.metrics_ports["scheduler"]}
+        if ep.redis_password:  # the stack's own Redis: our helpers below read it too
+            os.environ[PASSWORD_ENV] = ep.redis_password
         channel = grpc.insecure_channel(ep.scheduler)
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         watcher = WeightsWatcher(ep.redis_url, cfg.name).start()

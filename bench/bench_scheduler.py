@@ -158,12 +158,11 @@ def _cfg(name: str, **rollout: Any) -> Any:
 
 
 def _queue(redis_url: str, run: str, count: int) -> None:
-    import redis
-
     from asyncdapo.prompts import PromptRecord, queue_prompts
+    from asyncdapo.redis_conn import sync_client
     from asyncdapo.redis_keys import RunKeys
 
-    r = redis.Redis.from_url(redis_url)
+    r = sync_client(redis_url)
     r.flushall()
     for start in range(0, count, 5000):
         pipe = r.pipeline(transaction=False)
@@ -176,13 +175,12 @@ def _queue(redis_url: str, run: str, count: int) -> None:
 
 
 async def _open(cfg: Any, redis_url: str, addresses: list[str]) -> Any:
-    import redis.asyncio as aioredis
-
+    from asyncdapo.redis_conn import async_client
     from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
     from asyncdapo.scheduler.rollout import Rollout
 
     pool = GatewayPool(GatewaySpec(static=tuple(addresses)), watch_interval_ms=200)
-    ro = Rollout(cfg, aioredis.from_url(redis_url), pool, BenchScorer(), queue_poll_s=0.005, claim_chunk=16)
+    ro = Rollout(cfg, async_client(redis_url), pool, BenchScorer(), queue_poll_s=0.005, claim_chunk=16)
     await pool.start()
     await pool.wait_up(len(addresses), 30)
     await ro.open()

@@ -103,9 +103,9 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
           f"steps={args.steps} (+1 warm-up) torch_threads={torch.get_num_threads()}")  # fmt: skip
 
     with RedisServer(tmp / "redis", appendonly=False) as redis_server:
-        import redis
+        from asyncdapo.redis_conn import sync_client
 
-        client = redis.Redis.from_url(redis_server.url)
+        client = sync_client(redis_server.url)
         keys = RunKeys(cfg.name)
         trainer = Trainer(cfg, TrainerOptions(redis_server.url, tmp / "out", max_wait_s=120))
         vocab = trainer.vocab_size

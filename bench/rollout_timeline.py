@@ -18,8 +18,7 @@ import threading
 import time
 from typing import Any
 
-import redis
-
+from asyncdapo.redis_conn import sync_client
 from asyncdapo.redis_keys import RunKeys
 
 
@@ -28,7 +27,7 @@ class WeightsWatcher:
 
     def __init__(self, redis_url: str, run: str) -> None:
         self.keys = RunKeys(run)
-        self.r = redis.Redis.from_url(redis_url)
+        self.r = sync_client(redis_url)
         self.announced: dict[int, float] = {}
         self._pubsub: Any = None
         self._thread: Any = None
@@ -59,7 +58,7 @@ class WeightsWatcher:
 
 def version_ends(redis_url: str, run: str, batch: int) -> list[float]:
     """Wall time of the B-th committed group of each complete version, index = version."""
-    r = redis.Redis.from_url(redis_url)
+    r = sync_client(redis_url)
     try:
         ids = [int(eid.split(b"-")[0]) / 1000.0 for eid, _ in r.xrange(RunKeys(run).groups)]
     finally:

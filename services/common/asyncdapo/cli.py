@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -18,7 +17,8 @@ from asyncdapo.errors import AsyncdapoError
 # services log the failures that matter themselves. Read when grpc loads, so set before any import.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-# name -> module with `register(subparsers)`; a module that is not part of this build is skipped.
+# name -> module with `register(subparsers)`. Every one ships in every build: a module that fails to
+# import is a bug to see, never a subcommand silently left out (tests/unit/test_cli.py pins the set).
 SUBCOMMANDS: dict[str, str] = {
     "config": "asyncdapo.config_cli",
     "model": "asyncdapo.tiny_model_cli",
@@ -28,7 +28,6 @@ SUBCOMMANDS: dict[str, str] = {
     "scheduler": "asyncdapo.scheduler.cli",
     "trainer": "asyncdapo.trainer.cli",
     "up": "asyncdapo.local.cli",
-    "simulate": "asyncdapo.scheduler.simulate_cli",
     "operator": "asyncdapo.operator.cli",
 }
 
@@ -38,17 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in SUBCOMMANDS.values():
-        if not _available(module_name):
-            continue
         importlib.import_module(module_name).register(sub)
     return parser
-
-
-def _available(module_name: str) -> bool:
-    try:
-        return importlib.util.find_spec(module_name) is not None
-    except ModuleNotFoundError:  # its parent package is not part of this build
-        return False
 
 
 def _version() -> str:

@@ -33,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--token-file", help="file holding the bearer token control RPCs must present")
     p.add_argument(
+        "--tls-cert", help="serve gRPC over TLS with this PEM certificate (chain); needs --tls-key"
+    )
+    p.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    p.add_argument(
         "--max-concurrency", type=int, default=64, help="requests the engine runs at once (capacity)"
     )
     p.add_argument("--pool", default="", help="pool label reported in Load (e.g. fast, heavy)")
@@ -185,15 +189,9 @@ def _check_args(args: argparse.Namespace) -> str | None:
         parent = Path(args.step_log).resolve().parent
         if not parent.is_dir():
             raise AsyncdapoError(f"--step-log {args.step_log!r}: directory {str(parent)!r} does not exist")
-    if args.token_file is None:
-        return None
-    try:
-        token = Path(args.token_file).read_text().strip()
-    except OSError as err:
-        raise AsyncdapoError(f"--token-file {args.token_file!r}: {err.strerror}") from None
-    if not token:
-        raise AsyncdapoError(f"--token-file {args.token_file!r} is empty")
-    return token
+    from asyncdapo.grpc_security import read_token_file
+
+    return None if args.token_file is None else read_token_file(args.token_file)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,7 +201,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from asyncdapo.grpc_security import server_tls_from_args
+
     token = _check_args(args)
+    tls = server_tls_from_args(args)
     if args.cpu_affinity is not None:
         from asyncdapo.gateway.affinity import pin
 
@@ -212,11 +213,11 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise AsyncdapoError(f"--cpu-affinity {args.cpu_affinity!r}: {err}") from None
         logging.getLogger(__name__).info("pinned to core(s) %s", sorted(cores))
-    asyncio.run(_serve(args, token))
+    asyncio.run(_serve(args, token, tls))
     return 0
 
 
-async def _serve(args: argparse.Namespace, token: str | None) -> None:
+async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
     from asyncdapo.gateway.metrics import GatewayMetrics
     from asyncdapo.gateway.server import GatewayServer, ServerSettings
     from asyncdapo.gateway.service import GatewayOptions
@@ -242,6 +243,7 @@ async def _serve(args: argparse.Namespace, token: str | None) -> None:
             port=args.port,
             metrics_port=args.metrics_port or None,
             token=token,
+            tls=tls,
             drain_timeout_s=args.drain_timeout_s,
         ),
         GatewayMetrics(),

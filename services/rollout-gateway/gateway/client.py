@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from asyncdapo.gateway.engine import Finish, PauseMode, Sampling
 from asyncdapo.gateway.versions import Runs
+from asyncdapo.grpc_security import ClientTls, aio_channel, bearer_metadata
 from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -145,13 +146,15 @@ class GatewayClient:
     target: str
     token: str | None = None
     timeout_s: float | None = None  # default deadline of unary calls (None: none)
+    tls: ClientTls | None = None  # verify the gateway's TLS certificate against this CA (None: plaintext)
     _channel: grpc.aio.Channel = field(init=False, repr=False)
     _stub: gateway_pb2_grpc.GatewayStub = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._channel = grpc.aio.insecure_channel(
+        self._channel = aio_channel(
             self.target,
-            options=[
+            self.tls,
+            [
                 ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ],
@@ -168,7 +171,7 @@ class GatewayClient:
         await self._channel.close()
 
     def _control_md(self) -> tuple[tuple[str, str], ...] | None:
-        return (("authorization", f"Bearer {self.token}"),) if self.token else None
+        return bearer_metadata(self.token) or None
 
     async def generate(
         self,

@@ -23,15 +23,10 @@ from grpc_reflection.v1alpha import reflection
 
 from asyncdapo.gateway.engine import Engine
 from asyncdapo.gateway.metrics import GatewayMetrics
-from asyncdapo.gateway.service import (
-    CONTROL_METHODS,
-    SERVICE_NAME,
-    BearerAuthInterceptor,
-    GatewayOptions,
-    GatewayService,
-)
+from asyncdapo.gateway.service import CONTROL_METHODS, SERVICE_NAME, GatewayOptions, GatewayService
 from asyncdapo.gateway.validation import Rejection
 from asyncdapo.gateway.weights import WeightsValidator
+from asyncdapo.grpc_security import BearerAuthInterceptor, ServerTls, add_port
 from asyncdapo.v1 import gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -48,6 +43,7 @@ class ServerSettings:
     port: int = 0  # 0: pick a free port
     metrics_port: int | None = None  # None: no metrics HTTP server
     token: str | None = None  # bearer token for control RPCs (None: no auth)
+    tls: ServerTls | None = None  # serve TLS with this certificate (None: plaintext)
     drain_timeout_s: float = 30.0
     health_poll_s: float = 1.0
 
@@ -102,13 +98,7 @@ class GatewayServer:
             ),
             server,
         )
-        address = f"{self.settings.host}:{self.settings.port}"
-        try:
-            self.port = server.add_insecure_port(address)
-        except RuntimeError as err:  # grpc raises on a port in use
-            raise OSError(f"cannot bind the gateway to {address}: {err}") from None
-        if self.port == 0:
-            raise OSError(f"cannot bind the gateway to {address}")
+        self.port = add_port(server, f"{self.settings.host}:{self.settings.port}", self.settings.tls)
         await server.start()
         self._server = server
         if self.settings.metrics_port is not None:

@@ -3,7 +3,8 @@
 Error contract (every message names the field or state at fault):
 - bad request fields → INVALID_ARGUMENT; weights that do not fit the served model →
   FAILED_PRECONDITION; a request id already in flight → ALREADY_EXISTS; draining → UNAVAILABLE;
-  control RPCs without the right bearer token → UNAUTHENTICATED (see `BearerAuthInterceptor`);
+  control RPCs without the right bearer token → UNAUTHENTICATED (`grpc_security.BearerAuthInterceptor`);
+  a WatchLoad interval out of bounds → INVALID_ARGUMENT;
   an engine failure → INTERNAL. A rejected request never changes engine state.
 
 Invariants:
@@ -18,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 
@@ -34,12 +34,14 @@ from asyncdapo.gateway.stream import serve_stream
 from asyncdapo.gateway.validation import ModelLimits, Rejection, RequestError, validate_generate
 from asyncdapo.gateway.versions import concat
 from asyncdapo.gateway.weights import WeightsError, WeightsProblem, WeightsValidator, read_dir, resolve_uri
+from asyncdapo.grpc_security import method_names, watch_interval_s
 from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
-CONTROL_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Abort", "Pause", "Resume", "LoadWeights"))
+CONTROL_METHODS = method_names(SERVICE_NAME, ("Abort", "Pause", "Resume", "LoadWeights"))
+WATCH_DEFAULT_MS = 200
 
 _STATUS = {
     Rejection.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -359,11 +361,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def WatchLoad(
         self, request: gateway_pb2.WatchLoadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.Load]:
-        if request.interval_ms < 0:
-            await self._reject(
-                context, Rejection.INVALID_ARGUMENT, f"interval_ms must be >= 0, got {request.interval_ms}"
-            )
-        interval = min(max(request.interval_ms or 200, 10), 60_000) / 1000
+        try:
+            interval = watch_interval_s(request.interval_ms, WATCH_DEFAULT_MS)
+        except ValueError as err:
+            await self._reject(context, Rejection.INVALID_ARGUMENT, str(err))
         while not self._stopping.is_set():
             yield self.current_load()
             with contextlib.suppress(TimeoutError):
@@ -408,40 +409,3 @@ def _stream_error(request_id: str, err: Exception) -> gateway_pb2.GenerateError:
         log.error("generate %s failed unexpectedly", request_id, exc_info=err)
         code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
     return gateway_pb2.GenerateError(request_id=request_id, code=code.value[0], message=message)
-
-
-class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` on the given methods (constant-time comparison)."""
-
-    def __init__(
-        self, token: str, methods: frozenset[str], on_reject: Callable[[], None] | None = None
-    ) -> None:
-        if not token:
-            raise ValueError("bearer token is empty")
-        self._expected = f"Bearer {token}".encode()
-        self._methods = methods
-        self._on_reject = on_reject
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        if handler_call_details.method not in self._methods:
-            return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        given = metadata.get("authorization")
-        if given is None:
-            return self._deny("missing authorization metadata: send 'authorization: Bearer <token>'")
-        if not hmac.compare_digest(str(given).encode(), self._expected):
-            return self._deny("authorization bearer token is wrong")
-        return await continuation(handler_call_details)
-
-    def _deny(self, message: str) -> grpc.RpcMethodHandler:
-        if self._on_reject is not None:
-            self._on_reject()
-
-        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-        return grpc.unary_unary_rpc_method_handler(deny)

@@ -110,6 +110,10 @@ class VllmEngine:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from asyncdapo.gateway.parent_death import die_with_parent_for_children
+
+        # Before vLLM starts any process: a SIGKILLed gateway must not leave its engine running.
+        die_with_parent_for_children()
         # Line-buffered: readable while the engine runs, and complete when the gateway is killed.
         step_log = open(settings.step_log, "a", buffering=1) if settings.step_log else None  # noqa: SIM115
         probe = LoadProbe(step_log)

@@ -46,7 +46,11 @@ def configure(spin_s: float | None, recheck_ms: int | None) -> None:
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point (may run more than once per process)."""
+    """The `vllm.general_plugins` entry point (may run more than once per process). Also arms the
+    engine processes vLLM spawns to die with their parent (`parent_death.py`)."""
+    from asyncdapo.gateway import parent_death
+
+    parent_death.on_plugin_load()
     spin, recheck = os.environ.get(ENV_SPIN_S), os.environ.get(ENV_RECHECK_MS)
     if spin is None and recheck is None:
         return

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncdapo.config_cli import add_overrides_argument
+from asyncdapo.redis_conn import add_password_flag
 
 
 def register(subparsers: Any) -> None:
@@ -27,6 +28,15 @@ def register(subparsers: Any) -> None:
         "--gateways", required=True, help="host:port,host:port or dns:NAME:PORT (headless Service)"
     )
     p.add_argument("--token-file", help="bearer token for control RPCs (ours and the gateways')")
+    p.add_argument(
+        "--tls-cert", help="serve gRPC over TLS with this PEM certificate (chain); needs --tls-key"
+    )
+    p.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    p.add_argument(
+        "--gateway-tls-ca",
+        help="call the gateways over TLS, verifying their certificates against this PEM CA",
+    )
+    add_password_flag(p)
     p.add_argument("--tokenizer", help="directory with tokenizer.json (default: the run's model.path)")
     p.add_argument("--start", action="store_true", help="start the run at once (else wait for StartRun)")
     p.add_argument("--log-level", default="INFO")
@@ -42,20 +52,20 @@ def _main(args: argparse.Namespace) -> int:
     )
     from asyncdapo.config import load_run_config
     from asyncdapo.errors import AsyncdapoError
+    from asyncdapo.grpc_security import client_tls_from_args, read_token_file, server_tls_from_args
     from asyncdapo.models import resolve_model
+    from asyncdapo.redis_conn import apply_password_flag
     from asyncdapo.scheduler.pool import GatewaySpec, GatewaySpecError
 
+    apply_password_flag(args)
     cfg = load_run_config(args.config, args.overrides)
     try:
         spec = GatewaySpec.parse(args.gateways)
     except GatewaySpecError as err:
         raise AsyncdapoError(str(err)) from None
-    token = None
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as err:
-            raise AsyncdapoError(f"--token-file: cannot read {args.token_file}: {err.strerror}") from None
+    token = read_token_file(args.token_file) if args.token_file else None
+    args.tls = server_tls_from_args(args)
+    args.gateway_tls = client_tls_from_args(args, "--gateway-tls-ca")
     tok_dir = args.tokenizer or resolve_model(cfg.model.path, "model.path")  # a dir or a Hub id
     if not (Path(tok_dir) / "tokenizer.json").is_file():
         raise AsyncdapoError(f"--tokenizer / model.path: no tokenizer.json in {tok_dir}")
@@ -68,9 +78,9 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     import logging
     import signal
 
-    import redis.asyncio as aioredis
     from prometheus_client import start_http_server
 
+    from asyncdapo.redis_conn import async_client, check_auth_async
     from asyncdapo.scheduler.metrics import SchedulerMetrics
     from asyncdapo.scheduler.pool import GatewayPool
     from asyncdapo.scheduler.rollout import Rollout
@@ -83,13 +93,14 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
     # bounded socket waits: a Redis that hangs (paused, cut off) is noticed and waited for, not
     # blocked on forever
-    r = aioredis.from_url(args.redis, socket_timeout=10.0, socket_connect_timeout=5.0)
-    pool = GatewayPool(spec, token=token)
+    r = async_client(args.redis, socket_timeout=10.0, socket_connect_timeout=5.0)
+    await check_auth_async(r, args.redis)
+    pool = GatewayPool(spec, token=token, tls=args.gateway_tls)
     verifier = VerifierScorer(args.verifier, Detokenizer(tok_dir), cfg.reward, metrics)
     rollout = Rollout(cfg, r, pool, verifier, metrics)
     await pool.start()
     await rollout.open()
-    server, port, _ = await build_server(rollout, f"{args.host}:{args.port}", token)
+    server, port, _ = await build_server(rollout, f"{args.host}:{args.port}", token, args.tls)
     log.info("scheduler of run %s on %s:%d (%d gateways)", cfg.name, args.host, port, len(pool.members))
     if args.start:
         rollout.start_run()

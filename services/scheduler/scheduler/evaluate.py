@@ -2,6 +2,12 @@
 
 Evaluation requests share the dispatcher and the verifier batcher with the rollout (same
 gateways, same FIFO queue, same retries), but never touch the prompt queue or the groups stream.
+
+Bounds (checked before anything is dispatched, so a bad request costs nothing and changes
+nothing): `n` between 1 and `MAX_N`; at most `MAX_PROMPTS` prompts and `MAX_RESPONSES` responses
+(prompts × n) per call — a larger evaluation is split by the caller; prompt ids unique (results
+are matched by them; empty ids are matched by position); every prompt has tokens or text and a
+ground truth.
 """
 
 from __future__ import annotations
@@ -13,15 +19,46 @@ from asyncdapo.scheduler.rollout import Rollout
 from asyncdapo.scheduler.tasks import Kind, PromptTask
 from asyncdapo.v1 import scheduler_pb2
 
+MAX_N = 1024  # as RunConfig's rollout.val_n
+MAX_PROMPTS = 10_000
+MAX_RESPONSES = 65_536
+
 
 class EvalInputError(ValueError):
     pass
 
 
-async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> scheduler_pb2.EvaluateResponse:
+def check_request(req: scheduler_pb2.EvaluateRequest) -> None:
+    """Raise EvalInputError naming the first field out of bounds."""
     if not req.prompts:
         raise EvalInputError("prompts: at least one prompt is required")
-    n = req.n or rollout.cfg.rollout.val_n
+    if not 1 <= req.n <= MAX_N:
+        raise EvalInputError(f"n (responses per prompt) must be between 1 and {MAX_N}, got {req.n}")
+    if len(req.prompts) > MAX_PROMPTS:
+        raise EvalInputError(
+            f"prompts: {len(req.prompts)} in one call, at most {MAX_PROMPTS}: split the evaluation"
+        )
+    if len(req.prompts) * req.n > MAX_RESPONSES:
+        raise EvalInputError(
+            f"{len(req.prompts)} prompts × n={req.n} = {len(req.prompts) * req.n} responses in one call, "
+            f"at most {MAX_RESPONSES}: split the evaluation"
+        )
+    seen: dict[str, int] = {}
+    for i, p in enumerate(req.prompts):
+        if p.id and p.id in seen:
+            raise EvalInputError(
+                f"prompts[{i}].id {p.id!r} repeats prompts[{seen[p.id]}].id: ids must be unique"
+            )
+        seen.setdefault(p.id, i)
+        if not p.prompt_token_ids and not p.prompt:
+            raise EvalInputError(f"prompts[{i}]: one of prompt_token_ids or prompt is required")
+        if not p.ground_truth:
+            raise EvalInputError(f"prompts[{i}].ground_truth is empty")
+
+
+async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> scheduler_pb2.EvaluateResponse:
+    check_request(req)
+    n = req.n
     sampling = rollout.sampling(rollout.cfg.rollout.val_temperature)
     if req.HasField("sampling"):
         sampling.MergeFrom(req.sampling)
@@ -31,13 +68,9 @@ async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> sche
     run_id = uuid.uuid4().hex[:8]
     tasks: list[PromptTask] = []
     for i, p in enumerate(req.prompts):
-        if not p.prompt_token_ids and not p.prompt:
-            raise EvalInputError(f"prompts[{i}]: one of prompt_token_ids or prompt is required")
-        if not p.ground_truth:
-            raise EvalInputError(f"prompts[{i}].ground_truth is empty")
         t = PromptTask(
             kind=Kind.EVAL,
-            pid=f"eval-{run_id}-{p.id or i}",
+            pid=f"eval-{run_id}-{i}",  # the position: ids may be empty, and "3" may be another's index
             attempt=0,
             seq=i,
             n=n,

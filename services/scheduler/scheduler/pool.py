@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from asyncdapo.grpc_security import ClientTls, aio_channel, bearer_metadata
 from asyncdapo.v1 import gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 
 log = logging.getLogger(__name__)
@@ -80,11 +81,11 @@ class Gateway:
     several microseconds per request with 64 gateways.
     """
 
-    def __init__(self, address: str, token: str | None) -> None:
+    def __init__(self, address: str, token: str | None, tls: ClientTls | None = None) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = aio_channel(address, tls, CHANNEL_OPTIONS)
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
-        self.auth = (("authorization", f"Bearer {token}"),) if token else ()
+        self.auth = bearer_metadata(token)
         self.up = False
         self._drain_requested = False  # DrainGateway: no new requests from us
         self._publishing = False  # weights are being loaded: dispatch holds its requests
@@ -160,6 +161,7 @@ class GatewayPool:
         spec: GatewaySpec,
         token: str | None = None,
         watch_interval_ms: int = 200,
+        tls: ClientTls | None = None,
         resolve_interval_s: float = 5.0,
         stale_after_s: float | None = None,
         on_up: Callable[[Gateway], None] | None = None,
@@ -168,6 +170,7 @@ class GatewayPool:
     ) -> None:
         self.spec = spec
         self.token = token
+        self.tls = tls
         self.watch_interval_ms = watch_interval_ms
         self.resolve_interval_s = resolve_interval_s
         self.stale_after_s = stale_after_s or max(3.0, 10 * watch_interval_ms / 1000)
@@ -229,7 +232,7 @@ class GatewayPool:
     def _apply(self, addrs: Iterable[str]) -> None:
         for a in addrs:
             if a not in self.gateways:
-                gw = Gateway(a, self.token)
+                gw = Gateway(a, self.token, self.tls)
                 self.gateways[a] = gw
                 self.members.append(gw)
                 gw.watch_task = asyncio.create_task(self._watch(gw))

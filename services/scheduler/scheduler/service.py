@@ -3,15 +3,19 @@
 Errors are caught here, at the boundary, and become status codes naming what was wrong:
 a run name that is not this scheduler's → NOT_FOUND; a stale weight version or a fenced trainer →
 FAILED_PRECONDITION; no gateway could load the weights (nothing changed, retry) → UNAVAILABLE;
-an unknown gateway → NOT_FOUND; bad eval input → INVALID_ARGUMENT; a missing or wrong bearer token
-on a control RPC → UNAUTHENTICATED; a verifier or gateways that stay down during Evaluate →
-UNAVAILABLE.
+an unknown gateway → NOT_FOUND; bad eval input or a watch interval out of bounds →
+INVALID_ARGUMENT; a missing or wrong bearer token on a control RPC → UNAUTHENTICATED; a verifier or
+gateways that stay down during Evaluate → UNAVAILABLE.
+
+Control RPCs (`CONTROL_METHODS`: they change the run or spend the gateways' time) require the
+bearer token when the scheduler has one; GetRun, WatchRun, ListGateways, health and reflection are
+read-only and stay open. The token is checked by `grpc_security.BearerAuthInterceptor` before any
+handler runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator
 
@@ -19,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from asyncdapo.grpc_security import BearerAuthInterceptor, ServerTls, add_port, method_names, watch_interval_s
 from asyncdapo.scheduler.evaluate import EvalInputError, evaluate
 from asyncdapo.scheduler.rollout import Rollout
 from asyncdapo.scheduler.weights import PublishError, PublishUnavailable
@@ -27,27 +32,20 @@ from asyncdapo.v1 import gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+CONTROL_METHODS = method_names(
+    SERVICE_NAME, ("StartRun", "StopRun", "PublishWeights", "DrainGateway", "Evaluate")
+)
+WATCH_DEFAULT_MS = 500
 
 
 class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, rollout: Rollout, token: str | None = None) -> None:
+    def __init__(self, rollout: Rollout) -> None:
         self.rollout = rollout
-        self.token = token
 
     async def _check_run(self, run: str, context: grpc.aio.ServicerContext) -> None:
         if run and run != self.rollout.cfg.name:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"run {run!r}: this scheduler serves run {self.rollout.cfg.name!r}"
-            )
-
-    async def _check_auth(self, context: grpc.aio.ServicerContext) -> None:
-        if not self.token:
-            return
-        md = dict(context.invocation_metadata() or ())
-        got = md.get("authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode()):
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "authorization: a valid bearer token is required"
             )
 
     async def StartRun(self, request, context):
@@ -60,20 +58,21 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         return await self.rollout.status()
 
     async def StopRun(self, request, context):
-        await self._check_auth(context)
         await self._check_run(request.run, context)
         self.rollout.stop_run(request.abort_in_flight)
         return await self.rollout.status()
 
     async def WatchRun(self, request, context) -> AsyncIterator[scheduler_pb2.RunStatus]:
+        try:
+            interval = watch_interval_s(request.interval_ms, WATCH_DEFAULT_MS)
+        except ValueError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         await self._check_run(request.run, context)
-        interval = (request.interval_ms or 500) / 1000
         while True:
             yield await self.rollout.status()
             await asyncio.sleep(interval)
 
     async def PublishWeights(self, request, context):
-        await self._check_auth(context)
         if request.version <= 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "version must be > 0")
         if not request.uri:
@@ -91,7 +90,6 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.ListGatewaysResponse(gateways=[g.info() for g in self.rollout.pool.members])
 
     async def DrainGateway(self, request, context):
-        await self._check_auth(context)
         gw = self.rollout.pool.get(request.address)
         if gw is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"address {request.address!r} is not in the pool")
@@ -116,20 +114,22 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
 
 async def build_server(
-    rollout: Rollout, bind: str, token: str | None = None
+    rollout: Rollout, bind: str, token: str | None = None, tls: ServerTls | None = None
 ) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
-    """A started server on `bind` (host:port; port 0 picks one). Returns (server, port, health)."""
+    """A started server on `bind` (host:port; port 0 picks one), TLS with `tls`, control RPCs
+    behind `token` when given. Returns (server, port, health). Raises OSError if `bind` is taken."""
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        interceptors=[BearerAuthInterceptor(token, CONTROL_METHODS)] if token else [],
+        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
     )
-    scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerService(rollout, token), server)
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerService(rollout), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    port = server.add_insecure_port(bind)
+    port = add_port(server, bind, tls)
     await server.start()
 
     pending: set[asyncio.Future[None]] = set()

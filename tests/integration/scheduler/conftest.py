@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import required
 from vllm_gateway_proc import GATEWAY_TOKEN, VllmGatewayProc
 
 from asyncdapo.local.ports import free_port
@@ -61,7 +62,7 @@ def vllm_gateways(
 ) -> Iterator[list[VllmGatewayProc]]:
     """Two `asyncdapo gateway --engine vllm` processes on the warm tiny model, one per core (each
     with all its processes there, as the local stack runs them)."""
-    pytest.importorskip("vllm")
+    required.module("vllm")
     root = tmp_path_factory.mktemp("scheduler-vllm")
     token_file = root / "token"
     token_file.write_text(GATEWAY_TOKEN)

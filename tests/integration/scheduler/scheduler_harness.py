@@ -69,7 +69,14 @@ class SimGateway:
 
 
 async def start_sim_gateway(
-    name: str, capacity: int = 64, model_dir: str | None = None, port: int = 0, pool: str = "", **timing: Any
+    name: str,
+    capacity: int = 64,
+    model_dir: str | None = None,
+    port: int = 0,
+    pool: str = "",
+    token: str | None = None,
+    tls: Any = None,
+    **timing: Any,
 ) -> SimGateway:
     from prometheus_client import CollectorRegistry
 
@@ -84,7 +91,7 @@ async def start_sim_gateway(
     server = GatewayServer(
         engine,
         GatewayOptions(gateway_id=name, capacity=capacity, pool=pool),
-        ServerSettings(port=port, drain_timeout_s=0.0),
+        ServerSettings(port=port, drain_timeout_s=0.0, token=token, tls=tls),
         GatewayMetrics(CollectorRegistry()),
     )
     return SimGateway(server, await server.start())
@@ -137,10 +144,16 @@ def load_prompts(redis_url: str, run: str, rules: Sequence[str], start: int = 0)
 
 @contextlib.asynccontextmanager
 async def scheduler(
-    cfg: RunConfig, redis_url: str, addresses: Sequence[str], scorer: Any, token: str | None = None, **kw: Any
+    cfg: RunConfig,
+    redis_url: str,
+    addresses: Sequence[str],
+    scorer: Any,
+    token: str | None = None,
+    tls: Any = None,
+    **kw: Any,
 ) -> AsyncIterator[Rollout]:
     r = aioredis.from_url(redis_url)
-    pool = GatewayPool(GatewaySpec(static=tuple(addresses)), token=token, watch_interval_ms=50)
+    pool = GatewayPool(GatewaySpec(static=tuple(addresses)), token=token, watch_interval_ms=50, tls=tls)
     rollout = Rollout(cfg, r, pool, scorer, SchedulerMetrics(), queue_poll_s=0.01, **kw)
     await pool.start()
     await pool.wait_up(len(addresses), 10)

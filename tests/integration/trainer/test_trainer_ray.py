@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import required
 
 from asyncdapo.redis_keys import GROUP_FIELD, RunKeys
 from asyncdapo.trainer.launch import launch_ray
 from asyncdapo.trainer.loop import Trainer, TrainerOptions
-
-pytest.importorskip("ray.train")
 
 
 @pytest.mark.slow
@@ -21,6 +20,7 @@ pytest.importorskip("ray.train")
 def test_two_ray_workers_match_one_worker(
     tmp_path: Path, make_config: Any, rollout: Any, redis_url: str, redis_client: Any, sharding: str
 ) -> None:
+    required.module("ray.train")
     # 2 groups x 4 responses; mini-batch = 1 group = 4 rows -> 2 rows per worker, micro-batch 1:
     # the accumulation, the sharding and the DDP all-reduce are all exercised in one step.
     over = {

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 from asyncdapo.config_cli import add_overrides_argument
+from asyncdapo.redis_conn import add_password_flag
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verifier-workers", type=int, default=1)
     p.add_argument("--run-dir", help="output directory (default runs/NAME)")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="use this Redis (env REDIS_URL)")
+    add_password_flag(p)  # for --redis-url; a Redis the stack launches gets a password of its own
     p.add_argument("--engine", choices=("vllm", "sim"), default="vllm", help="sim: token-timing SIMULATOR")
     p.add_argument(
         "--max-model-len",
@@ -45,11 +48,14 @@ def _up(args: argparse.Namespace) -> int:
     from asyncdapo.local.run import prepare_run_dir, run_local, write_resolved_config
     from asyncdapo.local.stack import StackOptions
     from asyncdapo.tracking import check_tracking
+    from asyncdapo.local.supervisor import interrupt_on
+    from asyncdapo.redis_conn import apply_password_flag
 
     if args.step_logs and args.engine != "vllm":
         raise AsyncdapoError(
             "--step-logs is a vLLM engine log; the simulator (--engine sim) has no engine steps"
         )
+    apply_password_flag(args)
     cfg = load_run_config(args.config, args.overrides)
     check_tracking(cfg)  # a missing tracking library fails here, not in the trainer minutes later
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
@@ -67,4 +73,5 @@ def _up(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         step_logs=args.step_logs,
     )
-    return run_local(cfg, opts, timeout_s=args.timeout_s, live=not args.quiet)
+    with interrupt_on(signal.SIGTERM, signal.SIGHUP):  # a `kill` or a closed terminal: as Ctrl-C
+        return run_local(cfg, opts, timeout_s=args.timeout_s, live=not args.quiet)

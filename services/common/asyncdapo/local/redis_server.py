@@ -2,17 +2,23 @@
 
 Only ever binds 127.0.0.1. AOF is on with `appendfsync always`, so a local run survives a Redis
 restart — a SIGKILL included — like the cluster's Redis (AOF on a PVC) does: every write Redis
-acknowledged is on disk before the reply leaves (what that costs is measured in bench/README.md).
+acknowledged is on disk before the reply leaves (what that costs: `make bench-redis-fsync`). With a
+password, clients must AUTH (`requirepass`): the password goes to redis-server in a config file only
+its owner can read (mode 0600), never on its command line (which every local user can read in
+/proc). It runs in a process group of its own, so a Ctrl-C at the terminal reaches only `asyncdapo
+up`, which then stops it last, after the services that use it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.local.ports import free_port, wait_until
+from asyncdapo.secret_files import write_private
 
 
 class RedisServerError(AsyncdapoError):
@@ -21,13 +27,21 @@ class RedisServerError(AsyncdapoError):
 
 class RedisServer:
     def __init__(
-        self, workdir: Path, port: int | None = None, appendonly: bool = True, appendfsync: str = "always"
+        self,
+        workdir: Path,
+        port: int | None = None,
+        appendonly: bool = True,
+        password: str | None = None,
+        env: dict[str, str] | None = None,
+        appendfsync: str = "always",
     ) -> None:
         # Absolute: redis-server resolves --logfile after moving into --dir.
         self.workdir = Path(workdir).resolve()
         self.port = port or free_port()
         self.appendonly = appendonly
         self.appendfsync = appendfsync
+        self.password = password
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -43,8 +57,10 @@ class RedisServer:
         if exe is None:
             raise RedisServerError("redis-server not found on PATH (make install installs it with apt-get)")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        args = [
-            exe,
+        args = [exe]
+        if self.password is not None:
+            args.append(str(self._write_auth_config()))
+        args += [
             "--bind", "127.0.0.1",
             "--port", str(self.port),
             "--dir", str(self.workdir),
@@ -54,7 +70,13 @@ class RedisServer:
             "--protected-mode", "yes",
             "--logfile", str(self.log_path),
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+        )
         try:
             wait_until(self._ping, timeout_s, f"redis-server on port {self.port}")
         except TimeoutError:
@@ -67,7 +89,20 @@ class RedisServer:
 
         if self.proc is not None and self.proc.poll() is not None:
             raise RedisServerError(f"redis-server exited with {self.proc.returncode}; see {self.log_path}")
-        return bool(redis.Redis(port=self.port, socket_timeout=0.5).ping())
+        client = redis.Redis(port=self.port, password=self.password, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+
+    def _write_auth_config(self) -> Path:
+        """A config file holding `requirepass`, readable by its owner only."""
+        assert self.password is not None
+        if any(c.isspace() or c in "\"'\\" for c in self.password):
+            raise RedisServerError("the Redis password must not contain whitespace, quotes or backslashes")
+        path = self.workdir / "auth.conf"
+        write_private(path, f"requirepass {self.password}\n")
+        return path
 
     def kill(self) -> None:
         """SIGKILL (a crash: no shutdown save); `start()` again restarts it from its AOF."""

@@ -15,9 +15,12 @@ from typing import Any
 
 from asyncdapo.config import RunConfig
 from asyncdapo.errors import AsyncdapoError
+from asyncdapo.grpc_security import bearer_metadata
 from asyncdapo.local.progress import Progress
 from asyncdapo.local.report import read_metrics, write_report
 from asyncdapo.local.stack import LocalStack, StackOptions
+
+Metadata = tuple[tuple[str, str], ...]
 
 
 class RunTimeout(AsyncdapoError):
@@ -40,11 +43,12 @@ def run_status(stub, run: str) -> dict[str, Any]:
     return status_metrics(stub.GetRun(scheduler_pb2.GetRunRequest(run=run), timeout=5.0))
 
 
-def stop_rollout(stub, run: str, timeout_s: float = 30.0) -> dict[str, Any]:
+def stop_rollout(stub, run: str, timeout_s: float = 30.0, metadata: Metadata = ()) -> dict[str, Any]:
     """StopRun with abort: prompts still in flight get their outcome (requeued) before shutdown."""
     from asyncdapo.v1 import scheduler_pb2
 
-    stub.StopRun(scheduler_pb2.StopRunRequest(run=run, abort_in_flight=True), timeout=10.0)
+    req = scheduler_pb2.StopRunRequest(run=run, abort_in_flight=True)
+    stub.StopRun(req, timeout=10.0, metadata=metadata)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         st = stub.GetRun(scheduler_pb2.GetRunRequest(run=run), timeout=5.0)
@@ -54,7 +58,7 @@ def stop_rollout(stub, run: str, timeout_s: float = 30.0) -> dict[str, Any]:
     return run_status(stub, run)
 
 
-def validate(cfg: RunConfig, stub) -> float | None:
+def validate(cfg: RunConfig, stub, metadata: Metadata = ()) -> float | None:
     """Accuracy of the current policy on the validation files through Scheduler.Evaluate."""
     if not cfg.data.val_files:
         return None
@@ -92,7 +96,7 @@ def validate(cfg: RunConfig, stub) -> float | None:
         top_p=cfg.rollout.top_p,
     )
     req = scheduler_pb2.EvaluateRequest(prompts=prompts, n=cfg.rollout.val_n, sampling=sampling)
-    return stub.Evaluate(req, timeout=600.0).accuracy
+    return stub.Evaluate(req, timeout=600.0, metadata=metadata).accuracy
 
 
 def prepare_run_dir(run_dir: Path, *, fresh: bool, resume: bool) -> None:
@@ -157,7 +161,8 @@ def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: boo
         channel, stub = _scheduler_stub(ep.scheduler)
         progress.note(f"services up in {time.monotonic() - start:.0f} s; logs in {stack.logs}")
         progress.stage("validation before training")
-        val_before = validate(cfg, stub)
+        auth = bearer_metadata(ep.token)
+        val_before = validate(cfg, stub, auth)
         if val_before is not None:
             progress.note(f"validation accuracy before training: {val_before:.3f}")
             with merged_path.open("a") as f:
@@ -183,7 +188,7 @@ def run_local(cfg: RunConfig, opts: StackOptions, *, timeout_s: float, live: boo
             if time.monotonic() - start > timeout_s:
                 raise RunTimeout(f"run did not finish within {timeout_s:.0f} s (see {stack.logs})")
             time.sleep(1.0)
-        status = stop_rollout(stub, cfg.name)
+        status = stop_rollout(stub, cfg.name, metadata=auth)
         channel.close()
     except KeyboardInterrupt:
         interrupted = True

@@ -4,6 +4,12 @@ supervised subprocesses on 127.0.0.1 with free ports.
 Start order follows the dependencies (Redis → verifier → gateways → scheduler → trainer); each
 waits for the previous to be ready. The trainer is the only child allowed to exit (0 = all steps
 done); any other exit stops the stack with a message naming the service and its log.
+
+Secrets live in `RUN_DIR/secrets` (mode 0700, files 0600), made once per run directory and kept
+for `--resume`: the Redis password (redis-server gets `requirepass`, the services get it in
+`ASYNCDAPO_REDIS_PASSWORD`) and the bearer token of the control RPCs (scheduler and gateways
+require it, the trainer and `asyncdapo up` send it). A Redis given with `--redis-url` is the
+user's: its password, if any, comes from the environment or `--redis-password-file`.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from asyncdapo.config import RunConfig
 from asyncdapo.local.ports import free_port
 from asyncdapo.local.redis_server import RedisServer
 from asyncdapo.local.supervisor import ServiceSpec, Supervisor
+from asyncdapo.redis_conn import PASSWORD_ENV
+from asyncdapo.secret_files import ensure_secret
 
 RUN_DIR_ENV = "ASYNCDAPO_RUN_DIR"
 
@@ -38,6 +46,8 @@ class StackOptions:
 @dataclass
 class StackEndpoints:
     redis_url: str = ""
+    redis_password: str | None = None  # of the Redis the stack launched (None: the user's Redis)
+    token: str = ""  # bearer token of the scheduler's and gateways' control RPCs
     verifier_url: str = ""
     gateways: list[str] = field(default_factory=list)
     scheduler: str = ""
@@ -80,6 +90,8 @@ class LocalStack:
         # a prompt of max_prompt_length tokens must fit with a whole response
         self.max_model_len = opts.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
         self._model_dir: str | None = None
+        self.token_file = self.run_dir / "secrets" / "token"
+        self.ep.token = ensure_secret(self.token_file)
 
     @property
     def model_dir(self) -> str:
@@ -112,6 +124,9 @@ class LocalStack:
         self.sup.stop_all()
         if self.redis is not None:
             self.redis.stop()
+            if self.redis.proc is not None:
+                self.sup.unwatch(self.redis.proc.pid)
+        self.sup.close()
 
     def __enter__(self) -> LocalStack:
         return self
@@ -125,8 +140,14 @@ class LocalStack:
         if self.opts.redis_url:
             self.ep.redis_url = self.opts.redis_url
             return
-        self.redis = RedisServer(self.run_dir / "redis").start()
+        password = ensure_secret(self.run_dir / "secrets" / "redis-password")
+        self.redis = RedisServer(self.run_dir / "redis", password=password, env=dict(self.sup.env))
+        self.redis.start()
+        assert self.redis.proc is not None
+        self.sup.watch(self.redis.proc.pid)  # its own process group: stopped if we are killed
+        self.sup.env[PASSWORD_ENV] = password  # every service started from now on
         self.ep.redis_url = self.redis.url
+        self.ep.redis_password = password
 
     def _start_verifier(self) -> None:
         port = free_port()
@@ -160,6 +181,7 @@ class LocalStack:
             argv = _cli(
                 "gateway", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(mport),
                 "--engine", self.opts.engine, "--gateway-id", f"gateway-{i}",
+                "--token-file", str(self.token_file),
             )  # fmt: skip
             if self.opts.engine == "vllm":
                 argv += ["--model", self.model_dir, "--max-model-len", str(self.max_model_len)]
@@ -218,6 +240,8 @@ class LocalStack:
                     self.ep.verifier_url,
                     "--gateways",
                     ",".join(self.ep.gateways),
+                    "--token-file",
+                    str(self.token_file),
                     "--start",
                 ),
                 ready=lambda: grpc_ready(self.ep.scheduler),
@@ -239,6 +263,8 @@ class LocalStack:
                     self.ep.redis_url,
                     "--scheduler",
                     self.ep.scheduler,
+                    "--token-file",
+                    str(self.token_file),
                     "--metrics-port",
                     str(mport),
                     "--out",

@@ -5,21 +5,29 @@ Invariants:
   (vLLM's engine-core processes, verifier pool workers): nothing is left orphaned;
 - a child that exits while it should be running is reported by name, with its exit code, its log
   path and the log's last lines;
-- `stop_all` stops children in reverse start order: SIGTERM (drain), then SIGKILL after a grace.
+- `stop_all` stops children in reverse start order: SIGTERM (drain), then SIGKILL after a grace;
+- a supervisor that dies without stopping its children (SIGKILL, OOM) does not leave them running:
+  a reaper process (`reaper.py`) holds the list of their process groups and stops them when the
+  supervisor's end of its stdin closes;
+- within `interrupt_on(SIGTERM, SIGHUP)`, those signals stop the stack as Ctrl-C does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncdapo.errors import AsyncdapoError
+
+log = logging.getLogger(__name__)
 
 
 class ServiceFailed(AsyncdapoError):
@@ -75,6 +83,7 @@ class Supervisor:
         self.env = env or {}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Managed] = []
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     def start(self, spec: ServiceSpec) -> Managed:
         """Start `spec` and wait until its readiness probe passes (or it fails, named)."""
@@ -93,6 +102,7 @@ class Supervisor:
         log.close()
         child = Managed(spec, proc, log_path)
         self.children.append(child)
+        self.watch(proc.pid)
         self._wait_ready(child)
         return child
 
@@ -138,12 +148,72 @@ class Supervisor:
             # The group may outlive its leader (engine processes): kill whatever is left.
             _signal_group(child.proc, signal.SIGKILL)
             child.proc.wait()
+            self.unwatch(child.proc.pid)
+
+    # --- the reaper: stops the process groups if this process dies without stop_all ---
+
+    def watch(self, pgid: int) -> None:
+        """Have the reaper stop process group `pgid` if this process dies first."""
+        if self._reaper is None:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-m", "asyncdapo.local.reaper"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **self.env},
+            )
+        self._tell_reaper(f"+{pgid}")
+
+    def unwatch(self, pgid: int) -> None:
+        """`pgid` is stopped: the reaper forgets it."""
+        if self._reaper is not None:
+            self._tell_reaper(f"-{pgid}")
+
+    def _tell_reaper(self, line: str) -> None:
+        assert self._reaper is not None and self._reaper.stdin is not None
+        try:
+            self._reaper.stdin.write(f"{line}\n".encode())
+            self._reaper.stdin.flush()
+        except OSError as err:  # it died: the services still stop with us, unless we are killed
+            log.warning(
+                "the reaper process is gone (%s): a killed supervisor would leave services running", err
+            )
+
+    def close(self) -> None:
+        """Stop everything and end the reaper (after `stop_all` it has nothing left to stop)."""
+        self.stop_all()
+        if self._reaper is not None:
+            with contextlib.suppress(OSError):
+                self._reaper.stdin.close()  # type: ignore[union-attr]
+            try:
+                self._reaper.wait(10)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+            self._reaper = None
 
     def __enter__(self) -> Supervisor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop_all()
+        self.close()
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def interrupt_on(*signals: signal.Signals) -> Iterator[None]:
+    """Within: each of `signals` raises KeyboardInterrupt in the main thread, as Ctrl-C does, so a
+    `kill` (SIGTERM) or a closed terminal (SIGHUP) stops the stack in order instead of orphaning
+    it."""
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
