@@ -6,7 +6,6 @@ import argparse
 import signal
 
 from asyncdapo.config_cli import add_overrides_argument
-
 from asyncdapo.redis_conn import add_password_flag
 
 

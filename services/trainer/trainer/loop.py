@@ -179,7 +179,6 @@ class Trainer:
         from prometheus_client import Gauge
 
         from asyncdapo.data.verl_format import load_examples
-        from asyncdapo.redis_conn import sync_client
 
         cfg, waiter = self.cfg, self.waiter
         assert self.fence is not None

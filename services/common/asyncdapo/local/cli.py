@@ -47,9 +47,9 @@ def _up(args: argparse.Namespace) -> int:
     from asyncdapo.errors import AsyncdapoError
     from asyncdapo.local.run import prepare_run_dir, run_local, write_resolved_config
     from asyncdapo.local.stack import StackOptions
-    from asyncdapo.tracking import check_tracking
     from asyncdapo.local.supervisor import interrupt_on
     from asyncdapo.redis_conn import apply_password_flag
+    from asyncdapo.tracking import check_tracking
 
     if args.step_logs and args.engine != "vllm":
         raise AsyncdapoError(
