@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-redis-fsync clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-redis-fsync bench-soak clean deploy-manifests
 
 install: $(STAMP) redis prometheus
 
@@ -116,6 +116,10 @@ bench-e2e: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 # What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
 bench-redis-fsync: install
 	$(BIN)/python bench/bench_redis_fsync.py
+
+# Redis memory and AOF size over hundreds of versions of the whole loop (real processes, sim gateways).
+bench-soak: install
+	$(BIN)/python bench/bench_soak.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

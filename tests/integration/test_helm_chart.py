@@ -501,13 +501,9 @@ def test_control_plane_image_resolves_without_engines(tmp_path: Path) -> None:
     assert {"kopf", "kubernetes", "redis", "fastapi", "math-verify"} <= names  # what the three services need
     assert not {n for n in names if n.startswith("vllm")}
     project = _pyproject()["project"]
-    split = set(extras) <= set(project.get("optional-dependencies", {})) and not any(
-        re.match(r"torch\b", d) for d in project["dependencies"]
-    )
-    if not split:
-        # The per-service extras (issue 19) move torch and transformers out of the base dependencies;
-        # until they are merged the image resolves but still carries torch.
-        pytest.xfail("pyproject has no per-service extras yet (issue 19): torch is a base dependency")
+    # the per-service extras keep torch and transformers out of the base dependencies
+    assert set(extras) <= set(project.get("optional-dependencies", {}))
+    assert not any(re.match(r"torch\b", d) for d in project["dependencies"])
     heavy = {n for n in names if n in ("torch", "transformers", "triton") or n.startswith("nvidia-")}
     assert heavy == set(), heavy
 

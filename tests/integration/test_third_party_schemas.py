@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import required
 import yaml
 from crd_schema import CRDS, load_crd, validate
 
@@ -18,7 +19,7 @@ from asyncdapo.operator.desired import Lifecycle, OperatorDefaults, RunRef, desi
 from asyncdapo.operator.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
-helm = pytest.importorskip("helm_python")
+helm = required.module("helm_python")
 from asyncdapo.operator import chart  # noqa: E402
 
 MONITORING = {

@@ -104,7 +104,8 @@ class RunKeys:
         return self.prefix + "scheduler:lease"
 
     def claim_token(self, token: str) -> str:
-        """STRING the reply of one CLAIM call (EX 600 s), so a retried call claims nothing twice."""
+        """STRING the reply of one CLAIM call (EX CLAIM_TOKEN_TTL_S), so a retried call claims
+        nothing twice (a retry after longer claims anew; reconciliation requeues the first claims)."""
         return f"{self.prefix}claim:{token}"
 
     def count_seq(self, owner: str) -> str:
@@ -114,11 +115,14 @@ class RunKeys:
     @property
     def outcomes(self) -> str:
         """STREAM the audit trail: one entry per recorded outcome (`p` prompt id, `a` attempt,
-        `o` label with reason, `e` scheduler epoch), capped at OUTCOMES_MAXLEN (approximate)."""
+        `o` label with reason, `e` scheduler epoch), capped at OUTCOMES_MAXLEN (approximate): a
+        checker that needs every outcome reads it as it goes."""
         return self.prefix + "outcomes"
 
 
 # More counter fields of `RunKeys.counters` and limits of the scheduler's keys.
 ADMITTED = "admitted"  # prompt attempts claimed (scheduler, CLAIM)
-OUTCOMES_MAXLEN = 100_000  # audit entries kept (approximate MAXLEN)
-FINISHED_PROMPT_TTL_S = 300  # a finished prompt's compacted state lives this long (dup detection)
+# Memory stays bounded by what is in flight plus these windows (bench/bench_soak.py measures it):
+OUTCOMES_MAXLEN = 4096  # audit entries kept (approximate MAXLEN; a checker reads it as it goes)
+FINISHED_PROMPT_TTL_S = 60  # a finished prompt's compacted state lives this long (a repeat's `dup:`)
+CLAIM_TOKEN_TTL_S = 60  # a CLAIM's reply is kept this long for a retry of the same call

@@ -32,7 +32,7 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
         "--port", str(REDIS_PORT),
         "--dir", "/data",
         "--appendonly", "yes",
-        "--appendfsync", "everysec",
+        "--appendfsync", "always",  # every acknowledged write durable (README, "Durability")
         "--save", "",
         # $(VAR) is expanded by the kubelet; the NetworkPolicy admits this run's clients only.
         "--requirepass", f"$({REDIS_PASSWORD_ENV})",

@@ -19,8 +19,8 @@ Welford accumulators of the filter metric (`mean`, `m2`) and of the reward (`rme
 `vmin`/`vmax` (policy versions of the tokens), `r:{attempt}:{idx}` markers of responses already
 counted, `o:{attempt}` the outcome of each attempt (set exactly once) and `outcome` (the latest).
 Once an outcome is final (valid, filtered, dropped) FINISH deletes the prompt's data, keeps only
-`attempt` and the outcomes, and lets the hash expire after a TTL; the `outcomes` stream (capped)
-is the durable audit trail of every outcome. Floats are returned as strings: Redis truncates Lua
+`attempt` and the outcomes, and lets the hash expire after a TTL (60 s); the `outcomes` stream
+(capped) is the audit trail of every outcome. Floats are returned as strings: Redis truncates Lua
 numbers to integers in replies.
 """
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncdapo.prompts import PromptRecord, PromptRecordError
-from asyncdapo.redis_keys import RunKeys
+from asyncdapo.redis_keys import CLAIM_TOKEN_TTL_S, RunKeys
 from asyncdapo.scheduler.group_state import (
     FinishResult,
     GroupStore,
@@ -41,8 +41,6 @@ from asyncdapo.scheduler.group_state import (
     ScriptRunner,
     _s,
 )
-
-CLAIM_TOKEN_TTL_S = 600  # a CLAIM's reply is kept this long for a retry of the same call
 
 
 class Fenced(RuntimeError):

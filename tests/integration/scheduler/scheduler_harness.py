@@ -213,16 +213,30 @@ def groups(redis_url: str, run: str) -> list[rollout_pb2.Group]:
 
 
 def outcome_ledger(redis_url: str, run: str) -> dict[str, list[str]]:
-    """prompt id -> the outcome of each of its attempts, in attempt order ('' = none yet)."""
+    """prompt id -> the outcome of each of its attempts, in attempt order ('' = none yet), from the
+    scheduler's `outcomes` audit stream (finished prompt state expires after a minute; the audit
+    stream keeps every outcome of a test's run), completed with the attempts of prompt state still
+    present (an attempt claimed and not finished yet shows as '')."""
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = RunKeys(run)
-    out = {}
+    seen: dict[str, dict[int, list[str]]] = {}
+    for _, f in r.xrange(keys.outcomes):
+        label = f["o"]
+        # the stored label: a requeue's reason is in the audit entry only
+        stored = "requeued" if label.startswith("requeued") else label
+        seen.setdefault(f["p"], {}).setdefault(int(f["a"]), []).append(stored)
+    attempts = {pid: max(by_attempt) for pid, by_attempt in seen.items()}
     for key in r.scan_iter(match=keys.prompt("*")):
         if key.endswith(":data"):
             continue
-        h = r.hgetall(key)
         pid = key[len(keys.prompt("")) :]
-        out[pid] = [h.get(f"o:{a}", "") for a in range(1, int(h["attempt"]) + 1)]
+        attempts[pid] = max(attempts.get(pid, 0), int(r.hget(key, "attempt") or 0))
+    out = {}
+    for pid, n in attempts.items():
+        by_attempt = seen.get(pid, {})
+        for a, labels in by_attempt.items():
+            assert len(labels) == 1, f"{pid} attempt {a}: {len(labels)} outcomes {labels}"
+        out[pid] = [by_attempt.get(a, [""])[0] for a in range(1, n + 1)]
     return out
 
 

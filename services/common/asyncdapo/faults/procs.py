@@ -142,6 +142,16 @@ class FaultStack:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             return stub.GetRun(scheduler_pb2.GetRunRequest(run=self.run), timeout=10.0)
 
+    def list_gateways(self) -> list[object]:
+        """Scheduler.ListGateways: the pool as the scheduler sees it (asyncdapo.v1 GatewayInfo)."""
+        import grpc
+
+        from asyncdapo.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+        with grpc.insecure_channel(self.scheduler_address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            return list(stub.ListGateways(scheduler_pb2.ListGatewaysRequest(), timeout=10.0).gateways)
+
     def redis_proxy(self, service: str) -> ProxyThread:
         return self.proxies[f"redis:{service}"]
 
@@ -186,7 +196,8 @@ class FaultStack:
         self._add(
             "redis",
             [exe, "--bind", "127.0.0.1", "--port", str(self.redis_port), "--dir", str(self.redis_dir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes"],
+             "--appendonly", "yes", "--appendfsync", "always", "--auto-aof-rewrite-min-size", "8mb",
+             "--save", "", "--protected-mode", "yes"],
             ready=self._redis_ready,
         )  # fmt: skip
         for svc in o.redis_proxy_for:

@@ -66,6 +66,9 @@ class RedisServer:
             "--dir", str(self.workdir),
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", self.appendfsync,
+            # a dev machine's Redis: rewrite the AOF once it reaches 8 MB (and doubled), so its size
+            # follows the (bounded) data set instead of the run's length
+            "--auto-aof-rewrite-min-size", "8mb",
             "--save", "",
             "--protected-mode", "yes",
             "--logfile", str(self.log_path),

@@ -54,6 +54,8 @@ METRICS: list[Metric] = [
     Metric("tis/capped_frac", None, "fraction of tokens whose weight was capped"),
     Metric("staleness/", None, "groups trained at each staleness (step - version made)"),
     Metric("dropped/", None, "groups dropped instead of trained, by reason"),
+    Metric("groups/credited", None, "dropped groups credited back to the scheduler's bound (run total)"),
+    Metric("groups/redelivered", None, "stream entries delivered again after being processed (never retrained)"),
     Metric("timing/wait_s", "timing_s/gen", "waiting for B trainable groups (rollout, as seen by the trainer)"),
     Metric("timing/compute_s", "timing_s/update_actor", "old log-probs, advantages and the update"),
     Metric("timing/checkpoint_s", "timing_s/save_checkpoint", "checkpoint write"),
