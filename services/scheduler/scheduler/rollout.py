@@ -567,7 +567,10 @@ class Rollout:
             if p.status is RecordStatus.FENCED:
                 self._on_fenced("record")
                 return
-            if p.status in (RecordStatus.OK, RecordStatus.COMPLETE):
+            # a `dup` whose first answer never reached us (a lost reply, a retried batch) was
+            # counted by Redis all the same: memory counts each response once, as Redis does
+            if p.status is not RecordStatus.STALE and sc.idx not in task.recorded:
+                task.recorded.add(sc.idx)
                 counted += 1
                 tokens += sc.length
             if p.complete and not task.group_complete and not task.closed:

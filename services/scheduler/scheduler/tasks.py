@@ -72,6 +72,7 @@ class PromptTask:
     closed: bool = False  # an outcome is being or has been recorded
     group_complete: bool = False
     routed: bool = False  # pdsr: the probe came back and the other responses were placed
+    recorded: set[int] = field(default_factory=set)  # responses counted into the group state
     progress: Any = None  # group_state.GroupProgress of the completing response
     admitted_at: float = field(default_factory=time.monotonic)
     future: Any = None  # eval: resolved when every response is scored

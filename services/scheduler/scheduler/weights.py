@@ -94,6 +94,11 @@ async def _update(
         gw.refresh()
     except grpc.aio.AioRpcError as err:
         error = f"weight update to v{version}: {err.code().name}: {err.details()}"
+    except asyncio.CancelledError:
+        # the gateway went down (update_one): no Resume now — it would hang on a dead or stopped
+        # process until its deadline; the background re-sync pauses, loads and resumes it later
+        paused_ok = False
+        raise
     finally:
         if paused_ok:
             try:
