@@ -37,6 +37,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from asyncdapo.faults.snapshot import Snapshot, _s, _sid, read_snapshot
 from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
 
@@ -44,6 +46,7 @@ AUDIT_STREAM = (
     "outcomes"  # the scheduler's audit STREAM: {p: prompt id, a: attempt, o: label, e: epoch} per outcome
 )
 DEFAULT_LEASE_S = 15.0  # the scheduler's claim lease (scheduler/queue.py)
+GONE_AFTER_MS = 10_000  # an owner seen without its lease this long in a row is gone
 
 
 class Kind(StrEnum):
@@ -93,6 +96,7 @@ class InvariantChecker:
         *,
         lease_s: float = DEFAULT_LEASE_S,
         stranded_after_s: float | None = None,  # default: lease + 10 s
+        gone_after_s: float = GONE_AFTER_MS / 1000,  # an owner absent this long in a row is gone
         max_claim_age_s: float | None = None,  # flag any claim older than this, even a live owner's
         prompt_state_compacted: bool = False,  # see _check_counters; also detected by itself
     ) -> None:
@@ -113,6 +117,8 @@ class InvariantChecker:
         self.stream: dict[str, str] = {}  # stream id -> prompt id of every committed group seen
         self._stream_cursor = "-"
         self.audit: Counter[tuple[str, int]] = Counter()  # outcomes per attempt in the audit stream
+        self._absent_since: dict[str, int] = {}  # owner -> Redis time first seen without a lease
+        self.gone_after_ms = int(gone_after_s * 1000)
         self._audit_cursor = "-"
         self.max_version = 0
         self.memory: list[MemorySample] = []
@@ -221,6 +227,11 @@ class InvariantChecker:
         for pid, rec in snap.claimed.items():
             owner, attempt, ms = rec.split("|")
             claims[pid] = (owner, int(attempt), int(ms))
+        for owner in {c[0] for c in claims.values()} | set(self._absent_since):
+            if owner in snap.live_owners:
+                self._absent_since.pop(owner, None)
+            else:
+                self._absent_since.setdefault(owner, snap.now_ms)
         for pid, st in snap.prompts.items():
             attempts = int(st.get("attempt", 0) or 0)
             for k in range(1, attempts + 1):
@@ -250,7 +261,15 @@ class InvariantChecker:
                            f"claimed attempt {attempt}, prompt is at attempt {current} "
                            f"(outcome {st.get(f'o:{attempt}')!r})", owner=owner)  # fmt: skip
             age_ms = snap.now_ms - ms
-            if age_ms > self.stranded_after_ms and owner not in snap.live_owners:
+            # "gone" is judged on what this checker saw: an owner whose lease lapsed only because
+            # Redis itself was away (a lease is a TTL, and it runs while Redis is down) renews it
+            # within a second of Redis' return; it is gone once absent for GONE_AFTER_MS in a row
+            absent_ms = snap.now_ms - self._absent_since.get(owner, snap.now_ms)
+            if (
+                age_ms > self.stranded_after_ms
+                and owner not in snap.live_owners
+                and absent_ms >= self.gone_after_ms
+            ):
                 self._flag(Kind.STRANDED_CLAIM, f"{pid}#{attempt}",
                            f"claimed {age_ms / 1000:.1f} s ago by {owner}, whose lease is gone",
                            owner=owner, live_owners=sorted(snap.live_owners))  # fmt: skip
@@ -401,14 +420,16 @@ class InvariantChecker:
 
 
 class CheckerThread:
-    """Polls an `InvariantChecker` every `interval_s` in the background (errors while Redis is
-    away are counted, not raised); `stop()` ends it."""
+    """Polls an `InvariantChecker` every `interval_s` in the background; polls that find Redis away
+    are counted as `unreachable`, any other failure as `errors`; `stop()` ends it."""
 
     def __init__(self, checker: InvariantChecker, interval_s: float = 2.0) -> None:
         self.checker = checker
         self.interval_s = interval_s
         self.errors = 0
         self.last_error = ""
+        self.unreachable = 0
+        self.last_unreachable = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="invariant-checker", daemon=True)
@@ -422,7 +443,10 @@ class CheckerThread:
             try:
                 with self._lock:
                     self.checker.poll()
-            except Exception as err:  # Redis away (a fault under test): try again next time
+            except (redis.ConnectionError, redis.TimeoutError) as err:
+                self.unreachable += 1  # Redis away (a fault under test): try again next time
+                self.last_unreachable = repr(err)
+            except Exception as err:  # a checker bug or an unreadable state: the test must see it
                 self.errors += 1
                 self.last_error = repr(err)
 
