@@ -47,10 +47,30 @@ def halves(samples: list[MemorySample], versions: int) -> tuple[list[MemorySampl
     return first, second
 
 
+def key_breakdown(url: str, run: str) -> dict[str, tuple[int, int]]:
+    """What the run's keys hold at the end: pattern -> (keys, bytes by MEMORY USAGE)."""
+    import re
+
+    import redis
+
+    r = redis.Redis.from_url(url)
+    prefix = f"asyncdapo:{{{run}}}:"
+    out: dict[str, tuple[int, int]] = {}
+    for key in r.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*", count=1000):
+        name = key.decode()[len(prefix) :]
+        pattern = re.sub(r"^prompt:[^:]+", "prompt:{id}", name)
+        pattern = re.sub(r"^(claim|countseq):.*", r"\1:{token}", pattern)
+        n, b = out.get(pattern, (0, 0))
+        out[pattern] = (n + 1, b + int(r.memory_usage(key) or 0))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--versions", type=int, default=400)
-    ap.add_argument("--batch", type=int, default=8, help="train_batch_size B (groups per version)")
+    # B = 16: ~25 outcomes a version, so the capped audit stream (4,096 entries) is full before the
+    # second half, where the slope is measured
+    ap.add_argument("--batch", type=int, default=16, help="train_batch_size B (groups per version)")
     ap.add_argument("--timeout-s", type=float, default=3600)
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
     args = ap.parse_args()
@@ -89,6 +109,7 @@ def main() -> None:
                     )
             watch.stop()
             checker.poll()
+            breakdown = key_breakdown(stack.redis_url, stack.run)
         finally:
             strays = stack.stop()
         wall = time.monotonic() - t0
@@ -100,6 +121,9 @@ def main() -> None:
     aof_max = max(s.aof_bytes for s in checker.memory)
     stream_max = max(s.stream_len for s in checker.memory)
     print(checker.report())
+    print("keys at the end (pattern: count, bytes):")
+    for pattern, (n, b) in sorted(breakdown.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {pattern:28s} {n:6d} {b / 1e3:9.1f} kB")
     print(
         f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {wall:.0f} s for {last.version} versions"
     )

@@ -82,7 +82,7 @@ class MemorySample:
     used_memory: int
     aof_bytes: int
     version: int  # newest trained step in the ledger
-    stream_len: int
+    stream_len: int  # XLEN of the groups stream (entries not trimmed yet)
 
 
 class InvariantChecker:
@@ -217,7 +217,7 @@ class InvariantChecker:
         self._check_counters(snap)
         self._check_groups(snap, pending, last_delivered, ledger)
         version = max((int(r.get("step", 0)) for r in ledger), default=0)
-        self.memory.append(self.memory_sample(version, len(self.stream)))
+        self.memory.append(self.memory_sample(version, int(self.r.xlen(self.keys.groups))))
         self.last = snap
         self.polls += 1
         return self.violations[before:]
