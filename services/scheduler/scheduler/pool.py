@@ -86,7 +86,10 @@ class Gateway:
         self.channel = aio_channel(address, tls, CHANNEL_OPTIONS)
         self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
         self.auth = bearer_metadata(token)
-        self.up = False
+        self._up = False
+        # told of every change of what dispatch filters on (the pool points it at the
+        # dispatcher's EligibleIndex); in-flight changes are reported by the dispatcher itself
+        self.on_change: Callable[[Gateway], None] = lambda gw: None
         self._drain_requested = False  # DrainGateway: no new requests from us
         self._publishing = False  # weights are being loaded: dispatch holds its requests
         self.in_flight = 0  # requests this scheduler has in flight here
@@ -98,6 +101,15 @@ class Gateway:
         self.removed = False
         self.watch_task: asyncio.Task[None] | None = None
         self.load = gateway_pb2.Load()
+
+    @property
+    def up(self) -> bool:
+        return self._up
+
+    @up.setter
+    def up(self, value: bool) -> None:
+        self._up = value
+        self.on_change(self)
 
     @property
     def load(self) -> gateway_pb2.Load:
@@ -137,6 +149,7 @@ class Gateway:
         self.kv_cache_usage = load.kv_cache_usage
         self.capacity = load.capacity
         self.weight_version = load.weight_version
+        self.on_change(self)
 
     def state(self) -> int:
         if not self.up:
@@ -167,6 +180,7 @@ class GatewayPool:
         on_up: Callable[[Gateway], None] | None = None,
         on_down: Callable[[Gateway], None] | None = None,
         on_load: Callable[[Gateway], None] | None = None,
+        on_change: Callable[[Gateway], None] | None = None,
     ) -> None:
         self.spec = spec
         self.token = token
@@ -177,6 +191,7 @@ class GatewayPool:
         self.on_up = on_up or (lambda gw: None)
         self.on_down = on_down or (lambda gw: None)
         self.on_load = on_load or (lambda gw: None)
+        self.on_change = on_change or (lambda gw: None)  # a gateway's dispatch inputs changed
         self.gateways: dict[str, Gateway] = {}
         self.members: list[Gateway] = []  # stable order for dispatch tie-breaks
         self._resolver: asyncio.Task[None] | None = None
@@ -233,6 +248,7 @@ class GatewayPool:
         for a in addrs:
             if a not in self.gateways:
                 gw = Gateway(a, self.token, self.tls)
+                gw.on_change = lambda g: self.on_change(g)  # the pool's hook at call time
                 self.gateways[a] = gw
                 self.members.append(gw)
                 gw.watch_task = asyncio.create_task(self._watch(gw))

@@ -699,6 +699,7 @@ class Rollout:
             except Exception:
                 log.exception("housekeeping round failed; retrying")
             self._update_gauges()
+            self._update_gateway_gauges()
 
     async def _housekeeping_round(self) -> None:
         lease = await self._r(self.queue.refresh_lease)
@@ -754,8 +755,12 @@ class Rollout:
         m.valid_produced.set(self.produced)
         m.redis_round_trips.inc(self.rtt.count - self._rtt_reported)
         self._rtt_reported = self.rtt.count
+
+    def _update_gateway_gauges(self) -> None:
+        """Per-gateway gauges: once a second (housekeeping), never per finisher round — that would
+        cost O(gateways) per outcome batch."""
         for gw in self.pool.members:
-            m.in_flight.labels(gw.address).set(gw.in_flight)
+            self.metrics.in_flight.labels(gw.address).set(gw.in_flight)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         t = asyncio.ensure_future(coro)
