@@ -38,7 +38,7 @@ prometheus:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null; }
 
 test: install proto-check lint
-	$(BIN)/pytest -q -ra tests
+	$(BIN)/pytest -q -ra --durations=30 tests
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
