@@ -401,6 +401,7 @@ async def scale_cost(
     await ro.open()
     try:
         # idle: every gateway up and reporting its load, nothing admitted — the fixed cost
+        await asyncio.sleep(3.0)  # connections and first reports settled
         i0, icpu0 = time.perf_counter(), time.process_time()
         await asyncio.sleep(5.0)
         idle_cpu_per_s = (time.process_time() - icpu0) / (time.perf_counter() - i0)
