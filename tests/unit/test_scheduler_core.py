@@ -215,7 +215,23 @@ def test_sync_commits_only_once_the_whole_batch_is_done_and_never_aborts() -> No
     h.finish()
     led = h.ledger()
     assert h.core.valid_produced == 2 and not h.aborted
-    assert sorted(led.values()) == [["requeued:over_bound"]] * 2 + [["valid"]] * 2
+    # verl's loop keeps the first B valid groups of the batch; the rest is spent for the epoch
+    assert sorted(led.values()) == [["dropped:surplus"]] * 2 + [["valid"]] * 2
+    assert not h.run.queue or set(h.run.queue).isdisjoint(led)
+
+
+def test_sync_stops_after_max_num_gen_batches_without_b_valid_groups() -> None:
+    h = Hand(cfg_of(rollout={"mode": "sync", "max_concurrent_prompts": 2, "max_num_gen_batches": 2}))
+    h.push(["all0"] * 8)  # never any variance
+    h.core.start()
+    for _ in range(2):
+        assert h.admit() == 2
+        h.finish_all_running()
+    assert h.core.phase == Phase.STOPPED and h.admit() == 0
+    assert "max_num_gen_batches=2" in h.core.failure
+    # a new step (weights published) would start counting again
+    h.core.weights_published(1, "/w/v1")
+    assert h.core.counts.gen_batches == 0
 
 
 def test_a_group_the_consuming_step_finds_stale_is_requeued_with_its_own_reason() -> None:

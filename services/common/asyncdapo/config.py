@@ -186,6 +186,13 @@ class RolloutConfig(_Strict):
     requeue_aborted: bool = Field(
         True, description="Put prompts aborted by early stop back at the queue head."
     )
+    max_num_gen_batches: int = Field(
+        0,
+        ge=0,
+        le=1 << 16,
+        description="sync mode (verl's algorithm.filter_groups.max_num_gen_batches): generation batches "
+        "per step before giving up for lack of valid groups (0: no limit).",
+    )
     early_stop_order: EarlyStopOrder = Field(
         EarlyStopOrder.ANY,
         description="any: stop at B valid groups; fifo: also wait for prompts admitted before the B-th.",

@@ -146,6 +146,7 @@ class RunCounts:
     valid_groups: int = 0
     batch_admitted: int = 0  # sync mode: prompts in the current generation batch
     early_stops: int = 0
+    gen_batches: int = 0  # sync mode: generation batches of the current step (max_num_gen_batches)
     lengths: LengthStats = field(default_factory=LengthStats)
 
 
@@ -177,6 +178,7 @@ class RolloutCore:
         self.credited = 0
         self.admitted_seen = 0  # the highest `counters.admitted` a claim returned (rollback check)
         self.fenced = False  # another scheduler owns the run: this one decides nothing more
+        self.failure = ""  # why the run stopped by itself (sync: max_num_gen_batches), "" if it did not
         self.tasks: dict[tuple[str, int], PromptTask] = {}  # train attempts without an outcome
         self.counts = RunCounts()
         self._to_finish: list[tuple[PromptTask, Outcome, Reason | None]] = []
@@ -275,6 +277,7 @@ class RolloutCore:
     def weights_published(self, version: int, uri: str) -> None:
         """The gateways serve `version`: raise the bound, resume rolling out."""
         self.set_version(version, uri)
+        self.counts.gen_batches = 0  # a new step
         self._reopen_if_room()
 
     def credits_read(self, produced: int, credited: int) -> bool:
@@ -353,6 +356,8 @@ class RolloutCore:
         )
         self.counts.seq += 1
         self.tasks[task.key] = task
+        if self.sync and self.counts.batch_admitted == 0:
+            self.counts.gen_batches += 1  # a new generation batch starts
         self.counts.batch_admitted += 1
         if not ok or not task.ground_truth:
             log.warning("dropping prompt %s: %s", claim.pid, rec if not ok else "empty ground_truth")
@@ -541,9 +546,11 @@ class RolloutCore:
         for key in reversed(plan.requeue):
             task = self.tasks[key]
             task.closed = True
-            batch.append(
-                (task, finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND))
-            )
+            if self.sync:  # verl keeps the first B valid groups of a batch: the rest is spent
+                item = finish_call(task.pid, task.attempt, Outcome.DROPPED, DropReason.SURPLUS)
+            else:
+                item = finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
+            batch.append((task, item))
         self.unwritten = batch
         return batch, cmds
 
@@ -567,8 +574,25 @@ class RolloutCore:
             rest = [t for t in self.tasks.values() if not t.closed]
             if rest and not self.sync:
                 cmds = self.cancel(rest, Outcome.REQUEUED, RequeueReason.EARLY_STOP)
+        self._check_gen_batches()
         self._maybe_stopped()
         return False, cmds
+
+    def _check_gen_batches(self) -> None:
+        """sync: after `max_num_gen_batches` whole generation batches without B valid groups, the
+        run stops, as verl's loop does (it raises): the data is too hard or too easy for the model."""
+        limit = self.cfg.rollout.max_num_gen_batches
+        c = self.counts
+        if not (self.sync and limit and self.phase == Phase.ROLLING and not self.tasks):
+            return
+        if c.gen_batches >= limit and self.valid_produced < self.bound:
+            self.failure = (
+                f"{c.gen_batches} generation batches gave {self.valid_produced - self.version * self.cfg.data.train_batch_size}"
+                f" of {self.cfg.data.train_batch_size} valid groups (rollout.max_num_gen_batches={limit}): "
+                "almost every group is all-right or all-wrong; the data does not suit the model"
+            )
+            log.error("sync rollout stops: %s", self.failure)
+            self.phase = Phase.STOPPED
 
     def _apply(self, task: PromptTask, res: FinishResult) -> None:
         """Mirror one written outcome in memory: the task leaves the rollout; counts and lengths.

@@ -114,8 +114,9 @@ async def test_sync_mode_waits_for_the_whole_batch_and_never_aborts(redis_url: s
         await ro.wait_idle(10)
         assert ro.dispatcher.aborted_requests == 0
     c = counters(redis_url, "t")
-    # batch 1 yields 2 valid groups, batch 2 six: 2 of them complete B, the other 4 are requeued
-    assert c["admitted"] == 12 and c["outcome:valid"] == 4 and c["requeued:over_bound"] == 4
+    # batch 1 yields 2 valid groups, batch 2 six: 2 of them complete B, the other 4 are spent for
+    # the epoch, as in verl's loop (dropped with reason surplus, not requeued)
+    assert c["admitted"] == 12 and c["outcome:valid"] == 4 and c["outcome:dropped:surplus"] == 4
     assert [g.prompt_id for g in groups(redis_url, "t")] == [ids[0], ids[5], ids[6], ids[7]]
     check_one_outcome_per_attempt(redis_url, "t", ids)
 
