@@ -331,7 +331,7 @@ def test_fenced_core_drops_everything_and_decides_nothing_more() -> None:
     assert h.core.admissible() == 0 and h.core.next_finish_batch(h.store.finish_call) == ([], [])
 
 
-def test_pdsr_probes_first_then_routes_and_continues_capped_responses_on_the_heavy_pool() -> None:
+def test_pdsr_starts_every_response_fast_caps_them_and_continues_capped_ones_on_the_heavy_pool() -> None:
     h = Hand(
         cfg_of(
             rollout={
@@ -344,21 +344,23 @@ def test_pdsr_probes_first_then_routes_and_continues_capped_responses_on_the_hea
     )
     h.push(["mixed"] * 12)
     h.core.start()
-    h.admit(12)
-    assert all(r.idx == 0 and r.pool == "fast" for r in h.running.values())  # probes only
-    probes = sorted(h.running)
-    for i, rid in enumerate(probes[:8]):  # 8 probes of lengths 4..32 give L_cut
+    h.admit(4)
+    # no serialising probe: all n of each prompt start at once, on the fast pool, uncapped until
+    # the window knows L_cut
+    assert len(h.running) == 12 and all(r.pool == "fast" and r.max_tokens == 0 for r in h.running.values())
+    for i, rid in enumerate(sorted(h.running)):  # lengths 4..48: L_cut = the 75th percentile
         h.complete(rid, 4 * (i + 1))
-    late = probes[8:]
-    h.complete(late[0], 60)  # a long probe: the rest offloaded to the heavy pool
-    offloaded = [r for r in h.running.values() if r.idx > 0 and r.pool == "heavy"]
-    assert offloaded and all(r.max_tokens == 0 for r in offloaded)
-    h.complete(late[1], 2)  # a short probe: the rest stay fast, capped at L_cut
-    capped = [r for r in h.running.values() if r.idx > 0 and r.pool == "fast" and r.max_tokens]
-    assert capped
-    rid = next(rid for rid, r in h.running.items() if r is capped[0])
-    cap = capped[0].max_tokens
-    h.complete(rid, cap)  # hit the cap: continues on the heavy pool from its partial tokens
-    cont = [r for r in h.running.values() if r is capped[0]]
-    assert cont and cont[0].pool == "heavy" and cont[0].continuation is not None
-    assert h.core.probes.l_cut(0.25) is not None
+    l_cut = h.core.probes.l_cut(0.25)
+    assert l_cut == 36.0
+    h.admit(4)
+    fresh = list(h.running.values())
+    assert fresh and all(r.pool == "fast" and r.max_tokens == 36 for r in fresh)
+    rid = next(iter(h.running))
+    req = h.running[rid]
+    h.complete(rid, 36)  # reached the cap: not final, continues on the heavy pool
+    assert req.pool == "heavy" and req.max_tokens == 0 and req.continuation is not None
+    assert not h.to_score or all(j.task is not req.task or j.idx != req.idx for j in h.to_score[-1:])
+    c = h.core.counts
+    assert (c.capped_responses, c.capped_groups, c.continued_tokens) == (1, 1, 36)
+    h.complete(req.make_rid(), 70)  # the continuation finishes: final, and scored
+    assert h.to_score[-1].task is req.task and h.to_score[-1].idx == req.idx

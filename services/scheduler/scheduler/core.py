@@ -147,6 +147,12 @@ class RunCounts:
     batch_admitted: int = 0  # sync mode: prompts in the current generation batch
     early_stops: int = 0
     gen_batches: int = 0  # sync mode: generation batches of the current step (max_num_gen_batches)
+    # pdsr: final responses, those that hit the fast pool's cap and continued on the heavy pool,
+    # the groups with at least one, and the partial tokens the heavy pool prefilled again
+    long_tail_responses: int = 0
+    capped_responses: int = 0
+    capped_groups: int = 0
+    continued_tokens: int = 0
     lengths: LengthStats = field(default_factory=LengthStats)
 
 
@@ -367,11 +373,19 @@ class RolloutCore:
             self._queue_outcome(task, Outcome.DROPPED, DropReason.PROMPT_TOO_LONG)
             return []
         self.ledger.admit(task.key)
+        reqs = task.make_requests()
         if self.pdsr:
-            probe = Request(task, 0, pool=self._pool(FAST))  # only the probe first, uncapped, fast
-            task.live = {0: probe}
-            return [probe]
-        return task.make_requests()
+            # every response starts at once on the fast pool, capped once the window knows L_cut
+            cap = self._fast_cap()
+            for r in reqs:
+                r.pool, r.max_tokens = self._pool(FAST), cap
+        return reqs
+
+    def _fast_cap(self) -> int:
+        """max_tokens on the fast pool: cap_factor · L_cut (0: no cap yet, or not below the run's)."""
+        lt, full = self.cfg.rollout.long_tail, self.cfg.data.max_response_length
+        r = route(0, self.probes.l_cut(lt.offload_fraction), lt.cap_factor, full)
+        return r.max_tokens if r.max_tokens < full else 0
 
     def _pool(self, label: str) -> str:
         """`label` when some gateway carries it, else "" (any gateway): a missing pool never stalls."""
@@ -394,30 +408,25 @@ class RolloutCore:
         return out
 
     def _long_tail(self, req: Request, resp: gateway_pb2.GenerateResponse) -> tuple[list[Command], bool]:
-        """pdsr: after a probe, place the prompt's other responses; a capped fast response is not
-        final: it continues on the heavy pool from its partial tokens. Returns (commands, final)."""
-        task = req.task
+        """pdsr (cap and migrate): a fast-pool response that reached its cap is not final — it
+        continues on the heavy pool from its partial tokens, uncapped; every final response's
+        length feeds the window that sets L_cut. Returns (commands, final)."""
         full = self.cfg.data.max_response_length
-        lt = self.cfg.rollout.long_tail
         length = len(resp.token_ids)
-        if req.idx == 0 and not task.routed:
-            task.routed = True
-            self.probes.add(length)
-            r = route(length, self.probes.l_cut(lt.offload_fraction), lt.cap_factor, full)
-            if r.offloaded:
-                self.observer.long_tail(LongTailAction.OFFLOAD)
-            cap = r.max_tokens if r.max_tokens < full else 0
-            rest = [Request(task, i, pool=self._pool(r.pool), max_tokens=cap) for i in range(1, task.n)]
-            for x in rest:
-                task.live[x.idx] = x
-            return ([Dispatch(rest)] if rest else []), True
         if req.max_tokens and capped(length, req.max_tokens, full):
             self.observer.long_tail(LongTailAction.CAP_CONTINUE)
+            self.counts.capped_responses += 1
+            self.counts.continued_tokens += length
+            if not req.task.routed:
+                req.task.routed = True  # this group has a response on the heavy pool
+                self.counts.capped_groups += 1
             req.continuation = resp
             req.pool = self._pool(HEAVY)
             req.max_tokens = 0
-            task.live[req.idx] = req
+            req.task.live[req.idx] = req
             return [Redispatch(req)], False
+        self.probes.add(length)
+        self.counts.long_tail_responses += 1
         return [], True
 
     def scores_to_record(

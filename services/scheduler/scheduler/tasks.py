@@ -71,7 +71,7 @@ class PromptTask:
     cancelled: bool = False  # aborted (early stop, stop): replies are only counted
     closed: bool = False  # an outcome is being or has been recorded
     group_complete: bool = False
-    routed: bool = False  # pdsr: the probe came back and the other responses were placed
+    routed: bool = False  # pdsr: a response of this group continues on the heavy pool
     recorded: set[int] = field(default_factory=set)  # responses counted into the group state
     progress: Any = None  # group_state.GroupProgress of the completing response
     admitted_at: float = field(default_factory=time.monotonic)
