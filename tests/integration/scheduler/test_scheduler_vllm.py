@@ -26,6 +26,7 @@ from scheduler_harness import (
 )
 from vllm_gateway_proc import GATEWAY_TOKEN, VllmGatewayProc
 
+from asyncdapo.config import PauseMode
 from asyncdapo.local.ports import free_port
 from asyncdapo.prompts import PromptRecord, queue_prompts
 from asyncdapo.redis_keys import RunKeys
@@ -146,7 +147,7 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
 
             # version 1 with the verifier down: retried until it is back, nothing scored meanwhile
             ver.stop()
-            pub = await ro.publish_weights(1, str(warm_model_dir), common_pb2.PAUSE_MODE_KEEP)
+            pub = await ro.publish_weights(1, str(warm_model_dir), PauseMode.KEEP)
             assert [r.ok for r in pub.results] == [True, True], pub
             before = counters(redis_url, "t")["completions"]
             await wait_for(
@@ -174,7 +175,7 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
             await _idle_gateways(ro)
 
             # version 2: one gateway is killed mid-rollout; its requests finish on the other
-            pub = await ro.publish_weights(2, str(warm_model_dir), common_pb2.PAUSE_MODE_KEEP)
+            pub = await ro.publish_weights(2, str(warm_model_dir), PauseMode.KEEP)
             assert all(r.ok for r in pub.results)
             victim = ro.pool.get(vllm_gateways[1].address)
             await wait_for(

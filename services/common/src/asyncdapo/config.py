@@ -43,10 +43,12 @@ class FilterMetric(StrEnum):
     SCORE = "score"
 
 
-class WeightUpdateMode(StrEnum):
-    KEEP = "keep"
-    ABORT = "abort"
-    WAIT = "wait"
+# What in-flight requests do while weights change: the one enum for config, engine and wire (the
+# proto conversion is `asyncdapo.gateway.wire`). No docstring: it would become the CRD's description.
+class PauseMode(StrEnum):
+    KEEP = "keep"  # freeze in-flight requests; they continue on the new weights
+    ABORT = "abort"  # abort in-flight requests (they return partial tokens)
+    WAIT = "wait"  # let in-flight requests finish (or abort them at the deadline)
 
 
 class RolloutMode(StrEnum):
@@ -172,8 +174,8 @@ class RolloutConfig(_Strict):
         le=64,
         description="s: a group produced under version v may train at step t only if t-v <= s.",
     )
-    weight_update_mode: WeightUpdateMode = Field(
-        WeightUpdateMode.KEEP, description="What in-flight requests do while weights change: keep|abort|wait."
+    weight_update_mode: PauseMode = Field(
+        PauseMode.KEEP, description="What in-flight requests do while weights change: keep|abort|wait."
     )
     weight_sync_timeout_s: float = Field(
         60.0,

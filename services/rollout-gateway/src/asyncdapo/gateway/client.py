@@ -19,20 +19,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from asyncdapo.gateway.engine import Finish, PauseMode, Sampling
 from asyncdapo.gateway.versions import Runs
+from asyncdapo.gateway.wire import finish_from_pb, pause_mode_to_pb
 from asyncdapo.grpc_security import ClientTls, aio_channel, bearer_metadata
 from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_FINISH = {
-    common_pb2.FINISH_REASON_STOP: Finish.STOP,
-    common_pb2.FINISH_REASON_LENGTH: Finish.LENGTH,
-    common_pb2.FINISH_REASON_ABORT: Finish.ABORT,
-}
-_PAUSE_PB = {
-    PauseMode.KEEP: common_pb2.PAUSE_MODE_KEEP,
-    PauseMode.ABORT: common_pb2.PAUSE_MODE_ABORT,
-    PauseMode.WAIT: common_pb2.PAUSE_MODE_WAIT,
-}
 
 
 @dataclass(frozen=True)
@@ -66,7 +57,7 @@ class GenerateResult:
             request_id=r.request_id,
             token_ids=list(r.token_ids),
             logprobs=list(r.logprobs),
-            finish_reason=_FINISH[r.finish_reason],
+            finish_reason=finish_from_pb(r.finish_reason),
             prompt_length=r.prompt_length,
             prompt_token_ids=list(r.prompt_token_ids),
             version_runs=[(v.version, v.num_tokens) for v in r.version_runs],
@@ -213,7 +204,7 @@ class GatewayClient:
 
     async def pause(self, mode: PauseMode = PauseMode.KEEP, wait_timeout_s: float = 0.0) -> PauseOutcome:
         resp = await self._stub.Pause(
-            gateway_pb2.PauseRequest(mode=_PAUSE_PB[mode], wait_timeout_s=wait_timeout_s),
+            gateway_pb2.PauseRequest(mode=pause_mode_to_pb(mode), wait_timeout_s=wait_timeout_s),
             metadata=self._control_md(),
         )
         return PauseOutcome(resp.aborted, resp.in_flight)

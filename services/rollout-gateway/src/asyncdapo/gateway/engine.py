@@ -18,19 +18,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from asyncdapo.config import PauseMode
 from asyncdapo.gateway.versions import Runs
+
+__all__ = ["Engine", "EngineError", "EngineOutput", "Finish", "PauseMode", "PauseResult", "Sampling"]
 
 
 class Finish(StrEnum):
     STOP = "stop"  # EOS or a stop token
     LENGTH = "length"  # max_tokens (or the model's context) reached
     ABORT = "abort"  # Abort RPC, Pause(abort), drain deadline
-
-
-class PauseMode(StrEnum):
-    KEEP = "keep"  # freeze in-flight requests; they continue on the new weights
-    ABORT = "abort"  # abort in-flight requests
-    WAIT = "wait"  # let in-flight requests finish (or abort them at the deadline)
 
 
 class EngineError(RuntimeError):

@@ -34,6 +34,7 @@ from asyncdapo.gateway.stream import serve_stream
 from asyncdapo.gateway.validation import ModelLimits, Rejection, RequestError, validate_generate
 from asyncdapo.gateway.versions import concat
 from asyncdapo.gateway.weights import WeightsError, WeightsProblem, WeightsValidator, read_dir, resolve_uri
+from asyncdapo.gateway.wire import UnknownEnumValue, finish_to_pb, pause_mode_from_pb
 from asyncdapo.grpc_security import method_names, watch_interval_s
 from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -50,17 +51,6 @@ _STATUS = {
     Rejection.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Rejection.DRAINING: grpc.StatusCode.UNAVAILABLE,
     Rejection.STARTING: grpc.StatusCode.UNAVAILABLE,
-}
-_FINISH_PB = {
-    Finish.STOP: common_pb2.FINISH_REASON_STOP,
-    Finish.LENGTH: common_pb2.FINISH_REASON_LENGTH,
-    Finish.ABORT: common_pb2.FINISH_REASON_ABORT,
-}
-_PAUSE_MODES = {
-    common_pb2.PAUSE_MODE_UNSPECIFIED: PauseMode.KEEP,
-    common_pb2.PAUSE_MODE_KEEP: PauseMode.KEEP,
-    common_pb2.PAUSE_MODE_ABORT: PauseMode.ABORT,
-    common_pb2.PAUSE_MODE_WAIT: PauseMode.WAIT,
 }
 _WEIGHTS_REJECTION = {
     WeightsProblem.BAD_URI: Rejection.INVALID_ARGUMENT,
@@ -212,7 +202,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             request_id=rid,
             token_ids=inp.continuation_token_ids + out.token_ids,
             logprobs=inp.continuation_logprobs + out.logprobs,
-            finish_reason=_FINISH_PB[out.finish],
+            finish_reason=finish_to_pb(out.finish),
             prompt_length=len(inp.prompt_token_ids),
             version_runs=[
                 common_pb2.VersionRun(version=v, num_tokens=n)
@@ -249,9 +239,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self, request: gateway_pb2.PauseRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.PauseResponse:
         engine = await self._ready(context)
-        mode = _PAUSE_MODES.get(request.mode)
-        if mode is None:
-            await self._reject(context, Rejection.INVALID_ARGUMENT, f"mode {request.mode} is not a PauseMode")
+        try:
+            mode = pause_mode_from_pb(request.mode) or PauseMode.KEEP  # UNSPECIFIED means KEEP
+        except UnknownEnumValue as err:
+            await self._reject(context, Rejection.INVALID_ARGUMENT, str(err))
         if request.wait_timeout_s < 0:
             await self._reject(
                 context,
