@@ -276,7 +276,7 @@ async def versions(
                 await asyncio.sleep(0.002)
             per_version.append(time.perf_counter() - tv)
             if v + 1 < count:
-                await ro.publish_weights(v + 1, str(snap), 0)
+                await ro.publish_weights(v + 1, str(snap))
         elapsed = time.perf_counter() - t0
         completions = ro.lengths.completed - c0
         lengths = ro.lengths

@@ -68,7 +68,7 @@ async def test_a_group_older_than_the_staleness_bound_is_requeued(redis_url: str
         await asyncio.sleep(0.15)  # version-0 tokens are out
         # two versions go by while every prompt admitted at version 0 is still generating
         for v in (1, 2):
-            await ro.publish_weights(v, write_fake_snapshot(tmp_path / f"v{v}"), 0)
+            await ro.publish_weights(v, write_fake_snapshot(tmp_path / f"v{v}"))
         assert ro.valid_produced == 0
         await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of version 2")
         await ro.wait_idle(10)

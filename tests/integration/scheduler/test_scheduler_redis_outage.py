@@ -58,7 +58,7 @@ async def test_redis_killed_for_5s_mid_run_loses_nothing(tmp_path: Path) -> None
                 lambda: rollout_state(ro, url, "t"),
             )
             # admission is alive: the next version rolls out too
-            await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), 0)
+            await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"))
             await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 8, 60, "bound of v1")
             await ro.wait_idle(10)
             assert all(not t.done() for t in ro._bg)

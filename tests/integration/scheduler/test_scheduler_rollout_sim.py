@@ -55,7 +55,7 @@ async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: 
             assert g.server.service.in_flight == 0
         assert counters(redis_url, "t")["requeued:early_stop"] > 0
 
-        resp = await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), 0)
+        resp = await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"))
         assert [r.ok for r in resp.results] == [True, True], resp
         await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 8, 30, "bound of version 1")
         await ro.wait_idle(10)

@@ -40,11 +40,11 @@ async def test_publish_failing_on_every_gateway_changes_nothing_and_is_retryable
         await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of v0")
         bound = ro.bound
         with pytest.raises(PublishUnavailable, match="no gateway loaded v1"):
-            await ro.publish_weights(1, str(tmp_path / "no-such-snapshot"), 0)
+            await ro.publish_weights(1, str(tmp_path / "no-such-snapshot"))
         assert (ro.version, ro.bound, ro.phase) == (0, bound, Phase.BOUND)
         assert not redis.Redis.from_url(redis_url).exists(RunKeys("t").weights)
         # the trainer's retry with a loadable snapshot goes through
-        resp = await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), 0)
+        resp = await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"))
         assert all(r.ok for r in resp.results) and ro.version == 1
         await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 8, 30, "bound of v1")
 
@@ -60,10 +60,10 @@ async def test_a_restarted_gateway_is_resynced_before_it_serves(redis_url: str, 
         async with scheduler(cfg, redis_url, [keeper.address, victim.address], RuleScorer()) as ro:
             ro.start_run()
             await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of v0")
-            await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), 0)
+            await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"))
             await victim.server.stop(0)
             await wait_for(lambda: not ro.pool.get(f"127.0.0.1:{port}").up, 10, "victim down")
-            await ro.publish_weights(2, write_fake_snapshot(tmp_path / "v2"), 0)  # it misses v2
+            await ro.publish_weights(2, write_fake_snapshot(tmp_path / "v2"))  # it misses v2
             victim = await start_sim_gateway("victim", port=port)  # back, on v0
             try:
                 gw = ro.pool.get(victim.address)
@@ -75,7 +75,7 @@ async def test_a_restarted_gateway_is_resynced_before_it_serves(redis_url: str, 
                     lambda: rollout_state(ro, redis_url, "t"),
                 )
                 await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 12, 30, "bound of v2")
-                await ro.publish_weights(3, write_fake_snapshot(tmp_path / "v3"), 0)
+                await ro.publish_weights(3, write_fake_snapshot(tmp_path / "v3"))
                 await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 16, 30, "bound of v3")
                 await ro.wait_idle(10)
                 assert ro.metrics.registry.get_sample_value(
@@ -99,7 +99,7 @@ async def test_a_replaced_trainer_cannot_publish(redis_url: str, tmp_path: Path)
     ):
         redis.Redis.from_url(redis_url).set(RunKeys("t").trainer_epoch, 5)
         with pytest.raises(PublishError, match="fenced: trainer epoch 4"):
-            await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), 0, trainer_epoch=4)
+            await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), trainer_epoch=4)
         assert ro.version == 0
-        resp = await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), 0, trainer_epoch=5)
+        resp = await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"), trainer_epoch=5)
         assert resp.results[0].ok and ro.version == 1

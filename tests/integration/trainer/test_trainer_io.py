@@ -10,7 +10,7 @@ import pytest
 from asyncdapo.data.verl_format import Example
 from asyncdapo.prompts import PromptRecord
 from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
-from asyncdapo.trainer.data_feed import COUNTER_TOO_LONG, Cursor, PromptFeed, epoch_order, feed_key
+from asyncdapo.trainer.data_feed import COUNTER_TOO_LONG, Cursor, PromptFeed, epoch_order
 from asyncdapo.trainer.groups_reader import DropReason, GroupsReader, classify
 from asyncdapo.v1 import common_pb2, rollout_pb2
 
@@ -66,7 +66,7 @@ def test_feed_falls_back_to_checkpoint_cursor_on_a_fresh_redis(redis_client: Any
     assert feed.restore(Cursor(2, 5)) == Cursor(2, 5)
     feed.refill()
     assert _queued(redis_client) == ["e2-5", "e2-6", "e3-0", "e3-1"]
-    assert Cursor.from_dict(redis_client.hgetall(feed_key(KEYS))) == Cursor(3, 2)
+    assert Cursor.from_dict(redis_client.hgetall(KEYS.trainer_feed)) == Cursor(3, 2)
 
 
 def test_feed_skips_and_counts_too_long_prompts(redis_client: Any) -> None:

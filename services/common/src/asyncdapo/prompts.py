@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from asyncdapo.redis_keys import RunKeys
+from asyncdapo.redis_keys import RunKeys, decode_map
 
 FIELDS = ("id", "prompt_token_ids", "prompt_text", "ground_truth", "data_source", "epoch", "index")
 
@@ -61,7 +61,7 @@ class PromptRecord:
     @classmethod
     def from_redis(cls, mapping: Mapping[Any, Any]) -> PromptRecord:
         """Parse an HGETALL reply (bytes or str keys/values); errors name the field."""
-        data = {_text(k): _text(v) for k, v in mapping.items()}
+        data = decode_map(mapping)
         missing = [f for f in FIELDS if f not in data]
         if missing:
             raise PromptRecordError(f"prompt record {data.get('id', '?')!r} is missing field(s) {missing}")
@@ -101,10 +101,6 @@ def load_prompt(client: Any, keys: RunKeys, pid: str) -> PromptRecord | None:
     """The record of prompt `pid`, or None when its data HASH does not exist."""
     mapping = client.hgetall(keys.prompt_data(pid))
     return PromptRecord.from_redis(mapping) if mapping else None
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes | bytearray) else str(v)
 
 
 def _int(data: Mapping[str, str], field: str) -> int:

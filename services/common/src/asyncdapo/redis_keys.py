@@ -6,6 +6,7 @@ a run's keys share one slot and multi-key Lua scripts stay legal on a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 GROUPS_CONSUMER_GROUP = "trainer"
@@ -19,6 +20,36 @@ VALID_PRODUCED = "valid_produced"  # valid groups XADDed (the scheduler's FINISH
 VALID_CREDITED = "valid_credited"
 TRAINER_DROPPED_PREFIX = "trainer:dropped:"  # + DropReason: groups dropped, by reason
 TRAINER_REDELIVERED = "trainer:redelivered"  # entries delivered again after being processed
+TRAINER_PROMPTS_TOO_LONG = "trainer:prompts_too_long"  # prompts the feed skipped (over max length)
+TRAINER_PROMPTS_QUEUED = "trainer:prompts_queued"  # prompts the feed pushed
+# the scheduler's own fields (its Lua scripts write the same names)
+OUTCOME_PREFIX = "outcome:"  # + outcome label: prompts finished, by outcome
+COMPLETIONS = "completions"
+GENERATED_TOKENS = "generated_tokens"
+EARLY_STOPS = "early_stops"
+ABORTED_TOKENS = "aborted_tokens"
+ABORTED_REQUESTS = "aborted_requests"
+
+
+def text(v: object) -> str:
+    """A Redis reply value as text (clients may run with or without decode_responses)."""
+    return v.decode() if isinstance(v, bytes | bytearray) else str(v)
+
+
+def decode_map(raw: Mapping[object, object]) -> dict[str, str]:
+    """An HGETALL reply as str -> str."""
+    return {text(k): text(v) for k, v in raw.items()}
+
+
+def decode_counters(raw: Mapping[object, object]) -> dict[str, int]:
+    """The `counters` HASH (or any hash of integers) as str -> int."""
+    return {text(k): int(text(v)) for k, v in raw.items()}
+
+
+def outcome_counts(counters: Mapping[str, int]) -> dict[str, int]:
+    """The `outcome:<label>` fields of decoded counters, by label."""
+    n = len(OUTCOME_PREFIX)
+    return {k[n:]: v for k, v in counters.items() if k.startswith(OUTCOME_PREFIX)}
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing import Any
 import redis
 
 from asyncdapo.faults.snapshot import Snapshot, _s, _sid, read_snapshot
-from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
+from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys, outcome_counts
 
 AUDIT_STREAM = (
     "outcomes"  # the scheduler's audit STREAM: {p: prompt id, a: attempt, o: label, e: epoch} per outcome
@@ -300,7 +300,7 @@ class InvariantChecker:
         else:
             attempts = sum(int(st.get("attempt", 0) or 0) for st in snap.prompts.values())
             labels = Counter(v for st in snap.prompts.values() for k, v in st.items() if k.startswith("o:"))
-        counted = {k[len("outcome:") :]: v for k, v in c.items() if k.startswith("outcome:")}
+        counted = outcome_counts(c)
         checks = [
             ("admitted", c.get("admitted", 0), attempts, "sum of prompt attempts", False),
             ("outcome:*", sum(counted.values()), sum(labels.values()), "outcomes in prompt state", False),

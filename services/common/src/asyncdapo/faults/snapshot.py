@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from asyncdapo.redis_keys import RunKeys
+from asyncdapo.redis_keys import RunKeys, text
 
 # One atomic read of the run's control state. KEYS/TIME in a script are fine on a standalone Redis
 # (the harness's); on a cluster the run's keys share one slot anyway.
@@ -40,8 +40,7 @@ return {redis.call('TIME'), prompts, redis.call('HGETALL', prefix .. 'prompts:cl
 """
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+_s = text
 
 
 def _pairs(flat: list[Any]) -> dict[str, str]:

@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from asyncdapo.redis_keys import FINISHED_PROMPT_TTL_S, OUTCOMES_MAXLEN, RunKeys
+from asyncdapo.redis_keys import FINISHED_PROMPT_TTL_S, OUTCOMES_MAXLEN, RunKeys, text
 from asyncdapo.scheduler.lua import SCRIPTS
 
 log = logging.getLogger(__name__)
@@ -149,8 +149,7 @@ def is_valid(metric_std: float, eps: float) -> bool:
     return metric_std > eps
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+_s = text
 
 
 def parse_progress(reply: Sequence[Any]) -> GroupProgress:

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from asyncdapo import redis_keys as rk
 from asyncdapo.prompts import PromptRecord, PromptRecordError
 from asyncdapo.scheduler.group_state import (
     FinishItem,
@@ -194,8 +195,8 @@ class MemoryGroupStore:
                 status = RecordStatus.DUP
             else:
                 st.counted.add((s.attempt, s.idx))
-                run.incr("completions")
-                run.incr("generated_tokens", s.length)
+                run.incr(rk.COMPLETIONS)
+                run.incr(rk.GENERATED_TOKENS, s.length)
                 st.done += 1
                 d = s.metric - st.mean
                 st.mean += d / st.done
@@ -240,8 +241,8 @@ class MemoryGroupStore:
 
     def finish_many(self, items: Sequence[FinishItem]) -> list[FinishResult]:
         run = self.run
-        produced = run.counters.get("valid_produced", 0)
-        credited = run.counters.get("valid_credited", 0)
+        produced = run.counters.get(rk.VALID_PRODUCED, 0)
+        credited = run.counters.get(rk.VALID_CREDITED, 0)
         if run.epoch != self.epoch:
             return [FinishResult("fenced", produced, credited) for _ in items]
         b, s = self.train_batch_size, self.max_staleness
@@ -265,14 +266,14 @@ class MemoryGroupStore:
                 else:
                     run.groups.append((run.next_stream_id, it.group))
                     run.next_stream_id += 1
-                    produced = run.incr("valid_produced")
+                    produced = run.incr(rk.VALID_PRODUCED)
             label = f"dropped:{reason}" if outcome == "dropped" else outcome
             full = label
             if outcome == "requeued":
                 full = f"requeued:{reason}"
                 run.incr(f"requeued:{reason}")
                 run.queue.appendleft(it.pid)
-            run.incr(f"outcome:{label}")
+            run.incr(rk.OUTCOME_PREFIX + label)
             st.outcomes[it.attempt] = label
             run.claimed.pop(it.pid, None)
             st.counted = {c for c in st.counted if c[0] != it.attempt}

@@ -25,8 +25,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from asyncdapo.config import RunConfig
-from asyncdapo.redis_keys import ADMITTED, VALID_CREDITED, VALID_PRODUCED, RunKeys
+from asyncdapo import redis_keys as rk
+from asyncdapo.config import PauseMode, RunConfig
+from asyncdapo.redis_keys import ADMITTED, VALID_CREDITED, VALID_PRODUCED, RunKeys, decode_map
 from asyncdapo.scheduler.core import (
     Abort,
     Command,
@@ -53,8 +54,9 @@ from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.scheduler.queue import Fenced, PromptQueue
 from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
+from asyncdapo.scheduler.status import RunStatusReader
 from asyncdapo.scheduler.tasks import Kind, LengthStats, PromptTask, Request, Score
-from asyncdapo.scheduler.weights import sync_loop
+from asyncdapo.scheduler.weights import WeightPublisher
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
 
 __all__ = ["Phase", "Rollout"]
@@ -133,22 +135,29 @@ class Rollout:
             on_failed=self._on_score_failed,
             on_call=self._on_verifier_call,
         )
+        self.weights = WeightPublisher(self, pool, ro, self.metrics, redis, self.keys, self._r)
         pool.on_down = self.dispatcher.cancel_calls
         pool.on_up = self._on_gateway_up
         pool.on_load = self._on_gateway_load
 
         self._wake_admission = asyncio.Event()
         self._wake_finisher = asyncio.Event()
-        self._wake_sync = asyncio.Event()
         self._bg: list[asyncio.Task[Any]] = []
         self._spawned: set[asyncio.Task[Any]] = set()
-        self.publish_lock = asyncio.Lock()
         self.outcome_lock = asyncio.Lock()
-        self.syncing: set[str] = set()
         self.health_listeners: list[Callable[[bool], None]] = []
-        self.last_status_counters: tuple[dict[Any, Any], int] = ({}, 0)
+        self.status_reader = RunStatusReader(
+            cfg,
+            self.core,
+            redis,
+            self.keys,
+            self.outcome_lock,
+            self.redis_link,
+            self.rtt,
+            lambda: self.queue.epoch,
+        )
         self._count_seq = 0
-        self._flushed = {"aborted_tokens": 0, "aborted_requests": 0, "early_stops": 0}
+        self._flushed = {rk.ABORTED_TOKENS: 0, rk.ABORTED_REQUESTS: 0, rk.EARLY_STOPS: 0}
         self._rtt_reported = 0
         self._flush_lock = asyncio.Lock()
         self._claiming = False
@@ -256,13 +265,13 @@ class Rollout:
             asyncio.create_task(self._admission_loop(), name="admission"),
             asyncio.create_task(self._finisher_loop(), name="finisher"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
-            asyncio.create_task(sync_loop(self), name="weight-sync"),
+            asyncio.create_task(self.weights.sync_loop(), name="weight-sync"),
         ]
         self._update_gauges()
 
     async def _read_state(self) -> None:
         """What this process keeps in memory about the run, from Redis: version, uri, counts."""
-        w = _text_map(await self._r(lambda: self.redis.hgetall(self.keys.weights)))
+        w = decode_map(await self._r(lambda: self.redis.hgetall(self.keys.weights)))
         version = int(w.get("version", "0") or 0)
         if version < self.core.version and self.core.uri:
             # Redis lost the last publish (restored from an older state): the gateways run ours
@@ -383,11 +392,9 @@ class Rollout:
 
     # ------------------------------------------------------------------ weights
     async def publish_weights(
-        self, version: int, uri: str, mode: int, trainer_epoch: int = 0
+        self, version: int, uri: str, mode: PauseMode | None = None, trainer_epoch: int = 0
     ) -> scheduler_pb2.PublishWeightsResponse:
-        from asyncdapo.scheduler.weights import publish_weights
-
-        return await publish_weights(self, version, uri, mode, trainer_epoch)
+        return await self.weights.publish(version, uri, mode, trainer_epoch)
 
     def weights_published(self, version: int, uri: str) -> None:
         """The gateways were told: raise the bound and resume rolling out."""
@@ -396,9 +403,12 @@ class Rollout:
         self._wake_admission.set()
         self.dispatcher.pump()
 
+    def gateways_changed(self) -> None:
+        self.dispatcher.pump()
+
     def wake_sync(self) -> None:
         """Look for gateways behind the current weights now (they re-sync in the background)."""
-        self._wake_sync.set()
+        self.weights.wake()
 
     def _on_gateway_up(self, gw: Gateway) -> None:
         self.wake_sync()
@@ -552,16 +562,14 @@ class Rollout:
         if fenced:
             self._on_fenced("finish")
             return
-        if self.core.counts.early_stops != self._flushed["early_stops"]:
+        if self.core.counts.early_stops != self._flushed[rk.EARLY_STOPS]:
             self._spawn(self.flush_counters())
         self._run(commands)
         self._update_gauges()
         self._wake_admission.set()
 
     async def status(self) -> scheduler_pb2.RunStatus:
-        from asyncdapo.scheduler.status import run_status
-
-        return await run_status(self)
+        return await self.status_reader.read()
 
     async def flush_counters(self) -> None:
         """Write the counters kept in memory (aborts and early stops are batched, not written per
@@ -569,9 +577,9 @@ class Rollout:
         async with self._flush_lock:
             d = self.dispatcher
             now = {
-                "aborted_tokens": d.aborted_tokens,
-                "aborted_requests": d.aborted_requests,
-                "early_stops": self.core.counts.early_stops,
+                rk.ABORTED_TOKENS: d.aborted_tokens,
+                rk.ABORTED_REQUESTS: d.aborted_requests,
+                rk.EARLY_STOPS: self.core.counts.early_stops,
             }
             deltas = {k: v - self._flushed[k] for k, v in now.items() if v != self._flushed[k]}
             if not deltas:
@@ -665,10 +673,3 @@ class Rollout:
         t = asyncio.ensure_future(coro)
         self._spawned.add(t)
         t.add_done_callback(self._spawned.discard)
-
-
-def _text_map(m: dict[Any, Any]) -> dict[str, str]:
-    return {
-        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
-        for k, v in m.items()
-    }

@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from asyncdapo.gateway.wire import UnknownEnumValue, pause_mode_from_pb
 from asyncdapo.grpc_security import BearerAuthInterceptor, ServerTls, add_port, method_names, watch_interval_s
 from asyncdapo.scheduler.evaluate import EvalInputError, evaluate
 from asyncdapo.scheduler.rollout import Rollout
@@ -78,8 +79,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         if not request.uri:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "uri is required")
         try:
+            mode = pause_mode_from_pb(request.mode)  # None: the run's weight_update_mode
+        except UnknownEnumValue as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        try:
             return await self.rollout.publish_weights(
-                request.version, request.uri, int(request.mode), request.trainer_epoch
+                request.version, request.uri, mode, request.trainer_epoch
             )
         except PublishError as err:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))

@@ -1,68 +1,90 @@
-"""`RunStatus`: the run's progress as GetRun / WatchRun report it."""
+"""`RunStatusReader`: the run's progress as GetRun / WatchRun report it.
+
+It reads the counters from Redis and the phase, version, bound and claims from the rollout core
+(the one owner of the run's state), under the run's outcome lock so that the two always agree.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
 
-from asyncdapo.scheduler.group_state import REDIS_WAIT_ERRORS
+from redis.asyncio import Redis
+
+from asyncdapo import redis_keys as rk
+from asyncdapo.config import RunConfig
+from asyncdapo.redis_keys import RunKeys, decode_counters, outcome_counts
+from asyncdapo.scheduler.core import RolloutCore
+from asyncdapo.scheduler.group_state import REDIS_WAIT_ERRORS, RedisLink, RoundTrips
 from asyncdapo.v1 import scheduler_pb2
-
-if TYPE_CHECKING:
-    from asyncdapo.scheduler.rollout import Rollout
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
 
 STATUS_WAIT_S = 2.0  # how long GetRun waits for Redis before answering from its last reading
 
 
-async def run_status(ro: Rollout) -> scheduler_pb2.RunStatus:
-    """Counters from Redis and phase from memory, read under the outcome lock so that the two
-    always agree (a BOUND phase never shows fewer valid groups than the bound). While Redis is
-    away (or the finisher holds the lock waiting for it) the status answers within
-    `STATUS_WAIT_S` from the last counters it read, with `redis_available` false."""
+class RunStatusReader:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        core: RolloutCore,
+        redis: Redis,
+        keys: RunKeys,
+        outcome_lock: asyncio.Lock,
+        redis_link: RedisLink,
+        rtt: RoundTrips,
+        epoch: Callable[[], int],
+    ) -> None:
+        self._cfg = cfg
+        self._core = core
+        self._redis = redis
+        self._keys = keys
+        self._lock = outcome_lock
+        self._link = redis_link
+        self._rtt = rtt
+        self._epoch = epoch  # the scheduler's fencing epoch
+        self._last: tuple[dict[str, int], int] = ({}, 0)
 
-    def read() -> Awaitable[list[Any]]:
-        pipe = ro.redis.pipeline(transaction=False)
-        pipe.hgetall(ro.keys.counters)
-        pipe.llen(ro.keys.prompts)
-        return pipe.execute()
+    async def read(self) -> scheduler_pb2.RunStatus:
+        """Counters from Redis and phase from memory, read under the outcome lock (a BOUND phase
+        never shows fewer valid groups than the bound). While Redis is away (or the finisher holds
+        the lock waiting for it) the status answers within `STATUS_WAIT_S` from the last counters it
+        read, with `redis_available` false."""
+        core = self._core
 
-    try:
-        async with asyncio.timeout(STATUS_WAIT_S), ro.outcome_lock:
-            counters, depth = await read()
-            phase, in_flight = ro.phase, len(ro.tasks)
-        ro.rtt.count += 1
-        ro.last_status_counters = (counters, depth)
-    except REDIS_WAIT_ERRORS as err:
-        ro.redis_link.mark(False, f"{type(err).__name__}: {err}")
-        counters, depth = ro.last_status_counters
-        phase, in_flight = ro.phase, len(ro.tasks)
-    except TimeoutError:
-        counters, depth = ro.last_status_counters
-        phase, in_flight = ro.phase, len(ro.tasks)
-    c = {_text(k): int(v) for k, v in counters.items()}
-    return scheduler_pb2.RunStatus(
-        run=ro.cfg.name,
-        phase=phase,  # type: ignore[arg-type]
-        policy_version=ro.version,
-        valid_groups_produced=c.get("valid_produced", 0),
-        valid_groups_bound=ro.bound,
-        in_flight_prompts=in_flight,
-        queue_depth=int(depth),
-        outcomes={k[len("outcome:") :]: v for k, v in c.items() if k.startswith("outcome:")},
-        early_stops=c.get("early_stops", 0),
-        aborted_requests=c.get("aborted_requests", 0),
-        aborted_tokens=c.get("aborted_tokens", 0),
-        completions=c.get("completions", 0),
-        generated_tokens=c.get("generated_tokens", 0),
-        mode=ro.cfg.rollout.mode.value,
-        max_staleness=ro.cfg.rollout.max_staleness,
-        valid_groups_credited=c.get("valid_credited", 0),
-        redis_available=ro.redis_link.up,
-        scheduler_epoch=ro.queue.epoch,
-    )
+        def fetch() -> Awaitable[list[object]]:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hgetall(self._keys.counters)
+            pipe.llen(self._keys.prompts)
+            return pipe.execute()
+
+        try:
+            async with asyncio.timeout(STATUS_WAIT_S), self._lock:
+                raw, depth = await fetch()
+                phase, in_flight = core.phase, len(core.tasks)
+            self._rtt.count += 1
+            self._last = (decode_counters(raw), int(depth))  # type: ignore[arg-type, call-overload]
+        except REDIS_WAIT_ERRORS as err:
+            self._link.mark(False, f"{type(err).__name__}: {err}")
+            phase, in_flight = core.phase, len(core.tasks)
+        except TimeoutError:
+            phase, in_flight = core.phase, len(core.tasks)
+        c, depth = self._last
+        return scheduler_pb2.RunStatus(
+            run=self._cfg.name,
+            phase=phase,  # type: ignore[arg-type]
+            policy_version=core.version,
+            valid_groups_produced=c.get(rk.VALID_PRODUCED, 0),
+            valid_groups_bound=core.bound,
+            in_flight_prompts=in_flight,
+            queue_depth=depth,
+            outcomes=outcome_counts(c),
+            early_stops=c.get(rk.EARLY_STOPS, 0),
+            aborted_requests=c.get(rk.ABORTED_REQUESTS, 0),
+            aborted_tokens=c.get(rk.ABORTED_TOKENS, 0),
+            completions=c.get(rk.COMPLETIONS, 0),
+            generated_tokens=c.get(rk.GENERATED_TOKENS, 0),
+            mode=self._cfg.rollout.mode.value,
+            max_staleness=self._cfg.rollout.max_staleness,
+            valid_groups_credited=c.get(rk.VALID_CREDITED, 0),
+            redis_available=self._link.up,
+            scheduler_epoch=self._epoch(),
+        )

@@ -13,6 +13,10 @@ Rules (each bounded, none can stall the run):
   and never holds the publish lock while a gateway hangs.
 Gateways are marked `publishing` while an update runs so no request is dispatched to a paused
 engine.
+
+`WeightPublisher` owns the publish lock, the set of gateways in a re-sync and the re-sync loop; it
+sees the run only through `RunWeights` (the version it serves, whether it was fenced, and the one
+call that raises the bound), so the run's state has one owner: the rollout core.
 """
 
 from __future__ import annotations
@@ -22,22 +26,20 @@ import contextlib
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import grpc
+from redis.asyncio import Redis
 
-from asyncdapo.scheduler.pool import Gateway
-from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
-
-if TYPE_CHECKING:
-    from asyncdapo.scheduler.rollout import Rollout
+from asyncdapo.config import PauseMode, RolloutConfig
+from asyncdapo.gateway.wire import pause_mode_to_pb
+from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.pool import Gateway, GatewayPool
+from asyncdapo.v1 import gateway_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
-_MODES = {
-    "keep": common_pb2.PAUSE_MODE_KEEP,
-    "abort": common_pb2.PAUSE_MODE_ABORT,
-    "wait": common_pb2.PAUSE_MODE_WAIT,
-}
 RESUME_TIMEOUT_S = 10.0  # a Resume after a failed load gets its own short bound
 SYNC_BACKOFF_MAX_S = 30.0
 
@@ -51,7 +53,7 @@ class PublishUnavailable(RuntimeError):
 
 
 async def update_one(
-    gw: Gateway, version: int, uri: str, mode: int, timeout_s: float
+    gw: Gateway, version: int, uri: str, mode: PauseMode, timeout_s: float
 ) -> scheduler_pb2.GatewayResult:
     """Pause → LoadWeights → Resume on one gateway within `timeout_s` in all; Resume is tried even
     when the load failed (a paused engine serves nobody). A gateway that goes down meanwhile (its
@@ -73,7 +75,7 @@ async def update_one(
 
 
 async def _update(
-    gw: Gateway, version: int, uri: str, mode: int, timeout_s: float
+    gw: Gateway, version: int, uri: str, mode: PauseMode, timeout_s: float
 ) -> scheduler_pb2.GatewayResult:
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout_s
@@ -82,7 +84,9 @@ async def _update(
     error = ""
     gw.publishing = True
     try:
-        paused = await gw.stub.Pause(gateway_pb2.PauseRequest(mode=mode), metadata=gw.auth, timeout=timeout_s)
+        paused = await gw.stub.Pause(
+            gateway_pb2.PauseRequest(mode=pause_mode_to_pb(mode)), metadata=gw.auth, timeout=timeout_s
+        )
         paused_ok = True
         aborted = paused.aborted
         loaded = await gw.stub.LoadWeights(
@@ -125,134 +129,182 @@ async def _update(
 
 
 async def fan_out_weights(
-    gateways: list[Gateway], version: int, uri: str, mode: int, timeout_s: float
+    gateways: list[Gateway], version: int, uri: str, mode: PauseMode, timeout_s: float
 ) -> list[scheduler_pb2.GatewayResult]:
     return list(await asyncio.gather(*(update_one(g, version, uri, mode, timeout_s) for g in gateways)))
-
-
-async def check_trainer_epoch(ro: Rollout, trainer_epoch: int) -> None:
-    """Refuse a publish from a trainer that was replaced (its epoch is older than Redis')."""
-    if trainer_epoch <= 0:
-        return
-    raw = await ro._r(lambda: ro.redis.get(ro.keys.trainer_epoch))
-    current = int(raw or 0)
-    if trainer_epoch < current:
-        raise PublishError(
-            f"fenced: trainer epoch {trainer_epoch} is older than the run's trainer epoch {current}"
-        )
-
-
-async def publish_weights(
-    ro: Rollout, version: int, uri: str, mode: int, trainer_epoch: int = 0
-) -> scheduler_pb2.PublishWeightsResponse:
-    """PublishWeights: fan the update out, persist {version, uri} in Redis, raise the bound.
-    Repeating the current (version, uri) is a no-op (a retry whose first reply was lost)."""
-    if mode == common_pb2.PAUSE_MODE_UNSPECIFIED:
-        mode = _MODES[ro.cfg.rollout.weight_update_mode.value]
-    await check_trainer_epoch(ro, trainer_epoch)
-    if ro.fenced:
-        raise PublishUnavailable(
-            "this scheduler was replaced by another one (fenced): ask the run's current scheduler"
-        )
-    async with ro.publish_lock:
-        if version == ro.version and uri == ro.uri:
-            return scheduler_pb2.PublishWeightsResponse(
-                version=version,
-                results=[
-                    scheduler_pb2.GatewayResult(
-                        gateway=g.address,
-                        ok=g.weight_version >= version,
-                        error="" if g.weight_version >= version else f"serves version {g.weight_version}",
-                    )
-                    for g in ro.pool.up_gateways()
-                ],
-            )
-        if version <= ro.version:
-            raise PublishError(f"version {version} is not newer than the current version {ro.version}")
-        t0 = time.perf_counter()
-        # a gateway in a re-sync of its own is left to it: it ends on the newest version anyway
-        targets = [g for g in ro.pool.up_gateways() if g.address not in ro.syncing]
-        results = await fan_out_weights(targets, version, uri, mode, ro.cfg.rollout.weight_sync_timeout_s)
-        dt = time.perf_counter() - t0
-        ro.metrics.publish_seconds.observe(dt)
-        if not any(r.ok for r in results):
-            errors = "; ".join(f"{r.gateway}: {r.error}" for r in results) or "no gateway is up"
-            raise PublishUnavailable(f"no gateway loaded v{version} ({errors}); still serving v{ro.version}")
-        await ro._r(lambda: ro.redis.hset(ro.keys.weights, mapping={"version": version, "uri": uri}))
-        ro.weights_published(version, uri)
-    for r in results:
-        if not r.ok:
-            log.warning(
-                "gateway %s missed v%d (%s): re-syncing it in the background", r.gateway, version, r.error
-            )
-    ro.wake_sync()
-    return scheduler_pb2.PublishWeightsResponse(version=version, results=results, duration_s=dt)
 
 
 PAUSED_GRACE_S = 5.0  # a paused report this soon after an update may predate its Resume
 
 
-def behind(ro: Rollout, gw: Gateway) -> bool:
-    """Up, yet not serving the current version (or left paused by an update that failed)."""
-    if not gw.up or gw.publishing or gw.removed:
-        return False
-    stale = bool(ro.uri) and gw.weight_version < ro.version
-    left_paused = gw.load.paused and time.monotonic() - gw.updated_at > PAUSED_GRACE_S
-    return stale or left_paused
+class RunWeights(Protocol):
+    """What the publisher needs from the run — and no more."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def fenced(self) -> bool: ...
+
+    def weights_published(self, version: int, uri: str) -> None:
+        """At least one gateway serves `version` and Redis has it: raise the bound."""
+
+    def gateways_changed(self) -> None:
+        """A gateway finished a re-sync: requests waiting for a gateway may be placed now."""
 
 
-async def resync(ro: Rollout, gw: Gateway) -> bool:
-    """Load the current weights into one gateway (dispatch skips it until then)."""
-    ro.syncing.add(gw.address)
-    try:
-        version, uri = ro.version, ro.uri
-        if not uri:  # nothing published yet: only a pause to undo
-            version = gw.weight_version
-        (res,) = await fan_out_weights(
-            [gw], version, uri, common_pb2.PAUSE_MODE_KEEP, ro.cfg.rollout.weight_sync_timeout_s
-        )
-        if not uri and not res.ok and "INVALID_ARGUMENT" in res.error:
-            res.ok = True  # LoadWeights without a uri is refused, but the Resume went through
-    finally:
-        ro.syncing.discard(gw.address)
-    ro.metrics.gateway_weight_syncs.labels("ok" if res.ok else "failed").inc()
-    if res.ok:
-        log.info("gateway %s re-synced to v%d", gw.address, version)
-    else:
-        log.warning("re-sync of %s to v%d failed: %s", gw.address, version, res.error)
-    ro.dispatcher.pump()
-    return res.ok
+class WeightPublisher:
+    """PublishWeights and the background re-sync of gateways behind the current version."""
 
+    def __init__(
+        self,
+        run: RunWeights,
+        pool: GatewayPool,
+        cfg: RolloutConfig,
+        metrics: SchedulerMetrics,
+        redis: Redis,
+        keys: RunKeys,
+        redis_call: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]],
+    ) -> None:
+        self._run = run
+        self._pool = pool
+        self._cfg = cfg
+        self._metrics = metrics
+        self._redis = redis
+        self._keys = keys
+        self._r = redis_call  # waits through a Redis outage
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self.syncing: set[str] = set()  # gateways in a re-sync of their own
 
-async def sync_loop(ro: Rollout, poll_s: float = 1.0) -> None:
-    """Keep every up gateway on the current version, with capped exponential backoff per
-    gateway; wakes at once on a publish or a gateway coming up."""
-    next_try: dict[str, float] = {}
-    delay: dict[str, float] = {}
-    running: dict[str, asyncio.Task[bool]] = {}
-    while True:
+    def wake(self) -> None:
+        """Look for gateways behind the current weights now (they re-sync in the background)."""
+        self._wake.set()
+
+    async def check_trainer_epoch(self, trainer_epoch: int) -> None:
+        """Refuse a publish from a trainer that was replaced (its epoch is older than Redis')."""
+        if trainer_epoch <= 0:
+            return
+        raw = await self._r(lambda: self._redis.get(self._keys.trainer_epoch))
+        current = int(raw or 0)
+        if trainer_epoch < current:
+            raise PublishError(
+                f"fenced: trainer epoch {trainer_epoch} is older than the run's trainer epoch {current}"
+            )
+
+    async def publish(
+        self, version: int, uri: str, mode: PauseMode | None = None, trainer_epoch: int = 0
+    ) -> scheduler_pb2.PublishWeightsResponse:
+        """PublishWeights: fan the update out, persist {version, uri} in Redis, raise the bound.
+        Repeating the current (version, uri) is a no-op (a retry whose first reply was lost).
+        `mode` None is the run's `rollout.weight_update_mode`."""
+        mode = mode or self._cfg.weight_update_mode
+        run = self._run
+        await self.check_trainer_epoch(trainer_epoch)
+        if run.fenced:
+            raise PublishUnavailable(
+                "this scheduler was replaced by another one (fenced): ask the run's current scheduler"
+            )
+        async with self._lock:
+            if version == run.version and uri == run.uri:
+                return scheduler_pb2.PublishWeightsResponse(
+                    version=version,
+                    results=[
+                        scheduler_pb2.GatewayResult(
+                            gateway=g.address,
+                            ok=g.weight_version >= version,
+                            error="" if g.weight_version >= version else f"serves version {g.weight_version}",
+                        )
+                        for g in self._pool.up_gateways()
+                    ],
+                )
+            if version <= run.version:
+                raise PublishError(f"version {version} is not newer than the current version {run.version}")
+            t0 = time.perf_counter()
+            # a gateway in a re-sync of its own is left to it: it ends on the newest version anyway
+            targets = [g for g in self._pool.up_gateways() if g.address not in self.syncing]
+            results = await fan_out_weights(targets, version, uri, mode, self._cfg.weight_sync_timeout_s)
+            dt = time.perf_counter() - t0
+            self._metrics.publish_seconds.observe(dt)
+            if not any(r.ok for r in results):
+                errors = "; ".join(f"{r.gateway}: {r.error}" for r in results) or "no gateway is up"
+                raise PublishUnavailable(
+                    f"no gateway loaded v{version} ({errors}); still serving v{run.version}"
+                )
+            await self._r(
+                lambda: self._redis.hset(self._keys.weights, mapping={"version": version, "uri": uri})
+            )
+            run.weights_published(version, uri)
+        for r in results:
+            if not r.ok:
+                log.warning(
+                    "gateway %s missed v%d (%s): re-syncing it in the background", r.gateway, version, r.error
+                )
+        self.wake()
+        return scheduler_pb2.PublishWeightsResponse(version=version, results=results, duration_s=dt)
+
+    def behind(self, gw: Gateway) -> bool:
+        """Up, yet not serving the current version (or left paused by an update that failed)."""
+        if not gw.up or gw.publishing or gw.removed:
+            return False
+        stale = bool(self._run.uri) and gw.weight_version < self._run.version
+        left_paused = gw.load.paused and time.monotonic() - gw.updated_at > PAUSED_GRACE_S
+        return stale or left_paused
+
+    async def resync(self, gw: Gateway) -> bool:
+        """Load the current weights into one gateway (dispatch skips it until then)."""
+        self.syncing.add(gw.address)
         try:
-            async with asyncio.timeout(poll_s):
-                await ro._wake_sync.wait()
-        except TimeoutError:
-            pass
-        ro._wake_sync.clear()
-        now = time.monotonic()
-        for addr, t in list(running.items()):
-            if t.done():
-                del running[addr]
-                ok = not t.cancelled() and t.exception() is None and t.result()
-                if ok:
-                    delay.pop(addr, None)
-                    next_try.pop(addr, None)
-                else:
-                    d = min(delay.get(addr, 0.5) * 2, SYNC_BACKOFF_MAX_S)
-                    delay[addr] = d
-                    next_try[addr] = now + d * (0.5 + random.random() / 2)
-        if ro.fenced:
-            continue
-        for gw in list(ro.pool.members):
-            a = gw.address
-            if a in running or a in ro.syncing or now < next_try.get(a, 0.0) or not behind(ro, gw):
+            version, uri = self._run.version, self._run.uri
+            if not uri:  # nothing published yet: only a pause to undo
+                version = gw.weight_version
+            (res,) = await fan_out_weights(
+                [gw], version, uri, PauseMode.KEEP, self._cfg.weight_sync_timeout_s
+            )
+            if not uri and not res.ok and "INVALID_ARGUMENT" in res.error:
+                res.ok = True  # LoadWeights without a uri is refused, but the Resume went through
+        finally:
+            self.syncing.discard(gw.address)
+        self._metrics.gateway_weight_syncs.labels("ok" if res.ok else "failed").inc()
+        if res.ok:
+            log.info("gateway %s re-synced to v%d", gw.address, version)
+        else:
+            log.warning("re-sync of %s to v%d failed: %s", gw.address, version, res.error)
+        self._run.gateways_changed()
+        return res.ok
+
+    async def sync_loop(self, poll_s: float = 1.0) -> None:
+        """Keep every up gateway on the current version, with capped exponential backoff per
+        gateway; wakes at once on a publish or a gateway coming up."""
+        next_try: dict[str, float] = {}
+        delay: dict[str, float] = {}
+        running: dict[str, asyncio.Task[bool]] = {}
+        while True:
+            try:
+                async with asyncio.timeout(poll_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            now = time.monotonic()
+            for addr, t in list(running.items()):
+                if t.done():
+                    del running[addr]
+                    ok = not t.cancelled() and t.exception() is None and t.result()
+                    if ok:
+                        delay.pop(addr, None)
+                        next_try.pop(addr, None)
+                    else:
+                        d = min(delay.get(addr, 0.5) * 2, SYNC_BACKOFF_MAX_S)
+                        delay[addr] = d
+                        next_try[addr] = now + d * (0.5 + random.random() / 2)
+            if self._run.fenced:
                 continue
-            running[a] = asyncio.create_task(resync(ro, gw), name=f"resync {a}")
+            for gw in list(self._pool.members):
+                a = gw.address
+                if a in running or a in self.syncing or now < next_try.get(a, 0.0) or not self.behind(gw):
+                    continue
+                running[a] = asyncio.create_task(self.resync(gw), name=f"resync {a}")

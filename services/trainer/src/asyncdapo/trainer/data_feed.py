@@ -28,21 +28,16 @@ import redis
 
 from asyncdapo.data.verl_format import Example
 from asyncdapo.prompts import PromptRecord, prompt_id, queue_prompts
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.trainer.redis_io import text as as_text
+from asyncdapo.redis_keys import TRAINER_PROMPTS_QUEUED, TRAINER_PROMPTS_TOO_LONG, RunKeys, decode_counters
+from asyncdapo.redis_keys import text as as_text
 
 if TYPE_CHECKING:
     from asyncdapo.trainer.fence import TrainerFence
 
 log = logging.getLogger(__name__)
 
-COUNTER_TOO_LONG = "trainer:prompts_too_long"
-COUNTER_QUEUED = "trainer:prompts_queued"
-
-
-def feed_key(keys: RunKeys) -> str:
-    """HASH {epoch, position}: the data cursor of the prompt feed."""
-    return keys.trainer_feed
+COUNTER_TOO_LONG = TRAINER_PROMPTS_TOO_LONG
+COUNTER_QUEUED = TRAINER_PROMPTS_QUEUED
 
 
 @dataclass(frozen=True)
@@ -56,7 +51,7 @@ class Cursor:
     @classmethod
     def from_dict(cls, d: dict[Any, Any]) -> Cursor:
         """From a dict with str or bytes keys/values (an HGETALL reply or a checkpoint)."""
-        norm = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in d.items()}
+        norm = decode_counters(d)
         return cls(epoch=norm["epoch"], position=norm["position"])
 
 
@@ -100,7 +95,7 @@ class PromptFeed:
 
     def restore(self, checkpoint_cursor: Cursor | None) -> Cursor:
         """Continue from Redis' cursor if it has one, else from the checkpoint's, else the start."""
-        stored = self.client.hgetall(feed_key(self.keys))
+        stored = self.client.hgetall(self.keys.trainer_feed)
         if stored:
             self.cursor = Cursor.from_dict(stored)
         elif checkpoint_cursor is not None:
@@ -131,11 +126,11 @@ class PromptFeed:
                 except redis.WatchError:
                     self.transactions_retried += 1
                     continue
-        raise RuntimeError(f"the prompt feed cursor {feed_key(self.keys)} keeps changing under WATCH")
+        raise RuntimeError(f"the prompt feed cursor {self.keys.trainer_feed} keeps changing under WATCH")
 
     def _refill_watched(self, pipe: Any) -> int:
         fence_keys = self.fence.lease_keys[:2] if self.fence else []
-        pipe.watch(feed_key(self.keys), *fence_keys)
+        pipe.watch(self.keys.trainer_feed, *fence_keys)
         if self.fence is not None:
             lease, epoch = pipe.mget(*fence_keys)
             if (
@@ -146,7 +141,7 @@ class PromptFeed:
                 pipe.unwatch()
                 self.fence.check()  # raises TrainerFenced, or re-took our expired lease
                 raise redis.WatchError("fence re-checked")
-        stored = pipe.hgetall(feed_key(self.keys))
+        stored = pipe.hgetall(self.keys.trainer_feed)
         if stored:
             in_redis = Cursor.from_dict(stored)
             if in_redis != self.cursor:
@@ -183,7 +178,7 @@ class PromptFeed:
                 )
         pipe.multi()
         queue_prompts(pipe, self.keys, records)
-        pipe.hset(feed_key(self.keys), mapping=cursor.to_dict())
+        pipe.hset(self.keys.trainer_feed, mapping=cursor.to_dict())
         pipe.hincrby(self.keys.counters, COUNTER_QUEUED, len(records))
         if too_long:
             pipe.hincrby(self.keys.counters, COUNTER_TOO_LONG, too_long)

@@ -32,8 +32,8 @@ import time
 from typing import Any
 
 from asyncdapo.errors import AsyncdapoError
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.trainer.redis_io import RedisWaiter, is_unavailable, text
+from asyncdapo.redis_keys import RunKeys, text
+from asyncdapo.trainer.redis_io import RedisWaiter, is_unavailable
 
 log = logging.getLogger(__name__)
 

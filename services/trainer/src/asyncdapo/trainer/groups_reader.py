@@ -50,10 +50,11 @@ from asyncdapo.redis_keys import (
     TRAINER_REDELIVERED,
     VALID_CREDITED,
     RunKeys,
+    text,
 )
 from asyncdapo.trainer.batch import MalformedGroup, validate_group
 from asyncdapo.trainer.fence import FENCE_LUA, TrainerFence
-from asyncdapo.trainer.redis_io import RedisWaiter, text
+from asyncdapo.trainer.redis_io import RedisWaiter
 from asyncdapo.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -147,7 +147,3 @@ class RedisWaiter:
                 continue
             self.note_success()
             return result
-
-
-def text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes | bytearray) else str(v)
