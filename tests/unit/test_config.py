@@ -97,3 +97,27 @@ def test_json_schema_carries_descriptions_and_bounds() -> None:
     assert n["minimum"] == 1 and n["description"]
     assert defs["AlgorithmConfig"]["properties"]["loss_agg_mode"]
     assert schema["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "allowed"),
+    [
+        ({"model": {"dtype": "bf16"}}, "model.dtype", ["auto", "float32", "bfloat16"]),
+        ({"algorithm": {"adv_estimator": "gae"}}, "algorithm.adv_estimator", ["grpo"]),
+        (
+            {"rollout": {"admission": {"policy": "eager"}}},
+            "rollout.admission.policy",
+            ["expected-valid", "greedy"],
+        ),
+    ],
+)
+def test_enum_fields_refuse_other_values_naming_the_allowed_ones(
+    override: dict[str, object], field: str, allowed: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_run_config(override)
+    msg = str(exc.value)
+    assert field in msg
+    assert all(f"'{v}'" in msg for v in allowed), msg
+    schema = run_config_json_schema()
+    assert "enum" in yaml.safe_dump(schema) and all(v in yaml.safe_dump(schema) for v in allowed)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdapo.config import EarlyStopOrder, RunConfig
+from asyncdapo.config import ConfigError, EarlyStopOrder, RunConfig, parse_run_config
 from asyncdapo.scheduler.admission import (
     AdmissionState,
     AdmitReason,
     ExpectedValidPolicy,
     GreedyPolicy,
     SyncBatchPolicy,
-    UnknownPolicyError,
     make_policy,
     valid_rate,
 )
@@ -64,10 +63,10 @@ def test_sync_batch_policy_admits_one_generation_batch_at_a_time() -> None:
     assert p.decide(st(valid_produced=8)).reason is AdmitReason.BOUND
 
 
-def test_make_policy_names_the_field_of_an_unknown_policy() -> None:
-    cfg = RunConfig.model_validate({"rollout": {"admission": {"policy": "yolo"}}})
-    with pytest.raises(UnknownPolicyError, match=r"rollout\.admission\.policy.*'yolo'"):
-        make_policy(cfg)
+def test_an_unknown_policy_is_refused_with_the_config_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.admission\.policy"):
+        parse_run_config({"rollout": {"admission": {"policy": "yolo"}}})
+    assert make_policy(parse_run_config({"rollout": {"admission": {"policy": "greedy"}}})).name == "greedy"
     assert make_policy(RunConfig.model_validate({"rollout": {"mode": "sync"}})).name == "sync-batch"
     assert make_policy(RunConfig()).name == "expected-valid"
 

@@ -83,6 +83,21 @@ class WandbMode(StrEnum):
     ONLINE = "online"
 
 
+class ModelDtype(StrEnum):
+    AUTO = "auto"  # bfloat16 on GPU, float32 on CPU
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+class AdvEstimator(StrEnum):
+    GRPO = "grpo"  # group-relative: (score - group mean) [/ group std]
+
+
+class AdmissionPolicyName(StrEnum):
+    EXPECTED_VALID = "expected-valid"  # stop admitting once the expected valid groups cover the bound
+    GREEDY = "greedy"  # never trims: admit whenever there is room
+
+
 class ShardingStrategy(StrEnum):
     DDP = "ddp"  # every worker holds the whole model and optimizer state
     FSDP = "fsdp"  # FSDP2: parameters, gradients and optimizer state sharded over the workers
@@ -90,7 +105,9 @@ class ShardingStrategy(StrEnum):
 
 class ModelConfig(_Strict):
     path: str = Field("models/tiny", description="Hugging Face causal-LM directory (weights + tokenizer).")
-    dtype: str = Field("auto", description="Weights dtype for training and rollout: auto|float32|bfloat16.")
+    dtype: ModelDtype = Field(
+        ModelDtype.AUTO, description="Weights dtype for training and rollout: auto|float32|bfloat16."
+    )
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the model dir.")
 
 
@@ -145,8 +162,9 @@ class LongTailConfig(_Strict):
 
 
 class AdmissionConfig(_Strict):
-    policy: str = Field(
-        "expected-valid", description="Admission policy: expected-valid (default) or greedy (never trims)."
+    policy: AdmissionPolicyName = Field(
+        AdmissionPolicyName.EXPECTED_VALID,
+        description="Admission policy: expected-valid (default) or greedy (never trims).",
     )
     margin: float = Field(
         1.2,
@@ -231,7 +249,7 @@ class RewardConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
-    adv_estimator: str = Field("grpo", description="Advantage estimator (grpo).")
+    adv_estimator: AdvEstimator = Field(AdvEstimator.GRPO, description="Advantage estimator (grpo).")
     norm_adv_by_std: bool = Field(True, description="GRPO divides by the group std; false is Dr. GRPO.")
     clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO clip: 1 - low.")
     clip_ratio_high: float = Field(0.28, ge=0.0, le=10.0, description="DAPO clip-higher: 1 + high.")

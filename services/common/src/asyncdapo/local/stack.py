@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncdapo.config import RunConfig
+from asyncdapo.config import ModelDtype, RunConfig
 from asyncdapo.local.ports import free_port
 from asyncdapo.local.redis_server import RedisServer
 from asyncdapo.local.supervisor import ServiceSpec, Supervisor
@@ -188,7 +188,7 @@ class LocalStack:
                 argv += [
                     "--enforce-eager",
                     "--dtype",
-                    "float32" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype,
+                    "float32" if self.cfg.model.dtype is ModelDtype.AUTO else self.cfg.model.dtype.value,
                 ]
                 if self.opts.gateways > 1:
                     # The whole engine (frontend, engine core, worker) on its core, not only the

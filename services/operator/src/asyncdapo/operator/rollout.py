@@ -108,7 +108,7 @@ def gateway(
         "--engine", gw.engine.value,
         "--token-file", TOKEN_FILE,
         "--max-concurrency", str(spec.run.rollout.max_concurrent_per_gateway),
-        "--dtype", spec.run.model.dtype,
+        "--dtype", spec.run.model.dtype.value,
         "--max-model-len", str(spec.run.data.max_prompt_length + spec.run.data.max_response_length),
     ]  # fmt: skip
     if gw.gpus_per_pod > 1:  # one engine over the pod's GPUs

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from asyncdapo.config import RolloutMode, RunConfig
+from asyncdapo.config import AdmissionPolicyName, RolloutMode, RunConfig
 
 
 class AdmitReason(StrEnum):
@@ -116,19 +116,12 @@ class SyncBatchPolicy:
         return Admit(True, AdmitReason.ADMIT)
 
 
-class UnknownPolicyError(ValueError):
-    pass
-
-
 def make_policy(cfg: RunConfig) -> AdmissionPolicy:
-    """The admission policy the run config asks for; an unknown name is an error naming the field."""
+    """The admission policy the run config asks for (the config's enum has already refused any other
+    name, with the allowed values)."""
     if cfg.rollout.mode is RolloutMode.SYNC:
         return SyncBatchPolicy(batch_size=cfg.rollout.max_concurrent_prompts)
     a = cfg.rollout.admission
-    if a.policy == "expected-valid":
-        return ExpectedValidPolicy(margin=a.margin, min_valid_rate=a.min_valid_rate)
-    if a.policy == "greedy":
+    if a.policy is AdmissionPolicyName.GREEDY:
         return GreedyPolicy()
-    raise UnknownPolicyError(
-        f"rollout.admission.policy: unknown policy {a.policy!r} (expected 'expected-valid' or 'greedy')"
-    )
+    return ExpectedValidPolicy(margin=a.margin, min_valid_rate=a.min_valid_rate)

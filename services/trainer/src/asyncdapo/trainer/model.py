@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from asyncdapo.config import ModelDtype
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.trainer.algos import entropy_from_logits, log_probs_from_logits
 from asyncdapo.trainer.batch import TrainBatch
@@ -49,15 +50,14 @@ class Precision:
                 yield
 
 
-def resolve_precision(dtype: str, device: torch.device) -> Precision:
-    if dtype == "auto":
+def resolve_precision(dtype: ModelDtype | str, device: torch.device) -> Precision:
+    dtype = ModelDtype(dtype)  # a plain string is checked against the allowed values
+    if dtype is ModelDtype.AUTO:
         compute = torch.bfloat16 if device.type == "cuda" else torch.float32
-    elif dtype in ("float32", "fp32"):
+    elif dtype is ModelDtype.FLOAT32:
         compute = torch.float32
-    elif dtype in ("bfloat16", "bf16"):
-        compute = torch.bfloat16
     else:
-        raise ValueError(f"model.dtype must be auto|float32|bfloat16, got {dtype!r}")
+        compute = torch.bfloat16
     return Precision(compute, device)
 
 
