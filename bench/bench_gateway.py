@@ -317,8 +317,8 @@ async def _direct_phase(
 async def _gateway_phase(
     model: Path, other: Path, prompts: list[list[int]], args: argparse.Namespace, workdir: Path
 ) -> tuple[list[tuple[float, float]], list[float], list[float]]:
-    from asyncdapo.gateway.client import GatewayClient
     from asyncdapo.gateway.engine import Sampling
+    from asyncdapo.gateway.gateway_client import GatewayClient
 
     proc, target = _start_gateway(model, workdir, args.requests, args.gateway_arg)
     try:

@@ -64,9 +64,9 @@ async def _serve_sims(
 ) -> None:
     from prometheus_client import CollectorRegistry
 
+    from asyncdapo.gateway.gateway_service import GatewayOptions
     from asyncdapo.gateway.metrics import GatewayMetrics
     from asyncdapo.gateway.server import GatewayServer, ServerSettings
-    from asyncdapo.gateway.service import GatewayOptions
     from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
 
     servers = []
@@ -140,7 +140,7 @@ class BenchScorer:
     """BENCHMARK STAND-IN for the verifier (see module docstring): deterministic, in-process."""
 
     async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[Any]:
-        from asyncdapo.scheduler.scoring import ItemScore
+        from asyncdapo.scheduler.score_batcher import ItemScore
 
         out = []
         for item_id, _, _ in items:
@@ -188,7 +188,7 @@ def _queue(redis_url: str, run: str, count: int) -> None:
 
 async def _open(cfg: Any, redis_url: str, addresses: list[str]) -> Any:
     from asyncdapo.redis_conn import async_client
-    from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
+    from asyncdapo.scheduler.gateway_pool import GatewayPool, GatewaySpec
     from asyncdapo.scheduler.rollout import Rollout
 
     pool = GatewayPool(GatewaySpec(static=tuple(addresses)), watch_interval_ms=200)
@@ -379,10 +379,10 @@ async def scale_cost(
     """Scheduler CPU and Redis round trips per completion on the production scoring path. `exact`
     scores every eligible gateway for each prompt (the pre-index dispatcher: the baseline)."""
     from asyncdapo.redis_conn import async_client
+    from asyncdapo.scheduler.gateway_pool import GatewayPool, GatewaySpec
     from asyncdapo.scheduler.metrics import SchedulerMetrics
-    from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
     from asyncdapo.scheduler.rollout import Rollout
-    from asyncdapo.scheduler.scoring import Detokenizer, VerifierScorer
+    from asyncdapo.scheduler.score_batcher import Detokenizer, VerifierScorer
 
     n = 8
     cfg = _cfg("bench-scale", train_batch_size=256, max_staleness=64, max_concurrent_prompts=concurrency // n,

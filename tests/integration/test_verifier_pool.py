@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from asyncdapo.local.ports import wait_until
-from asyncdapo.verifier.pool import PoolClosed, RestartReason, WorkerPool
 from asyncdapo.verifier.schemas import ItemStatus
+from asyncdapo.verifier.worker_pool import PoolClosed, RestartReason, WorkerPool
 
 NESTED_FRAC = "$\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}$"
 

@@ -30,7 +30,7 @@ import pytest
 from asyncdapo.config import RewardConfig
 from asyncdapo.local.ports import free_port
 from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.scoring import (
+from asyncdapo.scheduler.score_batcher import (
     BatcherConfig,
     Detokenizer,
     ScoreBatcher,
@@ -38,7 +38,7 @@ from asyncdapo.scheduler.scoring import (
     ScoreJob,
     VerifierScorer,
 )
-from asyncdapo.verifier.local import VerifierServer
+from asyncdapo.verifier.local_server import VerifierServer
 
 WAITING = "asyncdapo_scheduler_verifier_waiting_items"
 ERRORS = "asyncdapo_scheduler_verifier_errors_total"
@@ -120,7 +120,7 @@ async def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> Non
 async def test_verifier_killed_for_a_while_loses_nothing(
     outage_s: int, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="asyncdapo.verifier.client")
+    caplog.set_level(logging.INFO, logger="asyncdapo.verifier.verifier_client")
     server = VerifierServer(workers=1, log_path=tmp_path / "verifier.log").start()
     try:
         async with scoring(server.url, tiny_model_dir) as s:

@@ -12,9 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncdapo.local.ports import wait_until
-from asyncdapo.verifier.client import VerifierClient
-from asyncdapo.verifier.local import VerifierServer
+from asyncdapo.verifier.local_server import VerifierServer
 from asyncdapo.verifier.schemas import ScoreItem
+from asyncdapo.verifier.verifier_client import VerifierClient
 
 TIMEOUT_S = 2.0
 NESTED_FRAC = "The answer is $\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}$"

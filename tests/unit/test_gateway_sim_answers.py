@@ -23,7 +23,7 @@ from asyncdapo.gateway.sim_answers import (
     wrong_answer,
 )
 from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
-from asyncdapo.verifier.scoring import score_pair
+from asyncdapo.verifier.math_verdict import score_pair
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdapo.gateway.validation import ModelLimits, Rejection, RequestError, validate_generate
+from asyncdapo.gateway.request_checks import ModelLimits, Rejection, RequestError, validate_generate
 from asyncdapo.v1 import common_pb2, gateway_pb2
 
 LIMITS = ModelLimits(max_model_len=32, vocab_size=100)

@@ -105,3 +105,17 @@ def test_no_import_circle_inside_a_service(service: str) -> None:
     for n in sorted(graph):
         if n not in state:
             visit(n)
+
+
+# Role names every service may have once: its command line, its Prometheus metrics, its package.
+ROLE_NAMES = {"__init__", "cli", "metrics"}
+
+
+def test_module_names_are_unique_outside_the_role_names() -> None:
+    """A file name says which half it belongs to: `gateway_pool` (the scheduler's view of the
+    gateways) and `worker_pool` (the verifier's processes), not two `pool.py`."""
+    seen: dict[str, list[str]] = {}
+    for name in _modules():
+        seen.setdefault(name.rpartition(".")[2], []).append(name)
+    dup = {leaf: names for leaf, names in seen.items() if len(names) > 1 and leaf not in ROLE_NAMES}
+    assert not dup, dup

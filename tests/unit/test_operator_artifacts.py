@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from asyncdapo.cli import main
-from asyncdapo.operator import progress
+from asyncdapo.operator import service_progress as progress
 from asyncdapo.operator.crd import crd_yaml
 from asyncdapo.operator.dashboards import DASHBOARDS, all_queries, render_all
 
@@ -238,9 +238,9 @@ def test_checkpoint_info_fills_the_status(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
     from asyncdapo.local.ports import free_port
-    from asyncdapo.operator.progress import read_trainer_metrics
+    from asyncdapo.operator.service_progress import read_trainer_metrics
     from asyncdapo.operator.spec import TrainingRunStatus
-    from asyncdapo.operator.status import Observation, next_status
+    from asyncdapo.operator.status_machine import Observation, next_status
     from asyncdapo.trainer.metrics import MetricsSink
 
     port = free_port()

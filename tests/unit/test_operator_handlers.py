@@ -18,7 +18,7 @@ from asyncdapo.operator import handlers, periodic
 from asyncdapo.operator.desired import OperatorDefaults
 from asyncdapo.operator.kube import event_manifest
 from asyncdapo.operator.spec import TrainingRunStatus, parse_status
-from asyncdapo.operator.status import Progress, phase_event
+from asyncdapo.operator.status_machine import Progress, phase_event
 
 
 def finalizer_handlers(registry: kopf.OperatorRegistry) -> list[str]:

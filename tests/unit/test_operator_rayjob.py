@@ -19,10 +19,10 @@ from test_operator_reconcile import T0, UID, FakeCluster
 from asyncdapo.config import RunConfig
 from asyncdapo.operator.desired import Lifecycle, OperatorDefaults, RunRef, desired_state
 from asyncdapo.operator.objects import CPU_DEFAULTS
-from asyncdapo.operator.progress import read_trainer_metrics
 from asyncdapo.operator.reconcile import ray_job_state, reconcile, status_patch
+from asyncdapo.operator.service_progress import read_trainer_metrics
 from asyncdapo.operator.spec import parse_spec
-from asyncdapo.operator.status import Progress
+from asyncdapo.operator.status_machine import Progress
 from asyncdapo.trainer.launch import worker_resources
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from asyncdapo.operator.desired import OperatorDefaults
 from asyncdapo.operator.kube import ImmutableFieldError, owned_by
 from asyncdapo.operator.reconcile import reconcile, status_patch
 from asyncdapo.operator.spec import Phase
-from asyncdapo.operator.status import Progress
+from asyncdapo.operator.status_machine import Progress
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from asyncdapo.operator.desired import Lifecycle
-from asyncdapo.operator.progress import parse_trainer_metrics
+from asyncdapo.operator.service_progress import parse_trainer_metrics
 from asyncdapo.operator.spec import (
     ConditionType,
     Phase,
@@ -17,7 +17,14 @@ from asyncdapo.operator.spec import (
     parse_spec,
     parse_status,
 )
-from asyncdapo.operator.status import JobState, Observation, Progress, Readiness, lifecycle, next_status
+from asyncdapo.operator.status_machine import (
+    JobState,
+    Observation,
+    Progress,
+    Readiness,
+    lifecycle,
+    next_status,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -4,7 +4,7 @@ they are copied from, or the dispatcher would place requests on a paused or drai
 from __future__ import annotations
 
 from asyncdapo.scheduler.dispatch import DispatchPolicy, RejectReason, pick
-from asyncdapo.scheduler.pool import Gateway
+from asyncdapo.scheduler.gateway_pool import Gateway
 from asyncdapo.v1 import gateway_pb2
 
 

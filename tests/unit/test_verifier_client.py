@@ -10,7 +10,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from asyncdapo.verifier.client import (
+from asyncdapo.verifier.schemas import ItemStatus, ScoreItem
+from asyncdapo.verifier.verifier_client import (
     Attempt,
     CallFailure,
     VerifierClient,
@@ -19,7 +20,6 @@ from asyncdapo.verifier.client import (
     VerifierUnavailable,
     backoff_delay,
 )
-from asyncdapo.verifier.schemas import ItemStatus, ScoreItem
 
 ITEMS = [ScoreItem(id=f"i{k}", response=f"A: {k}", ground_truth="1") for k in range(5)]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from asyncdapo.verifier.config import VerifierSettings
 from asyncdapo.verifier.limits import ItemLimits, check_body_size, check_item, check_items, check_request
 from asyncdapo.verifier.protocol import Verdict, decode, encode, result_fields
 from asyncdapo.verifier.schemas import ItemResult, ItemStatus, ScoreItem, ScoreRequest
+from asyncdapo.verifier.settings import VerifierSettings
 
 
 def _request(n: int, response: str = "A: 1", ground_truth: str = "1") -> ScoreRequest:

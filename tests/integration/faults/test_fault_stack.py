@@ -23,7 +23,7 @@ import redis
 from asyncdapo.faults.invariants import DEFAULT_LEASE_S, CheckerThread, InvariantChecker
 from asyncdapo.faults.procs import FaultStack, FaultStackError
 from asyncdapo.faults.proxy import Predicate, evalsha
-from asyncdapo.faults.service import group_members
+from asyncdapo.faults.supervised import group_members
 from asyncdapo.local.ports import wait_until
 from asyncdapo.local.stack import grpc_ready, http_ready
 from asyncdapo.redis_keys import RunKeys

@@ -20,10 +20,10 @@ import required
 from prometheus_client import CollectorRegistry
 
 from asyncdapo.gateway.engine import Engine
+from asyncdapo.gateway.gateway_service import GatewayOptions
 from asyncdapo.gateway.metrics import GatewayMetrics
 from asyncdapo.gateway.server import GatewayServer, ServerSettings
-from asyncdapo.gateway.service import GatewayOptions
-from asyncdapo.gateway.weights import WeightsValidator
+from asyncdapo.gateway.weight_loader import WeightsValidator
 from asyncdapo.grpc_security import ServerTls
 from asyncdapo.local.ports import free_port
 

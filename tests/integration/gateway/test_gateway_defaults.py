@@ -19,8 +19,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncdapo.gateway.client import GatewayClient
 from asyncdapo.gateway.engine import Sampling
+from asyncdapo.gateway.gateway_client import GatewayClient
 from asyncdapo.local.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from asyncdapo.gateway.client import GatewayClient
 from asyncdapo.gateway.engine import Finish, PauseMode, Sampling
+from asyncdapo.gateway.gateway_client import GatewayClient
 from asyncdapo.local.ports import free_port
 
 LONG = Sampling(max_tokens=100_000, ignore_eos=True)
@@ -238,9 +238,9 @@ def test_cli_reports_bad_flags(tmp_path: Path) -> None:
 async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:
     from prometheus_client import CollectorRegistry
 
+    from asyncdapo.gateway.gateway_service import GatewayOptions
     from asyncdapo.gateway.metrics import GatewayMetrics
     from asyncdapo.gateway.server import GatewayServer, ServerSettings
-    from asyncdapo.gateway.service import GatewayOptions
     from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
 
     server = GatewayServer(
@@ -269,7 +269,7 @@ async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:
 
 def test_every_gateway_rpc_is_either_control_or_data_plane() -> None:
     """A new RPC must be classified: control ones need the token."""
-    from asyncdapo.gateway.service import CONTROL_METHODS, SERVICE_NAME
+    from asyncdapo.gateway.gateway_service import CONTROL_METHODS, SERVICE_NAME
     from asyncdapo.v1 import gateway_pb2
 
     every = {f"/{SERVICE_NAME}/{m.name}" for m in gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].methods}

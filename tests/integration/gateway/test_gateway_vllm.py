@@ -16,8 +16,8 @@ import grpc
 import numpy as np
 import pytest
 
-from asyncdapo.gateway.client import Continuation, GatewayClient, GenerateResult
 from asyncdapo.gateway.engine import Finish, PauseMode, Sampling
+from asyncdapo.gateway.gateway_client import Continuation, GatewayClient, GenerateResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -22,10 +22,10 @@ import redis.asyncio as aioredis
 from asyncdapo.config import RunConfig
 from asyncdapo.prompts import PromptRecord, queue_prompts
 from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.gateway_pool import GatewayPool, GatewaySpec
 from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
 from asyncdapo.scheduler.rollout import Rollout
-from asyncdapo.scheduler.scoring import ItemScore
+from asyncdapo.scheduler.score_batcher import ItemScore
 from asyncdapo.v1 import rollout_pb2, scheduler_pb2
 
 FAST_SIM = {
@@ -80,9 +80,9 @@ async def start_sim_gateway(
 ) -> SimGateway:
     from prometheus_client import CollectorRegistry
 
+    from asyncdapo.gateway.gateway_service import GatewayOptions
     from asyncdapo.gateway.metrics import GatewayMetrics
     from asyncdapo.gateway.server import GatewayServer, ServerSettings
-    from asyncdapo.gateway.service import GatewayOptions
     from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
 
     engine = SimulatedEngine(

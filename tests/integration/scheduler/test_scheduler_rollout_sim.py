@@ -173,7 +173,7 @@ async def test_scheduler_crash_requeues_its_claims_at_once(redis_url: str) -> No
 
 
 async def test_dns_pool_resolves_and_follows_membership() -> None:
-    from asyncdapo.scheduler.pool import GatewayPool, GatewaySpec
+    from asyncdapo.scheduler.gateway_pool import GatewayPool, GatewaySpec
 
     async with sim_gateways(1) as gws:
         pool = GatewayPool(GatewaySpec.parse(f"dns:localhost:{gws[0].port}"), resolve_interval_s=0.1)

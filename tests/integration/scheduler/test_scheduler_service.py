@@ -29,7 +29,7 @@ from scheduler_harness import (
 
 from asyncdapo.local.ports import free_port, port_open
 from asyncdapo.scheduler.rollout import Phase, Rollout
-from asyncdapo.scheduler.service import build_server
+from asyncdapo.scheduler.scheduler_service import build_server
 from asyncdapo.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 TOKEN = "s3cret"
@@ -212,7 +212,7 @@ async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> Non
 
 def test_every_scheduler_rpc_is_either_control_or_read_only() -> None:
     """A new RPC must be classified: control ones need the token, the rest change nothing."""
-    from asyncdapo.scheduler.service import CONTROL_METHODS, SERVICE_NAME
+    from asyncdapo.scheduler.scheduler_service import CONTROL_METHODS, SERVICE_NAME
 
     every = {
         f"/{SERVICE_NAME}/{m.name}" for m in scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].methods
@@ -352,7 +352,7 @@ async def test_tls_end_to_end_scheduler_gateways_and_the_trainers_client(
 
     from asyncdapo.grpc_security import ClientTls, ServerTls, bearer_metadata, sync_channel
     from asyncdapo.redis_keys import RunKeys
-    from asyncdapo.trainer.publish import Notifier, PublishError
+    from asyncdapo.trainer.publish import PublishError, VersionNotifier
 
     cert, key = self_signed(tmp_path / "pki")
     other_ca, _ = self_signed(tmp_path / "other", "someone-else")
@@ -369,14 +369,16 @@ async def test_tls_end_to_end_scheduler_gateways_and_the_trainers_client(
         server, port, _ = await build_server(ro, "127.0.0.1:0", TOKEN, server_tls)
         target = f"127.0.0.1:{port}"
         try:
-            notifier = Notifier(None, RunKeys("t"), target, TOKEN, attempts=1, timeout_s=30, tls_ca=str(cert))
+            notifier = VersionNotifier(
+                None, RunKeys("t"), target, TOKEN, attempts=1, timeout_s=30, tls_ca=str(cert)
+            )
             assert await asyncio.to_thread(notifier.current_version, "t") == 0
             errors = await asyncio.to_thread(notifier.notify, 1, write_fake_snapshot(tmp_path / "v1"))
             assert errors == []  # PublishWeights over TLS, and its fan-out to both gateways over TLS
             assert await asyncio.to_thread(notifier.current_version, "t") == 1
             notifier.close()
             for bad in (None, ClientTls.from_file(other_ca)):
-                wrong = Notifier(None, RunKeys("t"), target, TOKEN, attempts=1, timeout_s=5)
+                wrong = VersionNotifier(None, RunKeys("t"), target, TOKEN, attempts=1, timeout_s=5)
                 wrong._channel = sync_channel(target, bad)
                 wrong._stub = scheduler_pb2_grpc.SchedulerStub(wrong._channel)
                 with pytest.raises(PublishError, match="UNAVAILABLE"):

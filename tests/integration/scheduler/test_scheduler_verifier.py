@@ -22,8 +22,8 @@ from scheduler_harness import (
 from asyncdapo.local.ports import free_port
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.scoring import Detokenizer, VerifierScorer
-from asyncdapo.verifier.local import VerifierServer
+from asyncdapo.scheduler.score_batcher import Detokenizer, VerifierScorer
+from asyncdapo.verifier.local_server import VerifierServer
 
 
 def _metric(metrics: SchedulerMetrics, name: str, **labels: str) -> float:

@@ -33,9 +33,9 @@ from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.evaluate import evaluate
 from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.rollout import Phase, Rollout
-from asyncdapo.scheduler.scoring import Detokenizer, VerifierScorer
+from asyncdapo.scheduler.score_batcher import Detokenizer, VerifierScorer
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
-from asyncdapo.verifier.local import VerifierServer
+from asyncdapo.verifier.local_server import VerifierServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 INTEGER = re.compile(r"-?[0-9]+")

@@ -24,7 +24,7 @@ from scheduler_harness import (
 
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.rollout import Phase
-from asyncdapo.scheduler.weights import PublishError, PublishUnavailable
+from asyncdapo.scheduler.weight_publisher import PublishError, PublishUnavailable
 
 
 async def test_publish_failing_on_every_gateway_changes_nothing_and_is_retryable(

@@ -28,12 +28,12 @@ from asyncdapo.redis_keys import (
     RunKeys,
 )
 from asyncdapo.trainer import loop as loop_module
+from asyncdapo.trainer.crash_points import CrashPoint
 from asyncdapo.trainer.data_feed import PromptFeed
-from asyncdapo.trainer.faults import CrashPoint
 from asyncdapo.trainer.fence import TrainerFence, TrainerFenced
-from asyncdapo.trainer.groups_reader import DropReason, GroupsReader
+from asyncdapo.trainer.groups_reader import GroupDropReason, GroupsReader
 from asyncdapo.trainer.loop import Trainer, TrainerOptions
-from asyncdapo.trainer.publish import Notifier
+from asyncdapo.trainer.publish import VersionNotifier
 from asyncdapo.trainer.redis_io import RedisWaiter
 from asyncdapo.v1 import rollout_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -121,7 +121,7 @@ def test_lost_drop_reply_credits_once(redis_url: str) -> None:
     reader.start([])
     (entry,) = reader.read(1, block_ms=10)
     client.lose = lambda args: b"stale" in args or "stale" in args
-    assert reader.drop([(entry, DropReason.STALE)]) == 0  # the retry found it credited already
+    assert reader.drop([(entry, GroupDropReason.STALE)]) == 0  # the retry found it credited already
     assert _counter(client, VALID_CREDITED) == 1 and _counter(client, "trainer:dropped:stale") == 1
     assert reader.pending_count() == 0
 
@@ -135,7 +135,7 @@ def test_redelivered_entries_are_not_returned_or_credited_again(redis_url: str) 
     reader.start([])
     got = reader.read(4, block_ms=10)
     assert [e.id for e in got] == ids
-    assert reader.drop([(got[1], DropReason.STALE)]) == 1
+    assert reader.drop([(got[1], GroupDropReason.STALE)]) == 1
     client.xgroup_setid(KEYS.groups, GROUPS_CONSUMER_GROUP, "0")
     assert reader.read(4, block_ms=10) == []  # all four again: none is new
     assert reader.redelivered == 4 and _counter(client, TRAINER_REDELIVERED) == 4
@@ -327,7 +327,7 @@ def test_publish_waits_for_the_scheduler_and_stops_when_fenced(
     client = redis.Redis.from_url(redis_url)
     fence = TrainerFence(client, KEYS, "pub")
     fence.acquire()
-    notifier = Notifier(client, KEYS, addr, fence=fence)  # default: no attempt limit
+    notifier = VersionNotifier(client, KEYS, addr, fence=fence)  # default: no attempt limit
     servicer.plan = ["unavailable"] * 3
     assert notifier.notify(1, "/w/v1") == [] and servicer.version == 1
     assert len(servicer.requests) == 4 and {r.trainer_epoch for r in servicer.requests} == {1}

@@ -30,7 +30,7 @@ from asyncdapo.redis_keys import (
     VALID_CREDITED,
     RunKeys,
 )
-from asyncdapo.trainer.faults import EXIT_CODE
+from asyncdapo.trainer.crash_points import EXIT_CODE
 from asyncdapo.trainer.fence import DEFAULT_LEASE_S
 
 STALE = "trainer:dropped:stale"

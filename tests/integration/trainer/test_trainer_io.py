@@ -11,7 +11,7 @@ from asyncdapo.data.verl_format import Example
 from asyncdapo.prompts import PromptRecord
 from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
 from asyncdapo.trainer.data_feed import COUNTER_TOO_LONG, Cursor, PromptFeed, epoch_order
-from asyncdapo.trainer.groups_reader import DropReason, GroupsReader, classify
+from asyncdapo.trainer.groups_reader import GroupDropReason, GroupsReader, classify
 from asyncdapo.v1 import common_pb2, rollout_pb2
 
 KEYS = RunKeys("io-test")
@@ -97,9 +97,9 @@ def test_classify_staleness_and_future() -> None:
     g = rollout_pb2.Group.FromString(_group("a", vmin=3, vmax=4))
     assert classify(g, 4, 1, 100, 8) == (None, "")
     assert classify(g, 5, 2, 100, 8)[0] is None
-    assert classify(g, 5, 1, 100, 8)[0] is DropReason.STALE
-    assert classify(g, 3, 0, 100, 8)[0] is DropReason.FUTURE
-    assert classify(g, 4, 1, 4, 8)[0] is DropReason.MALFORMED
+    assert classify(g, 5, 1, 100, 8)[0] is GroupDropReason.STALE
+    assert classify(g, 3, 0, 100, 8)[0] is GroupDropReason.FUTURE
+    assert classify(g, 4, 1, 4, 8)[0] is GroupDropReason.MALFORMED
 
 
 def test_reader_replays_pending_then_reads_new_and_acks_checkpointed(redis_client: Any) -> None:
@@ -132,8 +132,8 @@ def test_reader_drops_missing_and_malformed_entries(redis_client: Any) -> None:
     redis_client.xdel(KEYS.groups, good)  # trimmed while pending: the replay sees no data
     assert {e.id: e.error for e in entries} == {
         good: None,
-        bad: DropReason.MALFORMED,
-        nofield: DropReason.MALFORMED,
+        bad: GroupDropReason.MALFORMED,
+        nofield: GroupDropReason.MALFORMED,
     }
     reader.drop([(e, e.error) for e in entries if e.error])
     restarted = GroupsReader(redis_client, KEYS)

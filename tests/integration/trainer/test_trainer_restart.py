@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
-from asyncdapo.trainer.faults import ENV, SimulatedCrash
+from asyncdapo.trainer.crash_points import ENV, SimulatedCrash
 from asyncdapo.trainer.loop import Trainer, TrainerOptions
 
 STEPS = 4

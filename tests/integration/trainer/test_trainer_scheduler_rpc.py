@@ -21,7 +21,7 @@ import pytest
 from asyncdapo.local.ports import free_port
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.trainer.loop import Trainer, TrainerOptions, TrainerStateError
-from asyncdapo.trainer.publish import Notifier, PublishError
+from asyncdapo.trainer.publish import PublishError, VersionNotifier
 from asyncdapo.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 TOKEN = "s3cret"
@@ -126,11 +126,11 @@ def test_publish_errors_are_reported_not_swallowed(scheduler: Any, redis_client:
     servicer, addr = scheduler
     servicer.unavailable_left = 0
     servicer.version = 3
-    notifier = Notifier(redis_client, RunKeys("x"), addr, token=TOKEN, attempts=2)
+    notifier = VersionNotifier(redis_client, RunKeys("x"), addr, token=TOKEN, attempts=2)
     with pytest.raises(PublishError, match="FAILED_PRECONDITION"):
         notifier.notify(3, "/w/v3")
     assert notifier.notify(4, "/w/v4") == ["gw-1: LoadWeights: UNAVAILABLE"]
-    bad = Notifier(redis_client, RunKeys("x"), addr, token="wrong", attempts=2)
+    bad = VersionNotifier(redis_client, RunKeys("x"), addr, token="wrong", attempts=2)
     with pytest.raises(PublishError, match="UNAUTHENTICATED"):
         bad.notify(5, "/w/v5")
     servicer.unavailable_left = 5

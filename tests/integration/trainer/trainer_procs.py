@@ -21,7 +21,7 @@ import yaml
 from asyncdapo.config import RunConfig
 from asyncdapo.local.ports import free_port
 from asyncdapo.local.redis_server import RedisServer
-from asyncdapo.trainer.faults import ENV as CRASH_ENV
+from asyncdapo.trainer.crash_points import ENV as CRASH_ENV
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.2) -> Any:

@@ -18,7 +18,7 @@ VALID_PRODUCED = "valid_produced"  # valid groups XADDed (the scheduler's FINISH
 # valid groups the trainer will never train (dropped), credited back to the bound; incremented in
 # the same atomic script as the XACK of those entries, once per entry (`RunKeys.trainer_credited`)
 VALID_CREDITED = "valid_credited"
-TRAINER_DROPPED_PREFIX = "trainer:dropped:"  # + DropReason: groups dropped, by reason
+TRAINER_DROPPED_PREFIX = "trainer:dropped:"  # + GroupDropReason (trainer): groups dropped, by reason
 TRAINER_REDELIVERED = "trainer:redelivered"  # entries delivered again after being processed
 TRAINER_PROMPTS_TOO_LONG = "trainer:prompts_too_long"  # prompts the feed skipped (over max length)
 TRAINER_PROMPTS_QUEUED = "trainer:prompts_queued"  # prompts the feed pushed

@@ -56,7 +56,7 @@ def _tiny(args: argparse.Namespace) -> int:
 
 def _sft(args: argparse.Namespace) -> int:
     from asyncdapo.data.verl_format import load_examples
-    from asyncdapo.local.progress import TaskProgress
+    from asyncdapo.local.live_view import TaskProgress
     from asyncdapo.sft import supervised_warm_start
 
     with TaskProgress(f"warm-start {args.out}", args.steps) as progress:

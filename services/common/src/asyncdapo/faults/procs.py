@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from asyncdapo.faults.proxy import ProxyThread
-from asyncdapo.faults.service import (
+from asyncdapo.faults.supervised import (
     MARKER_ENV,
     FaultEvent,
     FaultStackError,

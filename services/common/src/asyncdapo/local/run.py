@@ -16,7 +16,7 @@ from typing import Any
 from asyncdapo.config import RunConfig
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.grpc_security import bearer_metadata
-from asyncdapo.local.progress import Progress
+from asyncdapo.local.live_view import Progress
 from asyncdapo.local.report import read_metrics, write_report
 from asyncdapo.local.stack import LocalStack, StackOptions
 
@@ -37,7 +37,7 @@ def _scheduler_stub(address: str):
 
 
 def run_status(stub, run: str) -> dict[str, Any]:
-    from asyncdapo.tracking.rollout import status_metrics
+    from asyncdapo.tracking.rollout_metrics import status_metrics
     from asyncdapo.v1 import scheduler_pb2
 
     return status_metrics(stub.GetRun(scheduler_pb2.GetRunRequest(run=run), timeout=5.0))

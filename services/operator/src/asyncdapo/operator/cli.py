@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _default_args(p: argparse.ArgumentParser) -> None:
-    from .desired import OperatorDefaults
+    from asyncdapo.operator.desired import OperatorDefaults
 
     d = OperatorDefaults()
     p.add_argument("--control-plane-image", default=_env("CONTROL_PLANE_IMAGE", d.control_plane_image))
@@ -88,7 +88,7 @@ def _default_args(p: argparse.ArgumentParser) -> None:
 def _defaults(
     args: argparse.Namespace, kuberay: bool, redis_password: str | None = None
 ):  # -> OperatorDefaults
-    from .desired import OperatorDefaults
+    from asyncdapo.operator.desired import OperatorDefaults
 
     return OperatorDefaults(
         control_plane_image=args.control_plane_image,
@@ -103,7 +103,7 @@ def _defaults(
 
 
 def _crd(args: argparse.Namespace) -> int:
-    from .crd import crd_yaml
+    from asyncdapo.operator.crd import crd_yaml
 
     text = crd_yaml()
     if args.output:
@@ -115,7 +115,7 @@ def _crd(args: argparse.Namespace) -> int:
 
 
 def _dashboards(args: argparse.Namespace) -> int:
-    from .dashboards import write_all
+    from asyncdapo.operator.dashboards import write_all
 
     for path in write_all(args.out):
         print(path)
@@ -125,7 +125,7 @@ def _dashboards(args: argparse.Namespace) -> int:
 def _manifests(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .chart import write_plain_manifests
+    from asyncdapo.operator.chart import write_plain_manifests
 
     print(write_plain_manifests(Path(args.out)))
     return 0
@@ -135,8 +135,8 @@ def _render(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
 
-    from .desired import DesiredStateError, Lifecycle, RunRef, desired_state
-    from .spec import parse_spec
+    from asyncdapo.operator.desired import DesiredStateError, Lifecycle, RunRef, desired_state
+    from asyncdapo.operator.spec import parse_spec
 
     with open(args.file) as f:
         docs = [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "TrainingRun"]
@@ -207,9 +207,9 @@ def _run(args: argparse.Namespace) -> int:
     from kubernetes.config import ConfigException
     from prometheus_client import start_http_server
 
-    from . import handlers  # noqa: F401  (registers the handlers)
-    from .kube import KubeCluster
-    from .progress import read_progress
+    from asyncdapo.operator import handlers  # noqa: F401  (registers the handlers)
+    from asyncdapo.operator.kube import KubeCluster
+    from asyncdapo.operator.service_progress import read_progress
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -272,7 +272,7 @@ def _check(args: argparse.Namespace) -> int:
 def _crd_established() -> None:
     from kubernetes import client, config
 
-    from .crd import CRD_NAME
+    from asyncdapo.operator.crd import CRD_NAME
 
     try:
         config.load_incluster_config()

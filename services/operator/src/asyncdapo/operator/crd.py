@@ -26,9 +26,8 @@ from typing import Any
 import yaml
 
 from asyncdapo.config import RunConfig, run_config_json_schema
-
-from .openapi import to_structural
-from .spec import API_GROUP, API_VERSION, KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
+from asyncdapo.operator.openapi import to_structural
+from asyncdapo.operator.spec import API_GROUP, API_VERSION, KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .managed_redis import managed_redis
-from .network import network_policies
-from .objects import (
+from asyncdapo.operator.managed_redis import managed_redis
+from asyncdapo.operator.network import network_policies
+from asyncdapo.operator.objects import (
     CPU_DEFAULTS,
     RETAINED_ANNOTATION,
     DesiredStateError,
@@ -36,10 +36,10 @@ from .objects import (
     redis_env,
     redis_url,
 )
-from .pods import env, pod_spec, resources, template_metadata, volumes
-from .rollout import gateway, scheduler, verifier
-from .spec import TrainingRunSpec
-from .trainer_job import trainer
+from asyncdapo.operator.pods import env, pod_spec, resources, template_metadata, volumes
+from asyncdapo.operator.rollout_workloads import gateway, scheduler, verifier
+from asyncdapo.operator.spec import TrainingRunSpec
+from asyncdapo.operator.trainer_job import trainer
 
 __all__ = ["DesiredStateError", "Lifecycle", "OperatorDefaults", "RunRef", "desired_state", "object_key"]
 

@@ -32,12 +32,12 @@ from typing import Any
 import kopf
 from prometheus_client import Counter, Gauge, Histogram
 
-from . import periodic
-from .desired import OperatorDefaults
-from .kube import Cluster, event_manifest
-from .reconcile import ProgressReader, reconcile, status_patch
-from .spec import API_GROUP, API_VERSION, PLURAL, Phase, TrainingRunStatus, parse_status
-from .status import phase_event
+from asyncdapo.operator import periodic
+from asyncdapo.operator.desired import OperatorDefaults
+from asyncdapo.operator.kube import Cluster, event_manifest
+from asyncdapo.operator.reconcile import ProgressReader, reconcile, status_patch
+from asyncdapo.operator.spec import API_GROUP, API_VERSION, PLURAL, Phase, TrainingRunStatus, parse_status
+from asyncdapo.operator.status_machine import phase_event
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from .pods import RUN_LABEL
-from .spec import API_GROUP, API_VERSION, KIND
+from asyncdapo.operator.pods import RUN_LABEL
+from asyncdapo.operator.spec import API_GROUP, API_VERSION, KIND
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .objects import CPU_DEFAULTS, OperatorDefaults, RunRef, meta, pull_policy, redis_env, service
-from .pods import (
+from asyncdapo.operator.objects import (
+    CPU_DEFAULTS,
+    OperatorDefaults,
+    RunRef,
+    meta,
+    pull_policy,
+    redis_env,
+    service,
+)
+from asyncdapo.operator.pods import (
     REDIS_PASSWORD_ENV,
     REDIS_PORT,
     UID,
@@ -20,7 +28,7 @@ from .pods import (
     selector,
     template_metadata,
 )
-from .spec import Resources, TrainingRunSpec
+from asyncdapo.operator.spec import Resources, TrainingRunSpec
 
 
 def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults) -> list[dict[str, Any]]:

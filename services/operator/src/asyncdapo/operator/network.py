@@ -18,9 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .objects import OperatorDefaults, RunRef, meta
-from .pods import COMPONENT_LABEL, GRPC_PORT, METRICS_PORT, REDIS_PORT, RUN_LABEL, VERIFIER_PORT, selector
-from .spec import TrainingRunSpec
+from asyncdapo.operator.objects import OperatorDefaults, RunRef, meta
+from asyncdapo.operator.pods import (
+    COMPONENT_LABEL,
+    GRPC_PORT,
+    METRICS_PORT,
+    REDIS_PORT,
+    RUN_LABEL,
+    VERIFIER_PORT,
+    selector,
+)
+from asyncdapo.operator.spec import TrainingRunSpec
 
 RAY_DASHBOARD_PORT = 8265
 

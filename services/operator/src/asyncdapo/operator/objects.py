@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from .pods import (
+from asyncdapo.operator.pods import (
     GRPC_PORT,
     REDIS_PASSWORD_ENV,
     REDIS_PORT,
@@ -22,7 +22,7 @@ from .pods import (
     labels,
     selector,
 )
-from .spec import API_GROUP, API_VERSION, KIND, TrainingRunSpec
+from asyncdapo.operator.spec import API_GROUP, API_VERSION, KIND, TrainingRunSpec
 
 # TrainingRun labels and annotations copied onto the run's GPU workloads (trainer Job / RayJob,
 # gateway StatefulSet): Kueue admits those by `kueue.x-k8s.io/queue-name` (and priority-class).

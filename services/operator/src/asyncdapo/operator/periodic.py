@@ -18,8 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from .spec import parse_status
-from .status import is_terminal
+from asyncdapo.operator.spec import parse_status
+from asyncdapo.operator.status_machine import is_terminal
 
 log = logging.getLogger(__name__)
 

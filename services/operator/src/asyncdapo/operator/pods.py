@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .spec import EnvVar, Placement, Resources, Toleration, TrainingRunSpec
+from asyncdapo.operator.spec import EnvVar, Placement, Resources, Toleration, TrainingRunSpec
 
 APP = "asyncdapo"
 RUN_LABEL = "asyncdapo.io/run"

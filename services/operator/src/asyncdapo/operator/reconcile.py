@@ -16,11 +16,25 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .desired import DesiredStateError, Lifecycle, OperatorDefaults, RunRef, desired_state, object_key
-from .kube import CHILD_KINDS, Cluster, ImmutableFieldError, owned_by, run_selector
-from .objects import REDIS_AUTH_KEY, meta, redis_auth_secret_name
-from .spec import TrainingRunSpec, TrainingRunStatus, parse_spec, parse_status
-from .status import JobState, Observation, Progress, Readiness, lifecycle, next_status
+from asyncdapo.operator.desired import (
+    DesiredStateError,
+    Lifecycle,
+    OperatorDefaults,
+    RunRef,
+    desired_state,
+    object_key,
+)
+from asyncdapo.operator.kube import CHILD_KINDS, Cluster, ImmutableFieldError, owned_by, run_selector
+from asyncdapo.operator.objects import REDIS_AUTH_KEY, meta, redis_auth_secret_name
+from asyncdapo.operator.spec import TrainingRunSpec, TrainingRunStatus, parse_spec, parse_status
+from asyncdapo.operator.status_machine import (
+    JobState,
+    Observation,
+    Progress,
+    Readiness,
+    lifecycle,
+    next_status,
+)
 
 log = logging.getLogger(__name__)
 

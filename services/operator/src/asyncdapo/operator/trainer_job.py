@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from .objects import (
+from asyncdapo.operator.objects import (
     CPU_DEFAULTS,
     CPU_POD_DEFAULTS,
     GPU_POD_DEFAULTS,
@@ -35,7 +35,7 @@ from .objects import (
     service,
     svc_host,
 )
-from .pods import (
+from asyncdapo.operator.pods import (
     CONFIG_FILE,
     CONFIG_HASH_ANNOTATION,
     GRPC_PORT,
@@ -48,7 +48,7 @@ from .pods import (
     template_metadata,
     volumes,
 )
-from .spec import Resources, TrainingRunSpec
+from asyncdapo.operator.spec import Resources, TrainingRunSpec
 
 # ROLE_LABEL values of trainer pods; the metrics Service selects METRICS_ROLE.
 METRICS_ROLE = "worker"

@@ -218,10 +218,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
+    from asyncdapo.gateway.gateway_service import GatewayOptions
     from asyncdapo.gateway.metrics import GatewayMetrics
     from asyncdapo.gateway.server import GatewayServer, ServerSettings
-    from asyncdapo.gateway.service import GatewayOptions
-    from asyncdapo.gateway.weights import WeightsError, WeightsValidator
+    from asyncdapo.gateway.weight_loader import WeightsError, WeightsValidator
 
     validator = None
     if args.model:

@@ -14,7 +14,7 @@ from enum import StrEnum
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncdapo.gateway.engine import EngineLoad, Finish
-from asyncdapo.gateway.validation import Rejection
+from asyncdapo.gateway.request_checks import Rejection
 from asyncdapo.metrics import TotalCounter
 
 

@@ -22,10 +22,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from asyncdapo.gateway.engine import Engine
+from asyncdapo.gateway.gateway_service import CONTROL_METHODS, SERVICE_NAME, GatewayOptions, GatewayService
 from asyncdapo.gateway.metrics import GatewayMetrics
-from asyncdapo.gateway.service import CONTROL_METHODS, SERVICE_NAME, GatewayOptions, GatewayService
-from asyncdapo.gateway.validation import Rejection
-from asyncdapo.gateway.weights import WeightsValidator
+from asyncdapo.gateway.request_checks import Rejection
+from asyncdapo.gateway.weight_loader import WeightsValidator
 from asyncdapo.grpc_security import BearerAuthInterceptor, ServerTls, add_port
 from asyncdapo.v1 import gateway_pb2_grpc
 

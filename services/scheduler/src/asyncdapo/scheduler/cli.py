@@ -55,7 +55,7 @@ def _main(args: argparse.Namespace) -> int:
     from asyncdapo.grpc_security import client_tls_from_args, read_token_file, server_tls_from_args
     from asyncdapo.models import resolve_model
     from asyncdapo.redis_conn import apply_password_flag
-    from asyncdapo.scheduler.pool import GatewaySpec, GatewaySpecError
+    from asyncdapo.scheduler.gateway_pool import GatewaySpec, GatewaySpecError
 
     apply_password_flag(args)
     cfg = load_run_config(args.config, args.overrides)
@@ -81,11 +81,11 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     from prometheus_client import start_http_server
 
     from asyncdapo.redis_conn import async_client, check_auth_async
+    from asyncdapo.scheduler.gateway_pool import GatewayPool
     from asyncdapo.scheduler.metrics import SchedulerMetrics
-    from asyncdapo.scheduler.pool import GatewayPool
     from asyncdapo.scheduler.rollout import Rollout
-    from asyncdapo.scheduler.scoring import Detokenizer, VerifierScorer
-    from asyncdapo.scheduler.service import build_server
+    from asyncdapo.scheduler.scheduler_service import build_server
+    from asyncdapo.scheduler.score_batcher import Detokenizer, VerifierScorer
 
     log = logging.getLogger("asyncdapo.scheduler")
     metrics = SchedulerMetrics()

@@ -29,9 +29,9 @@ import grpc
 
 from asyncdapo.scheduler.dispatch import DispatchPolicy, pick
 from asyncdapo.scheduler.eligible import EligibleIndex
+from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.scheduler.gateway_stream import GatewayStream
 from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.scheduler.tasks import PromptTask, Request, request_seed
 from asyncdapo.v1 import common_pb2, gateway_pb2
 

@@ -39,10 +39,12 @@ from asyncdapo.scheduler.core import (
 )
 from asyncdapo.scheduler.dispatch import DispatchPolicy
 from asyncdapo.scheduler.dispatcher import Dispatcher
+from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.scheduler.group_state import (
     REDIS_WAIT_ERRORS,
     DropReason,
     GroupStore,
+    Outcome,
     RedisLink,
     RequeueReason,
     RoundTrips,
@@ -51,12 +53,11 @@ from asyncdapo.scheduler.group_state import (
 )
 from asyncdapo.scheduler.longtail import LongTailAction
 from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.scheduler.queue import Fenced, PromptQueue
-from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
-from asyncdapo.scheduler.status import RunStatusReader
+from asyncdapo.scheduler.run_status import RunStatusReader
+from asyncdapo.scheduler.score_batcher import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
 from asyncdapo.scheduler.tasks import Kind, LengthStats, PromptTask, Request, Score
-from asyncdapo.scheduler.weights import WeightPublisher
+from asyncdapo.scheduler.weight_publisher import WeightPublisher
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
 
 __all__ = ["Phase", "Rollout"]
@@ -258,7 +259,7 @@ class Rollout:
         recovered = await self._r(self.queue.recover)
         if recovered:
             log.info("epoch %d: requeued %d prompts claimed by a replaced scheduler", epoch, len(recovered))
-            self.metrics.outcomes.labels("requeued", RequeueReason.SCHEDULER_RESTART.value).inc(
+            self.metrics.outcomes.labels(Outcome.REQUEUED, RequeueReason.SCHEDULER_RESTART).inc(
                 len(recovered)
             )
         self._bg = [
@@ -652,7 +653,7 @@ class Rollout:
         n = sum(1 for r in res if r.label.startswith("requeued"))
         if n:
             log.warning("requeued %d claim(s) of ours that no task held", n)
-            self.metrics.outcomes.labels("requeued", RequeueReason.ORPHANED.value).inc(n)
+            self.metrics.outcomes.labels(Outcome.REQUEUED, RequeueReason.ORPHANED).inc(n)
         return n
 
     def _update_gauges(self) -> None:

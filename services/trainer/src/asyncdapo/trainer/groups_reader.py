@@ -20,7 +20,7 @@ rollbacks of a consumer-group position or an XACK.
 - Redelivery fence: the reader keeps the newest stream id processed (trained or dropped;
   `TrainerState.last_stream_id` in the checkpoint). An entry delivered again with an id at or below
   it (Redis rolled back the group's last-delivered id or an XACK) is never trained again: if this
-  trainer dropped it (it remembers its drops, and the ledger lists those of checkpointed steps) it
+  trainer dropped it (it remembers its drops, and the trained log lists those of checkpointed steps) it
   is dropped again, which credits it only if Redis lost the first credit (no marker); otherwise it
   was trained and is XACKed once a durable checkpoint covers it. Counted as `trainer:redelivered`.
 - Every script that writes (read, drop, XACK + trim) checks the trainer fence first, atomically;
@@ -62,14 +62,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class DropReason(StrEnum):
+class GroupDropReason(StrEnum):
     STALE = "stale"  # min_version < version - max_staleness
     FUTURE = "future"  # produced by a version newer than the trainer's (lost in a rollback)
     MALFORMED = "malformed"  # violates the Group contract or does not parse
     MISSING = "missing"  # the entry's data was trimmed from the stream before it was read
 
 
-def dropped_counter(reason: DropReason) -> str:
+def dropped_counter(reason: GroupDropReason) -> str:
     return TRAINER_DROPPED_PREFIX + reason.value
 
 
@@ -194,7 +194,7 @@ return {'OK', p[1], trimmed, minid}
 class Entry:
     id: str
     group: rollout_pb2.Group | None  # None: unreadable; `error` says why
-    error: DropReason | None = None
+    error: GroupDropReason | None = None
     detail: str = ""
 
 
@@ -204,33 +204,33 @@ def classify(
     max_staleness: int,
     vocab_size: int,
     max_response_length: int,
-) -> tuple[DropReason | None, str]:
+) -> tuple[GroupDropReason | None, str]:
     """(None, "") if `group` may train the policy at `version`, else (reason, detail)."""
     try:
         validate_group(group, vocab_size, max_response_length)
     except MalformedGroup as err:
-        return DropReason.MALFORMED, str(err)
+        return GroupDropReason.MALFORMED, str(err)
     if group.min_version < version - max_staleness:
-        return DropReason.STALE, f"min_version {group.min_version} < {version} - {max_staleness}"
+        return GroupDropReason.STALE, f"min_version {group.min_version} < {version} - {max_staleness}"
     if group.max_version > version:
-        return DropReason.FUTURE, f"max_version {group.max_version} > trainer version {version}"
+        return GroupDropReason.FUTURE, f"max_version {group.max_version} > trainer version {version}"
     return None, ""
 
 
 def _parse(entry_id: Any, fields: Any) -> Entry:
     eid = text(entry_id)
     if not fields:
-        return Entry(eid, None, DropReason.MISSING, "entry deleted from the stream")
+        return Entry(eid, None, GroupDropReason.MISSING, "entry deleted from the stream")
     if isinstance(fields, list):  # a script's reply: flat [field, value, ...]
         fields = {text(fields[i]): fields[i + 1] for i in range(0, len(fields) - 1, 2)}
     raw = fields.get(GROUP_FIELD.encode(), fields.get(GROUP_FIELD))
     if raw is None:
-        return Entry(eid, None, DropReason.MALFORMED, f"no field {GROUP_FIELD!r}")
+        return Entry(eid, None, GroupDropReason.MALFORMED, f"no field {GROUP_FIELD!r}")
     group = rollout_pb2.Group()
     try:
         group.ParseFromString(raw if isinstance(raw, bytes) else raw.encode("latin-1"))
     except Exception as err:  # protobuf raises DecodeError and friends
-        return Entry(eid, None, DropReason.MALFORMED, f"not a Group: {err}")
+        return Entry(eid, None, GroupDropReason.MALFORMED, f"not a Group: {err}")
     return Entry(eid, group)
 
 
@@ -251,7 +251,7 @@ class GroupsReader:
         self.fence = fence
         self.waiter = waiter or (fence.waiter if fence else RedisWaiter(give_up_after_s=0))
         self.newest = "0-0"  # newest stream id processed (trained, about to be trained, or dropped)
-        self.dropped: dict[str, DropReason] = {}  # every drop this trainer knows of (redeliveries)
+        self.dropped: dict[str, GroupDropReason] = {}  # every drop this trainer knows of (redeliveries)
         self.uncovered: set[str] = set()  # read for training, not yet covered by a durable checkpoint
         self.redelivered = 0  # redelivered entries seen by this process
         self.rescans = 0
@@ -294,13 +294,13 @@ class GroupsReader:
         self,
         covered_by_checkpoint: list[str],
         newest: str = "0-0",
-        dropped: dict[str, DropReason] | None = None,
+        dropped: dict[str, GroupDropReason] | None = None,
     ) -> tuple[int, int]:
         """Create the consumer group, XACK what the last checkpoint covers, take over pending
         entries; returns (entries to replay, pending entries found deleted from the stream).
 
         `newest`: the checkpoint's newest processed stream id (the redelivery fence); `dropped`:
-        the drops the trainer's ledger lists (a redelivered one of them is dropped again)."""
+        the drops the trainer's trained log lists (a redelivered one of them is dropped again)."""
 
         def create(_a: int) -> None:
             try:
@@ -324,7 +324,7 @@ class GroupsReader:
         reply = self._script(
             self._claim_all, [self.keys.groups, self.keys.counters, self.keys.trainer_credited],
             lambda _a: [GROUPS_CONSUMER_GROUP, self.consumer, self.newest,
-                        dropped_counter(DropReason.MISSING), VALID_CREDITED],
+                        dropped_counter(GroupDropReason.MISSING), VALID_CREDITED],
             "claim of pending groups",
         )  # fmt: skip
         missing = int(reply[2])
@@ -433,7 +433,7 @@ class GroupsReader:
 
     # ------------------------------------------------------------------ outcomes
 
-    def drop(self, entries: Iterable[tuple[Entry, DropReason]]) -> int:
+    def drop(self, entries: Iterable[tuple[Entry, GroupDropReason]]) -> int:
         """XACK groups that will never be trained and credit them (`valid_credited`, and
         `trainer:dropped:<reason>`) in one script, once per entry (its credit marker); returns how
         many were credited now."""

@@ -12,7 +12,7 @@ Every published version is checkpointed before it is published (`checkpoint_ever
 checkpoints in between), so a restart resumes at or after the version rollout runs, never behind it.
 
 One writer (fence.py): rank 0 acquires the run's trainer lease before it reads a checkpoint or the
-stream (waiting while another live trainer holds it), and checks it before every ledger line,
+stream (waiting while another live trainer holds it), and checks it before every trained-log line,
 checkpoint and publish; a fenced-out trainer raises TrainerFenced and writes nothing more. Redis
 away: every Redis operation waits (redis_io.RedisWaiter) instead of failing.
 
@@ -35,19 +35,19 @@ from asyncdapo.config import RunConfig
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.tracking import open_tracking
-from asyncdapo.tracking.rollout import scheduler_status_source
+from asyncdapo.tracking.rollout_metrics import scheduler_status_source
 from asyncdapo.trainer.algos import grpo_advantages, tis_weights
 from asyncdapo.trainer.batch import TrainBatch, build_batch
 from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
+from asyncdapo.trainer.crash_points import CrashPoint, SimulatedCrash, maybe_crash
 from asyncdapo.trainer.data_feed import Cursor, PromptFeed, make_encoder
 from asyncdapo.trainer.dist import DistContext
-from asyncdapo.trainer.faults import CrashPoint, SimulatedCrash, maybe_crash
 from asyncdapo.trainer.fence import DEFAULT_LEASE_S, TrainerFence, TrainerFenced, default_trainer_id
 from asyncdapo.trainer.fsdp import Sharding
-from asyncdapo.trainer.groups_reader import DropReason, Entry, GroupsReader, classify, dropped_counter
+from asyncdapo.trainer.groups_reader import Entry, GroupDropReason, GroupsReader, classify, dropped_counter
 from asyncdapo.trainer.metrics import PREFIX, JsonlLog, MetricsSink, batch_metrics
 from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
-from asyncdapo.trainer.publish import Notifier, publish, remove_snapshot_leftovers
+from asyncdapo.trainer.publish import VersionNotifier, publish, remove_snapshot_leftovers
 from asyncdapo.trainer.redis_io import RedisWaiter, connect
 from asyncdapo.trainer.update import UpdateSettings, ppo_update, rows_of_rank
 from asyncdapo.v1 import rollout_pb2
@@ -194,17 +194,17 @@ class Trainer:
         waiter.call(lambda _a: self.feed.restore(ckpt_cursor), "prompt feed cursor read")
         out = Path(self.opts.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.ledger = JsonlLog(out / "trained.jsonl")
-        self.ledger.truncate_after(self.state.step)
+        self.trained_log = JsonlLog(out / "trained.jsonl")
+        self.trained_log.truncate_after(self.state.step)
         self.reader = GroupsReader(self.redis, self.keys, self.opts.consumer, self.fence, waiter)
         replay, missing = self.reader.start(
             covered_by_checkpoint=self.state.covered_group_ids,
             newest=self.state.last_stream_id,
-            dropped=_ledger_drops(self.ledger),
+            dropped=_trained_log_drops(self.trained_log),
         )
-        self.counters[dropped_counter(DropReason.MISSING)] += missing
+        self.counters[dropped_counter(GroupDropReason.MISSING)] += missing
         self.state.covered_group_ids = []
-        self.notifier = Notifier(
+        self.notifier = VersionNotifier(
             self.redis,
             self.keys,
             self.opts.scheduler,
@@ -302,7 +302,7 @@ class Trainer:
         t_compute = time.perf_counter()
         maybe_crash(CrashPoint.AFTER_UPDATE, self.state.step)
 
-        # 4. commit (rank 0): ledger → checkpoint → publish → XACK
+        # 4. commit (rank 0): trained log → checkpoint → publish → XACK
         timing = {"timing/checkpoint_s": 0.0, "timing/publish_s": 0.0, "timing/snapshot_s": 0.0}
         # sharded weights are gathered onto rank 0 by every rank (a collective) when a step saves them
         full = self.sharding.gather(self.model, self.optimizer) if self._saves_state() else None
@@ -345,7 +345,7 @@ class Trainer:
         while len(got) < need:
             self.waiter.call(lambda _a: self.feed.refill(), "prompt refill")
             entries = self.reader.read(need - len(got), block_ms=self.opts.poll_ms)
-            drops: list[tuple[Entry, DropReason]] = []
+            drops: list[tuple[Entry, GroupDropReason]] = []
             for e in entries:
                 reason, detail = (
                     (e.error, e.detail)
@@ -417,7 +417,7 @@ class Trainer:
         if self.dist.is_main:
             for k, v in Counter(version - g.min_version for g in groups).items():
                 self.metrics.staleness.labels(staleness=str(k)).inc(v)
-            for reason in DropReason:
+            for reason in GroupDropReason:
                 out[f"dropped/{reason.value}"] = self.counters[dropped_counter(reason)]
             out["groups/credited"] = self.counters["groups/credited"]
             out["groups/redelivered"] = self.reader.redelivered
@@ -435,11 +435,11 @@ class Trainer:
         t = self.cfg.trainer
         step = self.state.step
         assert self.fence is not None
-        self.fence.check()  # a fenced-out trainer writes no ledger line, checkpoint or version
+        self.fence.check()  # a fenced-out trainer writes no trained-log line, checkpoint or version
         ids = [eid for eid, _ in entries]
         self.state.covered_group_ids.extend(ids)
         self.state.last_stream_id = self.reader.newest  # trained or dropped, the redelivery fence
-        self.ledger.write({"step": step, "stream_ids": ids,
+        self.trained_log.write({"step": step, "stream_ids": ids,
                            "group_ids": [rollout_pb2.Group.FromString(raw).prompt_id for _, raw in entries],
                            "dropped": self._step_drops})  # fmt: skip
         self._step_drops = []
@@ -485,7 +485,7 @@ class Trainer:
         if not (every and self.val_examples and self.state.step % every == 0):
             return {}
         from asyncdapo.trainer.publish import PublishError
-        from asyncdapo.trainer.validation import eval_request, evaluate
+        from asyncdapo.trainer.val_rollouts import eval_request, evaluate
 
         req = eval_request(self.cfg, self.val_examples, self.encode)
         stub = self.notifier.scheduler_stub()
@@ -505,10 +505,10 @@ class Trainer:
             self.notifier.close()
 
 
-def _ledger_drops(ledger: JsonlLog) -> dict[str, DropReason]:
-    """Stream ids the ledger lists as dropped (a redelivered one is dropped again, never trained)."""
-    out: dict[str, DropReason] = {}
-    for line in ledger.read():
+def _trained_log_drops(trained_log: JsonlLog) -> dict[str, GroupDropReason]:
+    """Stream ids the trained log lists as dropped (a redelivered one is dropped again, never trained)."""
+    out: dict[str, GroupDropReason] = {}
+    for line in trained_log.read():
         for sid, reason in line.get("dropped", []):
-            out[sid] = DropReason(reason)
+            out[sid] = GroupDropReason(reason)
     return out

@@ -3,7 +3,7 @@ Prometheus gauges (one per numeric key) and labelled counters (drop reasons, sta
 
 JSON lines files are kept consistent with the checkpoints: on resume, lines of steps after the
 restored checkpoint are dropped (those steps are trained again), so no step appears twice. The
-trainer's ledger `trained.jsonl` (step, stream ids, prompt ids) is written before the checkpoint,
+trainer's trained log `trained.jsonl` (step, stream ids, prompt ids) is written before the checkpoint,
 so it lists every checkpointed step; `metrics.jsonl` is written at the end of a step and can miss
 the line of a step whose process died between its checkpoint and its end.
 """
@@ -92,7 +92,7 @@ class MetricsSink:
     tracking backends of `logging.backends` (asyncdapo.tracking).
 
     `rollout_status`, when given, returns the scheduler's rollout counters (`rollout/*`, see
-    `asyncdapo.tracking.rollout`); they are added to each record before it is written, so the
+    `asyncdapo.tracking.rollout_metrics`); they are added to each record before it is written, so the
     trackers get the rollout side of the step as verl users see it in one place.
     """
 
@@ -109,7 +109,7 @@ class MetricsSink:
         self.registry = CollectorRegistry()
         self._gauges: dict[str, Gauge] = {}
         self.dropped = Counter(
-            PREFIX + "dropped_groups", "Groups dropped instead of trained, by DropReason", ["reason"],
+            PREFIX + "dropped_groups", "Groups dropped instead of trained, by GroupDropReason", ["reason"],
             registry=self.registry,
         )  # fmt: skip
         self.staleness = Counter(

@@ -111,7 +111,7 @@ def remove_snapshot_leftovers(checkpoint_dir: str | Path) -> int:
     return n
 
 
-class Notifier:
+class VersionNotifier:
     """Tells the rollout side about a new version: the scheduler over gRPC, or Redis directly.
 
     `attempts` None (the default): retry transient errors forever; a number: give up (PublishError)
@@ -251,7 +251,7 @@ def publish(
     checkpoint_dir: str | Path,
     version: int,
     dtype: torch.dtype,
-    notifier: Notifier,
+    notifier: VersionNotifier,
     keep_versions: int = 2,
     writer: str = "",
 ) -> PublishResult:

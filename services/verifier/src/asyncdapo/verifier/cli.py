@@ -49,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from asyncdapo.errors import AsyncdapoError
     from asyncdapo.verifier.app import create_app
-    from asyncdapo.verifier.config import VerifierSettings
+    from asyncdapo.verifier.settings import VerifierSettings
 
     overrides = {k: v for k, v in vars(args).items() if k in VerifierSettings.model_fields and v is not None}
     try:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from asyncdapo.verifier.config import VerifierSettings
 from asyncdapo.verifier.schemas import ScoreItem, ScoreRequest
+from asyncdapo.verifier.settings import VerifierSettings
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from asyncdapo.verifier.pool import RestartReason
 from asyncdapo.verifier.schemas import ItemStatus
+from asyncdapo.verifier.worker_pool import RestartReason
 
 _LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

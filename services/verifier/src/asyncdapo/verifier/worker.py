@@ -12,7 +12,7 @@ Protocol (parent = `pool.WorkerPool`):
 - EOF on the task pipe means shut down.
 
 Inside the worker, a one-shot SIGALRM at `soft_timeout_s` (math-verify's own mechanism, see
-scoring.py) ends interruptible stalls cheaply, without losing the process.
+math_verdict.py) ends interruptible stalls cheaply, without losing the process.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ _WARMUP = (
 
 def _scoring() -> ModuleType:
     # sympy and math-verify load in workers (and the forkserver), never in the service process.
-    from asyncdapo.verifier import scoring
+    from asyncdapo.verifier import math_verdict as scoring
 
     return scoring
 

@@ -35,8 +35,8 @@ from redis.asyncio import Redis
 from asyncdapo.config import PauseMode, RolloutConfig
 from asyncdapo.gateway.wire import pause_mode_to_pb
 from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.pool import Gateway, GatewayPool
 from asyncdapo.v1 import gateway_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 `ScoreBatcher` collects responses as they finish and sends them in batches of up to
 `verifier_batch_size` (after at most `linger_s`), at most `verifier_concurrency` batches at a time,
 through a `Scorer`. The production scorer, `VerifierScorer`, detokenizes and scores through the
-verifier's own client (`asyncdapo.verifier.client`), which holds the one retry policy: a verifier
+verifier's own client (`asyncdapo.verifier.verifier_client`), which holds the one retry policy: a verifier
 that is away or failing is waited for (capped exponential backoff with jitter, forever with the
 default `reward.verifier_max_retries: null`), an item over a per-item limit comes back `invalid`
 alone. What the batcher does with each result:
@@ -37,8 +37,8 @@ from pydantic import ValidationError
 
 from asyncdapo.config import RewardConfig
 from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.verifier.client import Attempt, VerifierClient, VerifierUnavailable, backoff_delay
 from asyncdapo.verifier.schemas import ItemResult, ItemStatus, ScoreItem
+from asyncdapo.verifier.verifier_client import Attempt, VerifierClient, VerifierUnavailable, backoff_delay
 
 log = logging.getLogger(__name__)
 SLOW_CALL_S = 2.0

@@ -41,7 +41,7 @@ from asyncdapo.verifier.protocol import IDLE, SEQ, START, Chunk, Verdict, decode
 from asyncdapo.verifier.schemas import ItemStatus
 from asyncdapo.verifier.worker import worker_main
 
-log = logging.getLogger("asyncdapo.verifier.pool")
+log = logging.getLogger("asyncdapo.verifier.worker_pool")
 
 SLOW_ITEM_S = 1.0  # an item scored slower than this is logged with its input
 _MAX_POLL_S = 0.25  # safety net: the manager re-checks deadlines at least this often while busy
@@ -112,7 +112,7 @@ class WorkerPool:
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             # Replacement workers fork from a server that already imported sympy and math-verify.
-            self._ctx.set_forkserver_preload(["asyncdapo.verifier.worker", "asyncdapo.verifier.scoring"])
+            self._ctx.set_forkserver_preload(["asyncdapo.verifier.worker", "asyncdapo.verifier.math_verdict"])
         self._on_restart = on_restart or (lambda reason: None)
         self._on_item = on_item or (lambda status, seconds: None)
         self._on_stall = on_stall or (lambda: None)

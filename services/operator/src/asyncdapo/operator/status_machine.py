@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .objects import Lifecycle
-from .spec import Condition, ConditionType, Phase, TrainingRunSpec, TrainingRunStatus
+from asyncdapo.operator.objects import Lifecycle
+from asyncdapo.operator.spec import Condition, ConditionType, Phase, TrainingRunSpec, TrainingRunStatus
 
 # Reasons whose Failed phase is not terminal: the user fixes the spec, the run proceeds.
 SPEC_REASONS = frozenset({"InvalidSpec", "NoRedis", "KubeRayMissing"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .objects import (
+from asyncdapo.operator.objects import (
     CPU_DEFAULTS,
     CPU_POD_DEFAULTS,
     GPU_POD_DEFAULTS,
@@ -26,7 +26,7 @@ from .objects import (
     svc_host,
     verifier_url,
 )
-from .pods import (
+from asyncdapo.operator.pods import (
     CONFIG_FILE,
     CONFIG_HASH_ANNOTATION,
     GRPC_PORT,
@@ -40,7 +40,7 @@ from .pods import (
     template_metadata,
     volumes,
 )
-from .spec import GatewayEngine, TrainingRunSpec
+from asyncdapo.operator.spec import GatewayEngine, TrainingRunSpec
 
 
 def scheduler(

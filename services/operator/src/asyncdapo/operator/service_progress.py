@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from .pods import GRPC_PORT, METRICS_PORT
-from .status import Progress
+from asyncdapo.operator.pods import GRPC_PORT, METRICS_PORT
+from asyncdapo.operator.status_machine import Progress
 
 log = logging.getLogger(__name__)
 

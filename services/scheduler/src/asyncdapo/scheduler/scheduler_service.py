@@ -27,7 +27,7 @@ from asyncdapo.gateway.wire import UnknownEnumValue, pause_mode_from_pb
 from asyncdapo.grpc_security import BearerAuthInterceptor, ServerTls, add_port, method_names, watch_interval_s
 from asyncdapo.scheduler.evaluate import EvalInputError, evaluate
 from asyncdapo.scheduler.rollout import Rollout
-from asyncdapo.scheduler.weights import PublishError, PublishUnavailable
+from asyncdapo.scheduler.weight_publisher import PublishError, PublishUnavailable
 from asyncdapo.v1 import gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,16 @@ import grpc
 
 from asyncdapo.gateway.engine import Engine, EngineError, EngineOutput, Finish, PauseMode
 from asyncdapo.gateway.metrics import AbortCause, GatewayMetrics
+from asyncdapo.gateway.request_checks import ModelLimits, Rejection, RequestError, validate_generate
 from asyncdapo.gateway.stream import serve_stream
-from asyncdapo.gateway.validation import ModelLimits, Rejection, RequestError, validate_generate
 from asyncdapo.gateway.versions import concat
-from asyncdapo.gateway.weights import WeightsError, WeightsProblem, WeightsValidator, read_dir, resolve_uri
+from asyncdapo.gateway.weight_loader import (
+    WeightsError,
+    WeightsProblem,
+    WeightsValidator,
+    read_dir,
+    resolve_uri,
+)
 from asyncdapo.gateway.wire import UnknownEnumValue, finish_to_pb, pause_mode_from_pb
 from asyncdapo.grpc_security import method_names, watch_interval_s
 from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
