@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncdapo.config import ConfigError, EarlyStopOrder, RunConfig, parse_run_config
-from asyncdapo.scheduler.admission import (
+from asyncdapo.scheduler.policy.admission import (
     AdmissionState,
     AdmitReason,
     ExpectedValidPolicy,
@@ -14,7 +14,7 @@ from asyncdapo.scheduler.admission import (
     make_policy,
     valid_rate,
 )
-from asyncdapo.scheduler.ledger import CommitLedger
+from asyncdapo.scheduler.policy.commit_order import CommitLedger
 
 
 def st(**kw: int) -> AdmissionState:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncdapo.scheduler.dispatch import (
+from asyncdapo.scheduler.policy.dispatch import (
     DispatchPolicy,
     GatewayView,
     RejectReason,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from asyncdapo.scheduler.dispatch import DispatchPolicy, pick, reject_reason
 from asyncdapo.scheduler.eligible import EligibleIndex
+from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, pick, reject_reason
 
 
 @dataclass

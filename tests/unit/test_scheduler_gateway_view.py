@@ -3,8 +3,8 @@ they are copied from, or the dispatcher would place requests on a paused or drai
 
 from __future__ import annotations
 
-from asyncdapo.scheduler.dispatch import DispatchPolicy, RejectReason, pick
 from asyncdapo.scheduler.gateway_pool import Gateway
+from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, RejectReason, pick
 from asyncdapo.v1 import gateway_pb2
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncdapo.scheduler.longtail import FAST, HEAVY, ProbeWindow, capped, route
+from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY, ProbeWindow, capped, route
 
 
 def test_l_cut_is_the_quantile_of_recent_probes_after_warm_up() -> None:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 from scheduler_harness import sim_gateways, wait_for
 
-from asyncdapo.scheduler.dispatch import DispatchPolicy
 from asyncdapo.scheduler.dispatcher import Dispatcher
 from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool, GatewaySpec
 from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.policy.dispatch import DispatchPolicy
 from asyncdapo.scheduler.tasks import Kind, PromptTask, Request
 from asyncdapo.v1 import common_pb2, gateway_pb2
 

@@ -34,7 +34,6 @@ from typing import Protocol
 
 from asyncdapo.config import EarlyStopOrder, FilterMetric, LongTailPolicy, RolloutMode, RunConfig
 from asyncdapo.prompts import PromptRecord, PromptRecordError
-from asyncdapo.scheduler.admission import AdmissionPolicy, AdmissionState, make_policy
 from asyncdapo.scheduler.group_state import (
     DropReason,
     FinishItem,
@@ -46,8 +45,9 @@ from asyncdapo.scheduler.group_state import (
     ResponseScore,
     is_valid,
 )
-from asyncdapo.scheduler.ledger import CommitLedger, Plan
-from asyncdapo.scheduler.longtail import FAST, HEAVY, LongTailAction, ProbeWindow, capped, route
+from asyncdapo.scheduler.policy.admission import AdmissionPolicy, AdmissionState, make_policy
+from asyncdapo.scheduler.policy.commit_order import CommitLedger, Plan
+from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY, LongTailAction, ProbeWindow, capped, route
 from asyncdapo.scheduler.queue import Claim
 from asyncdapo.scheduler.tasks import (
     Kind,

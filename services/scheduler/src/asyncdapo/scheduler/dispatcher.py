@@ -27,11 +27,11 @@ from dataclasses import replace
 
 import grpc
 
-from asyncdapo.scheduler.dispatch import DispatchPolicy, pick
 from asyncdapo.scheduler.eligible import EligibleIndex
 from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.scheduler.gateway_stream import GatewayStream
 from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, pick
 from asyncdapo.scheduler.tasks import PromptTask, Request, request_seed
 from asyncdapo.v1 import common_pb2, gateway_pb2
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
-from asyncdapo.scheduler.dispatch import DispatchPolicy, GatewayView, reject_reason
+from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, GatewayView, reject_reason
 
 EXACT_LIMIT = 32  # at most this many eligible gateways: score them all
 SAMPLE_SIZE = 16  # beyond: score this many, drawn uniformly (plus the prompt's own gateways)

@@ -37,7 +37,6 @@ from asyncdapo.scheduler.core import (
     RolloutCore,
     ScoreResponse,
 )
-from asyncdapo.scheduler.dispatch import DispatchPolicy
 from asyncdapo.scheduler.dispatcher import Dispatcher
 from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.scheduler.group_state import (
@@ -51,8 +50,9 @@ from asyncdapo.scheduler.group_state import (
     ScriptRunner,
     redis_retry,
 )
-from asyncdapo.scheduler.longtail import LongTailAction
 from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.policy.dispatch import DispatchPolicy
+from asyncdapo.scheduler.policy.long_tail import LongTailAction
 from asyncdapo.scheduler.queue import Fenced, PromptQueue
 from asyncdapo.scheduler.run_status import RunStatusReader
 from asyncdapo.scheduler.score_batcher import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
