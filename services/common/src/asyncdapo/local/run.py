@@ -65,37 +65,21 @@ def validate(cfg: RunConfig, stub, metadata: Metadata = ()) -> float | None:
     from transformers import AutoTokenizer
 
     from asyncdapo.data.prompting import prompt_token_ids, render_prompt
-    from asyncdapo.data.verl_format import load_examples
+    from asyncdapo.data.verl_format import Example, load_examples
+    from asyncdapo.eval_request import eval_request
     from asyncdapo.models import resolve_model
-    from asyncdapo.v1 import common_pb2, scheduler_pb2
 
     tok = AutoTokenizer.from_pretrained(resolve_model(cfg.model.path, "model.path"))
     examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
     if cfg.data.val_size:
         examples = examples[: cfg.data.val_size]
-    prompts = []
-    for e in examples:
-        ids = prompt_token_ids(e, tok, cfg.data.apply_chat_template)
-        if len(ids) > cfg.data.max_prompt_length:  # dropped like in training: the engines fit no more
-            continue
-        prompts.append(
-            scheduler_pb2.EvalPrompt(
-                id=f"val-{e.index}",
-                prompt_token_ids=ids,
-                prompt=render_prompt(e, tok, cfg.data.apply_chat_template),
-                ground_truth=e.ground_truth,
-            )
+
+    def encode(e: Example) -> tuple[list[int], str]:
+        return prompt_token_ids(e, tok, cfg.data.apply_chat_template), render_prompt(
+            e, tok, cfg.data.apply_chat_template
         )
-    if not prompts:
-        raise AsyncdapoError(
-            f"every validation prompt is longer than data.max_prompt_length ({cfg.data.max_prompt_length})"
-        )
-    sampling = common_pb2.SamplingParams(
-        max_tokens=cfg.data.max_response_length,
-        temperature=cfg.rollout.val_temperature,
-        top_p=cfg.rollout.top_p,
-    )
-    req = scheduler_pb2.EvaluateRequest(prompts=prompts, n=cfg.rollout.val_n, sampling=sampling)
+
+    req = eval_request(cfg, examples, encode)
     return stub.Evaluate(req, timeout=600.0, metadata=metadata).accuracy
 
 

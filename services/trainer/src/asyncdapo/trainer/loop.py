@@ -484,10 +484,15 @@ class Trainer:
         every = self.cfg.trainer.val_every
         if not (every and self.val_examples and self.state.step % every == 0):
             return {}
+        from asyncdapo.eval_request import eval_request
         from asyncdapo.trainer.publish import PublishError
-        from asyncdapo.trainer.val_rollouts import eval_request, evaluate
+        from asyncdapo.trainer.val_rollouts import evaluate
 
-        req = eval_request(self.cfg, self.val_examples, self.encode)
+        try:
+            req = eval_request(self.cfg, self.val_examples, self.encode)
+        except AsyncdapoError as err:
+            log.error("validation at step %d: %s", self.state.step, err)
+            return {"val/failed": 1.0}
         stub = self.notifier.scheduler_stub()
         try:
             return self.notifier.call(
