@@ -70,7 +70,7 @@ class RunStatusReader:
         c, depth = self._last
         return scheduler_pb2.RunStatus(
             run=self._cfg.name,
-            phase=phase,  # type: ignore[arg-type]
+            phase=phase,
             policy_version=core.version,
             valid_groups_produced=c.get(rk.VALID_PRODUCED, 0),
             valid_groups_bound=core.bound,
