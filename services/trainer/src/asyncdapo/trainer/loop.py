@@ -43,7 +43,7 @@ from asyncdapo.trainer.crash_points import CrashPoint, SimulatedCrash, maybe_cra
 from asyncdapo.trainer.data_feed import Cursor, PromptFeed, make_encoder
 from asyncdapo.trainer.dist import DistContext
 from asyncdapo.trainer.fence import DEFAULT_LEASE_S, TrainerFence, TrainerFenced, default_trainer_id
-from asyncdapo.trainer.fsdp import Sharding
+from asyncdapo.trainer.fsdp import Sharding, hf_model
 from asyncdapo.trainer.groups_reader import Entry, GroupDropReason, GroupsReader, classify, dropped_counter
 from asyncdapo.trainer.metrics import PREFIX, JsonlLog, MetricsSink, batch_metrics
 from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
@@ -122,7 +122,9 @@ class Trainer:
         torch.manual_seed(cfg.trainer.seed)
         self.precision = resolve_precision(cfg.model.dtype, dev)
         model, self.tokenizer = load_policy(cfg.model.path, dev, cfg.model.trust_remote_code)
-        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        embedding = hf_model(model).get_input_embeddings().weight
+        assert isinstance(embedding, torch.Tensor), "an embedding module has a weight tensor"
+        self.vocab_size = int(embedding.shape[0])
         self.pad_id = pad_token_id(self.tokenizer)
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0:

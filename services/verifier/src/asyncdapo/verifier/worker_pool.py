@@ -35,6 +35,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from enum import StrEnum
 from multiprocessing.connection import Connection
+from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 from typing import Any
 
 from asyncdapo.verifier.protocol import IDLE, SEQ, START, Chunk, Verdict, decode
@@ -109,7 +110,10 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self.soft_timeout_s = soft_timeout_s
         self.max_chunk = max_chunk
-        self._ctx = mp.get_context(start_method)
+        ctx = mp.get_context(start_method)
+        # every start method's context has Process (typeshed's BaseContext, get_context's type, has not)
+        assert isinstance(ctx, ForkContext | ForkServerContext | SpawnContext), start_method
+        self._ctx = ctx
         if start_method == "forkserver":
             # Replacement workers fork from a server that already imported sympy and math-verify.
             self._ctx.set_forkserver_preload(["asyncdapo.verifier.worker", "asyncdapo.verifier.math_verdict"])
