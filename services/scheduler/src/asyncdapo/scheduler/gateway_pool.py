@@ -154,7 +154,7 @@ class Gateway:
         self.weight_version = load.weight_version
         self.on_change(self)
 
-    def state(self) -> int:
+    def state(self) -> scheduler_pb2.GatewayState:
         if not self.up:
             return scheduler_pb2.GATEWAY_STATE_DOWN
         if self.draining:
@@ -164,7 +164,7 @@ class Gateway:
     def info(self) -> scheduler_pb2.GatewayInfo:
         return scheduler_pb2.GatewayInfo(
             address=self.address,
-            state=self.state(),  # type: ignore[arg-type]
+            state=self.state(),
             load=self.load,
             dispatched_in_flight=self.in_flight,
             last_error=self.last_error,

@@ -342,7 +342,7 @@ class Trainer:
         """B groups trainable at `version`; drops (XACK + count) everything else it reads."""
         need = self.cfg.data.train_batch_size
         s = self.cfg.rollout.max_staleness
-        got: list[Entry] = []
+        got: list[tuple[str, rollout_pb2.Group]] = []  # (stream id, group) of the trainable ones
         last_progress = time.monotonic()
         while len(got) < need:
             self.waiter.call(lambda _a: self.feed.refill(), "prompt refill")
@@ -355,7 +355,8 @@ class Trainer:
                     else classify(e.group, version, s, self.vocab_size, self.cfg.data.max_response_length)
                 )
                 if reason is None:
-                    got.append(e)
+                    assert e.group is not None, "an entry without a group carries its error"
+                    got.append((e.id, e.group))
                 else:
                     drops.append((e, reason))
                     log.warning("dropping group %s (%s): %s", e.id, reason.value, detail)
@@ -374,7 +375,7 @@ class Trainer:
                     f"no group arrived for {self.opts.max_wait_s:.0f}s at version {version} "
                     f"({len(got)}/{need} groups)"
                 )
-        return [(e.id, e.group.SerializeToString()) for e in got]  # type: ignore[union-attr]
+        return [(eid, group.SerializeToString()) for eid, group in got]
 
     def _log_probs(
         self, model: torch.nn.Module, batch: TrainBatch, rows: list[int], with_entropy: bool

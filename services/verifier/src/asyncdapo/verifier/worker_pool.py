@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
-from typing import Any
+from typing import Any, cast
 
 from asyncdapo.verifier.protocol import IDLE, SEQ, START, Chunk, Verdict, decode
 from asyncdapo.verifier.schemas import ItemStatus
@@ -434,7 +434,7 @@ class WorkerPool:
         batch.remaining -= 1
         if batch.remaining == 0 and not batch.future.done():
             with contextlib.suppress(InvalidStateError):  # cancelled by the caller meanwhile
-                batch.future.set_result(batch.results)  # type: ignore[arg-type]
+                batch.future.set_result(cast("list[Verdict]", batch.results))  # remaining == 0: all set
 
     def _fail_all(self, err: BaseException) -> None:
         with self._lock:
