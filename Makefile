@@ -59,9 +59,11 @@ test-integration: install
 test-e2e: install
 	$(BIN)/pytest -q tests/e2e
 
+# ruff, then mypy over every service's source root (its settings: [tool.mypy] in pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(wildcard services/*/src)
 
 # Stubs are committed (so `pip install .` needs no protoc) and CI checks they match proto/.
 proto: $(STAMP)

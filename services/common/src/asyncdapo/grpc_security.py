@@ -70,9 +70,9 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method not in self._methods:
             return handler
@@ -83,7 +83,9 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
             return self._deny(handler, "authorization bearer token is wrong")
         return handler
 
-    def _deny(self, handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    def _deny(
+        self, handler: grpc.RpcMethodHandler[Any, Any], message: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         """A handler of the same shape as `handler` that ends the call with UNAUTHENTICATED before
         the servicer sees anything."""
         if self._on_reject is not None:

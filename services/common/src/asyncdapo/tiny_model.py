@@ -107,6 +107,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
 
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+    assert isinstance(eos_id, int) and isinstance(pad_id, int), "one token, one id"
     config = Qwen2Config(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
@@ -119,10 +120,11 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        torch_dtype="float32",
+        dtype="float32",  # what `torch_dtype` was (transformers 5 reads that as `dtype`)
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    # transformers types `to` as @wraps(nn.Module.to) of an unbound method: mypy wants self first
+    model = Qwen2ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     (out / "asyncdapo_tiny_model.json").write_text(json.dumps({"seed": seed, **asdict(spec)}, indent=2))

@@ -142,11 +142,13 @@ class InvariantChecker:
             if not batch:
                 break
             for eid, fields in batch:
-                raw = fields.get(GROUP_FIELD.encode())
+                raw = (fields or {}).get(GROUP_FIELD.encode())  # bytes: this client does not decode
                 pid = ""
                 if raw is not None:
                     try:
-                        pid = rollout_pb2.Group.FromString(raw).prompt_id
+                        pid = rollout_pb2.Group.FromString(
+                            raw if isinstance(raw, bytes) else raw.encode()
+                        ).prompt_id
                     except Exception:  # a malformed entry is the trainer's to drop; still a group
                         pid = "?"
                 self.stream[_s(eid)] = pid
@@ -188,7 +190,7 @@ class InvariantChecker:
             if not batch:
                 return self.audit
             for _, fields in batch:
-                f = {_s(k): _s(v) for k, v in fields.items()}
+                f = {_s(k): _s(v) for k, v in (fields or {}).items()}
                 self.audit[(f["p"], int(f["a"]))] += 1
             self._audit_cursor = _s(batch[-1][0])
 
@@ -225,8 +227,8 @@ class InvariantChecker:
     def _check_prompts(self, snap: Snapshot, audit: Counter[tuple[str, int]]) -> None:
         claims: dict[str, tuple[str, int, int]] = {}
         for pid, rec in snap.claimed.items():
-            owner, attempt, ms = rec.split("|")
-            claims[pid] = (owner, int(attempt), int(ms))
+            owner, attempt_s, ms_s = rec.split("|")
+            claims[pid] = (owner, int(attempt_s), int(ms_s))
         for owner in {c[0] for c in claims.values()} | set(self._absent_since):
             if owner in snap.live_owners:
                 self._absent_since.pop(owner, None)

@@ -29,6 +29,7 @@ an empty list means nothing was orphaned.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -226,7 +227,7 @@ class FaultStack:
                      "--sim-length-dist", o.sim_length_dist, "--sim-length-mean", str(o.sim_length_mean),
                      "--sim-length-sigma", str(o.sim_length_sigma),
                      "--sim-base-step-ms", str(o.sim_base_step_ms)),
-                ready=lambda a=address: grpc_ready(a),  # type: ignore[misc]
+                ready=functools.partial(grpc_ready, address),
             )  # fmt: skip
         self._add(
             "scheduler",

@@ -176,9 +176,9 @@ class _Conn:
             self.pending.append(_Pending(cmd))
         elif name in ("EXEC", "DISCARD") and self.in_multi:
             self.in_multi = False
-            rule = self.multi_doom if name == "EXEC" else None
+            at_exec = self.multi_doom if name == "EXEC" else None
             self.multi_doom = None
-            self.pending.append(_Pending(cmd, rule))
+            self.pending.append(_Pending(cmd, at_exec))
         elif self.in_multi and doom is not None:
             self.multi_doom = doom  # queued now, executed (and its effect answered) at EXEC
             self.pending.append(_Pending(cmd))

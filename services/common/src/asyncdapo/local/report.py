@@ -30,7 +30,7 @@ TABLE_COLUMNS = [
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     p = Path(path)
     if not p.exists():
         return rows

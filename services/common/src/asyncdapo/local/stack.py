@@ -14,6 +14,7 @@ user's: its password, if any, comes from the environment or `--redis-password-fi
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -70,7 +71,8 @@ def grpc_ready(address: str) -> bool:
 
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        # types-grpcio-health-checking's HealthStub lacks the Check its __init__ sets
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)  # type: ignore[attr-defined]
         return resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -211,7 +213,7 @@ class LocalStack:
                 ServiceSpec(
                     f"gateway-{i}",
                     argv,
-                    ready=lambda a=address: grpc_ready(a),
+                    ready=functools.partial(grpc_ready, address),
                     ready_timeout_s=self.opts.gateway_ready_timeout_s,
                     env=env,
                 )

@@ -184,7 +184,8 @@ class Supervisor:
         self.stop_all()
         if self._reaper is not None:
             with contextlib.suppress(OSError):
-                self._reaper.stdin.close()  # type: ignore[union-attr]
+                assert self._reaper.stdin is not None, "started with stdin=PIPE"
+                self._reaper.stdin.close()
             try:
                 self._reaper.wait(10)
             except subprocess.TimeoutExpired:

@@ -110,7 +110,7 @@ PLAIN_VALUES: dict[str, Any] = {"redis": {"auth": {"existingSecret": "asyncdapo-
 def plain_manifests(values: dict[str, Any] | None = None) -> str:
     """The chart rendered with default values, a Namespace first, as one YAML stream (no hooks)."""
     docs = [d for d in render(values if values is not None else PLAIN_VALUES) if not is_hook(d)]
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    namespace: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     # Pod Security Admission: every pod of the platform meets `restricted`; enforce it.
     namespace["metadata"]["labels"] = {
         "pod-security.kubernetes.io/enforce": "restricted",

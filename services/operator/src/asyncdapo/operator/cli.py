@@ -14,8 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import overload
 
 
+@overload
+def _env(name: str, default: str) -> str: ...
+@overload
+def _env(name: str, default: None = None) -> str | None: ...
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"ASYNCDAPO_OPERATOR_{name}", default)
 
@@ -264,8 +269,8 @@ def _check(args: argparse.Namespace) -> int:
         if not pending or time.monotonic() > deadline:
             break
         time.sleep(2.0)
-    for what, err in pending.items():
-        print(f"FAILED: {what}: {err}", file=sys.stderr)
+    for what, error in pending.items():
+        print(f"FAILED: {what}: {error}", file=sys.stderr)
     return 1 if pending else 0
 
 

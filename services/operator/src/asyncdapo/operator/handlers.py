@@ -110,7 +110,9 @@ async def _periodic_pass(body: dict[str, Any], memo: kopf.Memo) -> None:
 
 
 @kopf.index(API_GROUP, API_VERSION, PLURAL)
-def trainingruns(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], Any]:
+def trainingruns(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], Any]:
     """Every TrainingRun the operator watches, for the periodic pass (an index needs no finalizer)."""
     return {(namespace, name): copy.deepcopy(dict(body))}
 
@@ -125,7 +127,9 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.execution.max_workers = 8
 
 
-@kopf.on.startup()
+# kopf passes each index as a keyword argument named after it, which its ActivityFn protocol
+# (the decorator's parameter type) cannot declare
+@kopf.on.startup()  # type: ignore[arg-type]
 async def _start_periodic(memo: kopf.Memo, trainingruns: kopf.Index, **_: Any) -> None:
     interval = getattr(memo, "interval_s", periodic.INTERVAL_S)
     delay = getattr(memo, "initial_delay_s", 5.0)

@@ -5,7 +5,7 @@ metadata with the owner reference, service/container builders and the URLs pods 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -261,7 +261,7 @@ def make_container(
     mounts: list[dict[str, Any]],
     res: dict[str, Any],
     working_dir: str,
-    ports: list[tuple[str, int]] = (),
+    ports: Sequence[tuple[str, int]] = (),
     uid: int | None = None,
     **probes: dict[str, Any],
 ) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def env(run: str, *extra: Sequence[EnvVar]) -> list[dict[str, Any]]:
     """Caches point into the /cache emptyDir (the root filesystem is read-only); HF_HUB_OFFLINE
     because models and data come from the workspace volume, never from a download at runtime.
     `extra`: the run-wide `env`, then the component's; a later variable of the same name wins."""
-    base = [
+    base: list[dict[str, Any]] = [
         {"name": "ASYNCDAPO_RUN", "value": run},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},

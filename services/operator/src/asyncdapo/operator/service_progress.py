@@ -56,7 +56,7 @@ def resolve_endpoints(host: str, port: int) -> list[str]:
     import socket
 
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    addrs = sorted({info[4][0] for info in infos})
+    addrs = sorted({str(info[4][0]) for info in infos})
     return [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addrs]
 
 

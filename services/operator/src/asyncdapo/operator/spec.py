@@ -290,6 +290,13 @@ class RedisSpec(_K8sModel):
         return self
 
 
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
+
+
+def _read_write_many() -> list[AccessMode]:
+    return ["ReadWriteMany"]
+
+
 class StorageSpec(_K8sModel):
     """The run's workspace volume: model, data, checkpoints and weight snapshots. Every run pod mounts
     it at `mountPath` and runs there, so relative paths in `spec.run` resolve inside it. Gateways
@@ -311,9 +318,7 @@ class StorageSpec(_K8sModel):
         None, pattern=QUANTITY_PATTERN, description="Size of a PVC the operator creates."
     )
     storage_class_name: str | None = Field(None, max_length=253)
-    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]] = Field(
-        default_factory=lambda: ["ReadWriteMany"], min_length=1, max_length=3
-    )
+    access_modes: list[AccessMode] = Field(default_factory=_read_write_many, min_length=1, max_length=3)
     mount_path: str = Field("/workspace", max_length=1024, pattern=r"^/", description="Mount path and cwd.")
     retain: bool = Field(
         True,

@@ -161,7 +161,9 @@ def next_status(prev: TrainingRunStatus, obs: Observation, now: datetime) -> Tra
         if reason not in SPEC_REASONS:
             extra["completion_time"] = now
         if ok and obs.spec is not None:
-            extra["step"] = max(int(upd["step"] or 0), obs.spec.run.trainer.total_steps)
+            step = upd["step"]
+            assert step is None or isinstance(step, int), "Progress.step is an int"
+            extra["step"] = max(step or 0, obs.spec.run.trainer.total_steps)
         return prev.model_copy(
             update={**upd, **extra, "phase": phase, "reason": reason, "message": message, "conditions": conds}
         )

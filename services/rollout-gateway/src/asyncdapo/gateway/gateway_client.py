@@ -238,7 +238,8 @@ class GatewayClient:
         """The standard gRPC health check of the Gateway service (False when unreachable)."""
         stub = health_pb2_grpc.HealthStub(self._channel)
         try:
-            resp = await stub.Check(
+            # types-grpcio-health-checking's HealthStub lacks the Check its __init__ sets
+            resp = await stub.Check(  # type: ignore[attr-defined]
                 health_pb2.HealthCheckRequest(service="asyncdapo.v1.Gateway"), timeout=timeout_s
             )
         except grpc.aio.AioRpcError:

@@ -108,7 +108,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def _ready(self, context: grpc.aio.ServicerContext) -> Engine:
         if self._engine is None:
             await self._reject(context, Rejection.STARTING, "the engine is still starting: retry shortly")
-        return self._engine  # type: ignore[return-value]
+        return self._engine
 
     # --- state other components read ---
 

@@ -54,7 +54,7 @@ async def serve_stream(
 
     def done() -> None:
         # leave `running` before waking the writer, so it can tell when the stream is done
-        running.discard(asyncio.current_task())  # type: ignore[arg-type]
+        running.discard(asyncio.current_task())
         wake.set()
 
     async def one(req: gateway_pb2.GenerateRequest) -> None:

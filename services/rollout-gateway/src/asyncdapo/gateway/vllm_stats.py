@@ -85,7 +85,7 @@ class LoadProbe:
             def __init__(self, vllm_config: Any = None, engine_index: int = 0) -> None:
                 pass
 
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # type: ignore[no-untyped-def]
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
                 probe.record(scheduler_stats)
 
             def log_engine_initialized(self) -> None:

@@ -12,36 +12,36 @@ from asyncdapo.config import PauseMode
 from asyncdapo.gateway.engine import Finish
 from asyncdapo.v1 import common_pb2
 
-_FINISH_TO_PB: dict[Finish, common_pb2.FinishReason.ValueType] = {
+_FINISH_TO_PB: dict[Finish, common_pb2.FinishReason] = {
     Finish.STOP: common_pb2.FINISH_REASON_STOP,
     Finish.LENGTH: common_pb2.FINISH_REASON_LENGTH,
     Finish.ABORT: common_pb2.FINISH_REASON_ABORT,
 }
-_FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
-_PAUSE_TO_PB: dict[PauseMode, common_pb2.PauseMode.ValueType] = {
+_FINISH_FROM_PB: dict[int, Finish] = {v: k for k, v in _FINISH_TO_PB.items()}
+_PAUSE_TO_PB: dict[PauseMode, common_pb2.PauseMode] = {
     PauseMode.KEEP: common_pb2.PAUSE_MODE_KEEP,
     PauseMode.ABORT: common_pb2.PAUSE_MODE_ABORT,
     PauseMode.WAIT: common_pb2.PAUSE_MODE_WAIT,
 }
-_PAUSE_FROM_PB = {v: k for k, v in _PAUSE_TO_PB.items()}
+_PAUSE_FROM_PB: dict[int, PauseMode] = {v: k for k, v in _PAUSE_TO_PB.items()}
 
 
 class UnknownEnumValue(ValueError):
     """A wire value this build does not know (a newer peer, or a corrupt message)."""
 
 
-def finish_to_pb(finish: Finish) -> common_pb2.FinishReason.ValueType:
+def finish_to_pb(finish: Finish) -> common_pb2.FinishReason:
     return _FINISH_TO_PB[finish]
 
 
 def finish_from_pb(value: int) -> Finish:
     try:
-        return _FINISH_FROM_PB[value]  # type: ignore[index]
+        return _FINISH_FROM_PB[value]
     except KeyError:
         raise UnknownEnumValue(f"finish_reason {value} is not a FinishReason this build knows") from None
 
 
-def pause_mode_to_pb(mode: PauseMode) -> common_pb2.PauseMode.ValueType:
+def pause_mode_to_pb(mode: PauseMode) -> common_pb2.PauseMode:
     return _PAUSE_TO_PB[mode]
 
 
@@ -50,6 +50,6 @@ def pause_mode_from_pb(value: int) -> PauseMode | None:
     if value == common_pb2.PAUSE_MODE_UNSPECIFIED:
         return None
     try:
-        return _PAUSE_FROM_PB[value]  # type: ignore[index]
+        return _PAUSE_FROM_PB[value]
     except KeyError:
         raise UnknownEnumValue(f"mode {value} is not a PauseMode this build knows") from None

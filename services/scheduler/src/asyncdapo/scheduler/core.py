@@ -55,6 +55,7 @@ from asyncdapo.scheduler.tasks import (
     PromptTask,
     Request,
     Score,
+    TaskKey,
     build_group,
     version_range,
 )
@@ -185,7 +186,7 @@ class RolloutCore:
         self.admitted_seen = 0  # the highest `counters.admitted` a claim returned (rollback check)
         self.fenced = False  # another scheduler owns the run: this one decides nothing more
         self.failure = ""  # why the run stopped by itself (sync: max_num_gen_batches), "" if it did not
-        self.tasks: dict[tuple[str, int], PromptTask] = {}  # train attempts without an outcome
+        self.tasks: dict[TaskKey, PromptTask] = {}  # train attempts without an outcome
         self.counts = RunCounts()
         self._to_finish: list[tuple[PromptTask, Outcome, Reason | None]] = []
         # a finish batch handed out and not yet applied: handed out again until it is
@@ -193,7 +194,7 @@ class RolloutCore:
         # something for the finisher since its last batch (an outcome queued, a group judged)
         self.wants_finish = False
 
-    def _new_ledger(self) -> CommitLedger:
+    def _new_ledger(self) -> CommitLedger[TaskKey]:
         # sync mode (verl's loop) commits in batch order and never aborts the running batch
         order = EarlyStopOrder.FIFO if self.sync else self.cfg.rollout.early_stop_order
         return CommitLedger(order, abort_beyond_cutoff=not self.sync)
@@ -444,7 +445,7 @@ class RolloutCore:
             assert resp is not None, "a scored response is stored"
             length = len(resp.token_ids)
             pen = cfg.overlong_penalty(length)
-            task.scores[idx] = Score(score, acc, pred, score + pen, pen)  # type: ignore[call-arg]
+            task.scores[idx] = Score(score, acc, pred, score + pen, pen)
             vmin, vmax = version_range(resp, self.version)
             metric = acc if use_acc else score
             out.append(ResponseScore(task.pid, task.attempt, idx, metric, score + pen, vmin, vmax, length))
@@ -467,15 +468,15 @@ class RolloutCore:
             if p.complete and not task.group_complete and not task.closed:
                 task.group_complete = True
                 task.progress = p
-                self._group_complete(task)
+                self._group_complete(task, p)
         self.counts.lengths.completed += counted
         self.counts.lengths.completed_tokens += tokens
         self.observer.completions(counted, tokens)
         return True
 
-    def _group_complete(self, task: PromptTask) -> None:
+    def _group_complete(self, task: PromptTask, progress: GroupProgress) -> None:
         r = self.cfg.reward
-        valid = is_valid(task.progress.metric_std, r.filter_eps) if r.filter_groups else True
+        valid = is_valid(progress.metric_std, r.filter_eps) if r.filter_groups else True
         self.counts.finished_groups += 1
         if valid:
             self.counts.valid_groups += 1
@@ -529,7 +530,7 @@ class RolloutCore:
         plan = (
             self.ledger.plan(self.bound - self.valid_produced)
             if len(self.ledger) and not batch_running
-            else Plan()
+            else Plan[TaskKey]()
         )
         if plan.abort:
             aborted = [self.tasks[k] for k in plan.abort]
@@ -542,6 +543,7 @@ class RolloutCore:
         for key in plan.commit:
             task = self.tasks[key]
             task.closed = True
+            assert task.progress is not None, "a ready group is complete"
             group = build_group(self.cfg.name, task).SerializeToString()
             item = finish_call(
                 task.pid,
@@ -617,6 +619,7 @@ class RolloutCore:
         outcome, reason = recorded
         self.observer.outcome(outcome, reason, task.attempt)
         if outcome == Outcome.VALID:
+            assert task.progress is not None, "a committed group is complete"
             self.observer.committed(self.version - task.progress.min_version)
             lengths = self.counts.lengths
             for resp in task.responses:

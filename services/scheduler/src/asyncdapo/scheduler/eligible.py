@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
-from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, GatewayView, reject_reason
+from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, DispatchView, reject_reason
 
 EXACT_LIMIT = 32  # at most this many eligible gateways: score them all
 SAMPLE_SIZE = 16  # beyond: score this many, drawn uniformly (plus the prompt's own gateways)
@@ -30,18 +30,18 @@ class _Slots:
     """An array of members with O(1) add, remove and random access."""
 
     def __init__(self) -> None:
-        self.items: list[GatewayView] = []
+        self.items: list[DispatchView] = []
         self.pos: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, gw: GatewayView) -> None:
+    def add(self, gw: DispatchView) -> None:
         if gw.address not in self.pos:
             self.pos[gw.address] = len(self.items)
             self.items.append(gw)
 
-    def discard(self, gw: GatewayView) -> None:
+    def discard(self, gw: DispatchView) -> None:
         i = self.pos.pop(gw.address, None)
         if i is None:
             return
@@ -55,7 +55,7 @@ class EligibleIndex:
     def __init__(self, policy: DispatchPolicy, seed: int | None = None) -> None:
         self.policy = policy
         self._labels: dict[str, tuple[DispatchPolicy, _Slots]] = {}
-        self._members: dict[str, GatewayView] = {}
+        self._members: dict[str, DispatchView] = {}
         self._order: dict[str, int] = {}  # first-seen order: ties go to the earlier gateway
         self._rng = random.Random(seed)
         self.exact_limit = EXACT_LIMIT  # benchmarks raise it to measure the exact scan as a baseline
@@ -91,7 +91,7 @@ class EligibleIndex:
     def policy_for(self, label: str) -> DispatchPolicy:
         return self._slots(label)[0]
 
-    def update(self, gw: GatewayView) -> None:
+    def update(self, gw: DispatchView) -> None:
         """`gw` changed (up/down, flags, load, in-flight): re-check it under every label."""
         self._members[gw.address] = gw
         self._order.setdefault(gw.address, len(self._order))
@@ -101,7 +101,7 @@ class EligibleIndex:
             else:
                 slots.discard(gw)
 
-    def remove(self, gw: GatewayView) -> None:
+    def remove(self, gw: DispatchView) -> None:
         self._members.pop(gw.address, None)
         for _, slots in self._labels.values():
             slots.discard(gw)
@@ -115,7 +115,7 @@ class EligibleIndex:
         affinity: Iterable[str] = (),
         exact_limit: int | None = None,
         sample_size: int = SAMPLE_SIZE,
-    ) -> list[GatewayView]:
+    ) -> list[DispatchView]:
         """What `dispatch.pick` should score for one prompt (see the module docstring). The exact
         case keeps the gateways' first-seen order (ties go to the earlier one, as a scan of the
         pool would); a seeded index samples reproducibly."""

@@ -67,6 +67,7 @@ async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> sche
     loop = asyncio.get_running_loop()
     run_id = uuid.uuid4().hex[:8]
     tasks: list[PromptTask] = []
+    futures: list[asyncio.Future[PromptTask]] = []
     for i, p in enumerate(req.prompts):
         t = PromptTask(
             kind=Kind.EVAL,
@@ -82,8 +83,9 @@ async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> sche
         )
         t.future = loop.create_future()
         tasks.append(t)
+        futures.append(t.future)
     rollout.dispatcher.submit([r for t in tasks for r in t.make_requests()])
-    await asyncio.gather(*(t.future for t in tasks))
+    await asyncio.gather(*futures)
     out = scheduler_pb2.EvaluateResponse(policy_version=rollout.version)
     accs: list[float] = []
     lengths: list[int] = []

@@ -26,12 +26,15 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 
 from asyncdapo.grpc_security import ClientTls, aio_channel, bearer_metadata
 from asyncdapo.v1 import gateway_pb2, gateway_pb2_grpc, scheduler_pb2
+
+if TYPE_CHECKING:
+    from asyncdapo.scheduler.tasks import Request
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ class Gateway:
         self._drain_requested = False  # DrainGateway: no new requests from us
         self._publishing = False  # weights are being loaded: dispatch holds its requests
         self.in_flight = 0  # requests this scheduler has in flight here
-        self.calls: dict[str, Any] = {}  # request id -> Request in flight on our GenerateStream
+        self.calls: dict[str, Request] = {}  # request id -> Request in flight on our GenerateStream
         self.last_error = ""
         self.last_load_at = 0.0
         self.updated_at = 0.0  # monotonic time a weight update of ours last ended here
@@ -151,7 +154,7 @@ class Gateway:
         self.weight_version = load.weight_version
         self.on_change(self)
 
-    def state(self) -> int:
+    def state(self) -> scheduler_pb2.GatewayState:
         if not self.up:
             return scheduler_pb2.GATEWAY_STATE_DOWN
         if self.draining:
@@ -161,7 +164,7 @@ class Gateway:
     def info(self) -> scheduler_pb2.GatewayInfo:
         return scheduler_pb2.GatewayInfo(
             address=self.address,
-            state=self.state(),  # type: ignore[arg-type]
+            state=self.state(),
             load=self.load,
             dispatched_in_flight=self.in_flight,
             last_error=self.last_error,
@@ -250,7 +253,7 @@ class GatewayPool:
             return list(self.spec.static)
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(self.spec.dns_name, self.spec.dns_port, type=socket.SOCK_STREAM)
-        addrs = sorted({f"{_host(info[4][0])}:{self.spec.dns_port}" for info in infos})
+        addrs = sorted({f"{_host(str(info[4][0]))}:{self.spec.dns_port}" for info in infos})
         return addrs
 
     async def _resolve_loop(self) -> None:

@@ -23,11 +23,15 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 
 from asyncdapo.v1 import gateway_pb2
+
+if TYPE_CHECKING:
+    from asyncdapo.scheduler.gateway_pool import Gateway
+    from asyncdapo.scheduler.tasks import Request
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +41,10 @@ _Abort = tuple[asyncio.Future[list[str]], set[str]]  # an abort's answer, and th
 class GatewayStream:
     def __init__(
         self,
-        gw: Any,  # pool.Gateway
+        gw: Gateway,
         on_message: Callable[[GatewayStream, gateway_pb2.GenerateStreamResponse], None],
         on_broken: Callable[[GatewayStream, str, str], None],
-        on_sent: Callable[[list[Any]], None],
+        on_sent: Callable[[list[Request]], None],
     ) -> None:
         self.gw = gw
         self.dead = False
@@ -48,7 +52,7 @@ class GatewayStream:
         self._on_broken = on_broken
         self._on_sent = on_sent
         self._outbox = gateway_pb2.GenerateStreamRequest()
-        self._outbox_reqs: list[Any] = []
+        self._outbox_reqs: list[Request] = []
         # aborts of the next write, and those of the writes sent and not answered yet (one answer
         # per message, shared out to the aborts the message carried)
         self._outbox_aborts: list[_Abort] = []
@@ -58,7 +62,7 @@ class GatewayStream:
         self._writer = asyncio.create_task(self._write_loop())
         self._reader = asyncio.create_task(self._read_loop())
 
-    def add(self, req: Any) -> gateway_pb2.GenerateRequest:
+    def add(self, req: Request) -> gateway_pb2.GenerateRequest:
         """A new request message in the next write, to be filled in by the caller (no copy)."""
         self._outbox_reqs.append(req)
         self._wake.set()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
@@ -23,6 +23,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asyncdapo.redis_keys import FINISHED_PROMPT_TTL_S, OUTCOMES_MAXLEN, RunKeys, text
 from asyncdapo.scheduler.lua import SCRIPTS
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.client import Pipeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -151,8 +155,23 @@ def is_valid(metric_std: float, eps: float) -> bool:
 
 _s = text
 
+ScriptArg = str | int | float | bytes  # one ARGV value (Redis sends its text)
+# A script's reply as redis-py hands it over: bytes or str (decode_responses), integers, nested
+# lists. Its shape is the script's contract (lua.py); readers convert it with `text` / `rows`.
+ScriptReply = object
 
-def parse_progress(reply: Sequence[Any]) -> GroupProgress:
+
+def rows(reply: ScriptReply) -> list[Sequence[ScriptReply]]:
+    """A reply that is a list of rows (RECORD, FINISH), as the script returns it."""
+    return cast("list[Sequence[ScriptReply]]", reply)
+
+
+def items(reply: ScriptReply) -> Sequence[ScriptReply]:
+    """A reply that is a flat list (CLAIM)."""
+    return cast("Sequence[ScriptReply]", reply)
+
+
+def parse_progress(reply: Sequence[ScriptReply]) -> GroupProgress:
     status = RecordStatus(_s(reply[0]))
     if status in (RecordStatus.STALE, RecordStatus.FENCED):
         return GroupProgress(status)
@@ -244,7 +263,7 @@ class RoundTrips:
 class ScriptRunner:
     """EVALSHA with the scripts loaded once; a NOSCRIPT reply (Redis restarted) reloads and retries."""
 
-    def __init__(self, redis: Any, rtt: RoundTrips) -> None:
+    def __init__(self, redis: Redis, rtt: RoundTrips) -> None:
         self.redis = redis
         self.rtt = rtt
         self.sha: dict[str, str] = {}
@@ -259,9 +278,9 @@ class ScriptRunner:
 
     async def run_many(
         self,
-        calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]],
-        extra: Callable[[Any], None] | None = None,
-    ) -> list[Any]:
+        calls: Sequence[tuple[str, Sequence[str], Sequence[ScriptArg]]],
+        extra: Callable[[Pipeline], None] | None = None,
+    ) -> list[ScriptReply]:
         """Run (script, keys, args) calls in one pipeline; replies in order. `extra` may add more
         commands to the same round trip (their replies are dropped)."""
         if not calls:
@@ -275,7 +294,7 @@ class ScriptRunner:
             if extra is not None:
                 extra(pipe)
             try:
-                replies = await pipe.execute()
+                replies: list[ScriptReply] = await pipe.execute()
                 self.rtt.count += 1
                 return replies[: len(calls)]
             except NoScriptError:
@@ -285,7 +304,7 @@ class ScriptRunner:
                 await self.load()
         raise AssertionError("unreachable")
 
-    async def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def run(self, name: str, keys: Sequence[str], args: Sequence[ScriptArg]) -> ScriptReply:
         return (await self.run_many([(name, keys, args)]))[0]
 
 
@@ -321,7 +340,7 @@ class GroupStore:
             for s in scores
         ]
         (reply,) = await self.scripts.run_many([("record", keys, args)])
-        return [parse_progress(r) for r in reply]
+        return [parse_progress(r) for r in rows(reply)]
 
     def finish_call(
         self,
@@ -341,7 +360,7 @@ class GroupStore:
             return []
         k = self.keys
         keys = [k.counters, k.prompts_claimed, k.prompts, k.groups, k.scheduler_epoch, k.outcomes]
-        args: list[Any] = [
+        args: list[ScriptArg] = [
             str(self.epoch),
             self.train_batch_size,
             self.max_staleness,
@@ -353,4 +372,4 @@ class GroupStore:
             keys += [k.prompt(i.pid), k.prompt_data(i.pid)]
             args += [i.pid, i.attempt, i.outcome.value, i.reason, i.bound, i.group, i.min_version]
         (reply,) = await self.scripts.run_many([("finish", keys, args)])
-        return [FinishResult(_s(r[0]), int(_s(r[1])), int(_s(r[2]))) for r in reply]
+        return [FinishResult(_s(r[0]), int(_s(r[1])), int(_s(r[2]))) for r in rows(reply)]

@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from asyncdapo.prompts import PromptRecord, PromptRecordError
 from asyncdapo.redis_keys import CLAIM_TOKEN_TTL_S, RunKeys
@@ -40,7 +40,11 @@ from asyncdapo.scheduler.group_state import (
     RoundTrips,
     ScriptRunner,
     _s,
+    items,
 )
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 
 class Fenced(RuntimeError):
@@ -69,7 +73,7 @@ class ClaimBatch:
 class PromptQueue:
     def __init__(
         self,
-        redis: Any,
+        redis: Redis,
         keys: RunKeys,
         scripts: ScriptRunner,
         store: GroupStore,
@@ -92,8 +96,10 @@ class PromptQueue:
         """Become the run's owner: a new fencing epoch, and our lease."""
         k = self.keys
         epoch = int(
-            await self.scripts.run(
-                "takeover", [k.scheduler_epoch, k.scheduler_lease], [self.owner, self.lease_ms]
+            _s(
+                await self.scripts.run(
+                    "takeover", [k.scheduler_epoch, k.scheduler_lease], [self.owner, self.lease_ms]
+                )
             )
         )
         self.epoch = self.store.epoch = epoch
@@ -103,8 +109,10 @@ class PromptQueue:
         """1: still the owner; 0: fenced (a successor took over); -1: Redis lost the epoch."""
         k = self.keys
         return int(
-            await self.scripts.run(
-                "lease", [k.scheduler_epoch, k.scheduler_lease], [self.owner, self.epoch, self.lease_ms]
+            _s(
+                await self.scripts.run(
+                    "lease", [k.scheduler_epoch, k.scheduler_lease], [self.owner, self.epoch, self.lease_ms]
+                )
             )
         )
 
@@ -128,7 +136,7 @@ class PromptQueue:
             [k.prompts, k.prompts_claimed, k.counters, k.scheduler_epoch, k.claim_token(tok)],
             [max_count, self.owner, int(time.time() * 1000), k.prompt(""), n, self.epoch, CLAIM_TOKEN_TTL_S],
         )
-        vals = [_s(x) for x in reply]
+        vals = [_s(x) for x in items(reply)]
         if vals[0] == "fenced":
             raise Fenced(
                 f"claim refused: another scheduler took run {k.run!r} over (we hold epoch {self.epoch})"

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncdapo import redis_keys as rk
 from asyncdapo.config import PauseMode, RunConfig
@@ -47,6 +47,7 @@ from asyncdapo.scheduler.group_state import (
     RedisLink,
     RequeueReason,
     RoundTrips,
+    ScriptArg,
     ScriptRunner,
     redis_retry,
 )
@@ -59,6 +60,9 @@ from asyncdapo.scheduler.score_batcher import BatcherConfig, ScoreBatcher, Score
 from asyncdapo.scheduler.tasks import Kind, LengthStats, PromptTask, Request, Score
 from asyncdapo.scheduler.weight_publisher import WeightPublisher
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["Phase", "Rollout"]
 
@@ -95,7 +99,7 @@ class Rollout:
     def __init__(
         self,
         cfg: RunConfig,
-        redis: Any,
+        redis: Redis,
         pool: GatewayPool,
         scorer: Scorer,
         metrics: SchedulerMetrics | None = None,
@@ -587,7 +591,7 @@ class Rollout:
                 return
             self._count_seq += 1
             seq = self._count_seq
-            args: list[Any] = [seq, 86_400]
+            args: list[ScriptArg] = [seq, 86_400]
             for k, v in deltas.items():
                 args += [k, v]
             keys = [self.keys.counters, self.keys.count_seq(self.queue.owner)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -50,7 +51,7 @@ class RunStatusReader:
         read, with `redis_available` false."""
         core = self._core
 
-        def fetch() -> Awaitable[list[object]]:
+        def fetch() -> Awaitable[list[Any]]:  # HGETALL's and LLEN's replies (redis-py's type)
             pipe = self._redis.pipeline(transaction=False)
             pipe.hgetall(self._keys.counters)
             pipe.llen(self._keys.prompts)
@@ -61,7 +62,7 @@ class RunStatusReader:
                 raw, depth = await fetch()
                 phase, in_flight = core.phase, len(core.tasks)
             self._rtt.count += 1
-            self._last = (decode_counters(raw), int(depth))  # type: ignore[arg-type, call-overload]
+            self._last = (decode_counters(raw), int(depth))
         except REDIS_WAIT_ERRORS as err:
             self._link.mark(False, f"{type(err).__name__}: {err}")
             phase, in_flight = core.phase, len(core.tasks)
@@ -70,7 +71,7 @@ class RunStatusReader:
         c, depth = self._last
         return scheduler_pb2.RunStatus(
             run=self._cfg.name,
-            phase=phase,  # type: ignore[arg-type]
+            phase=phase,
             policy_version=core.version,
             valid_groups_produced=c.get(rk.VALID_PRODUCED, 0),
             valid_groups_bound=core.bound,

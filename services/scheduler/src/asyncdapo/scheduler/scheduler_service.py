@@ -94,7 +94,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     async def ListGateways(self, request, context):
         return scheduler_pb2.ListGatewaysResponse(gateways=[g.info() for g in self.rollout.pool.members])
 
-    async def DrainGateway(self, request, context):
+    async def DrainGateway(
+        self,
+        request: scheduler_pb2.DrainGatewayRequest,
+        context: grpc.aio.ServicerContext[
+            scheduler_pb2.DrainGatewayRequest, scheduler_pb2.DrainGatewayResponse
+        ],
+    ) -> scheduler_pb2.DrainGatewayResponse:
         gw = self.rollout.pool.get(request.address)
         if gw is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"address {request.address!r} is not in the pool")
@@ -120,7 +126,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
 async def build_server(
     rollout: Rollout, bind: str, token: str | None = None, tls: ServerTls | None = None
-) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A started server on `bind` (host:port; port 0 picks one), TLS with `tls`, control RPCs
     behind `token` when given. Returns (server, port, health). Raises OSError if `bind` is taken."""
     server = grpc.aio.server(

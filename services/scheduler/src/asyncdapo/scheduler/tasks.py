@@ -8,13 +8,21 @@ of an aborted attempt or of a re-dispatched request can never be mistaken for a 
 
 from __future__ import annotations
 
+import asyncio
 import time
 import zlib
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING
 
+from asyncdapo.scheduler.group_state import GroupProgress
 from asyncdapo.v1 import common_pb2, gateway_pb2, rollout_pb2
+
+if TYPE_CHECKING:  # the gRPC side: the records name it, the core never imports it
+    from asyncdapo.scheduler.gateway_pool import Gateway
+    from asyncdapo.scheduler.gateway_stream import GatewayStream
+
+TaskKey = tuple[str, int]  # (prompt id, attempt): one attempt of one prompt
 
 
 class Kind(Enum):
@@ -28,8 +36,8 @@ class Request:
     idx: int
     tries: int = 0  # dispatches so far
     continuation: gateway_pb2.GenerateResponse | None = None  # partial tokens to continue from
-    gateway: Any = None  # pool.Gateway while in flight
-    call: Any = None
+    gateway: Gateway | None = None  # while in flight
+    call: GatewayStream | None = None  # the GenerateStream it was sent on, while in flight
     rid: str = ""
     t_ready: float = 0.0
     pool: str = ""  # gateway pool label to place it in ("" = any)
@@ -73,10 +81,10 @@ class PromptTask:
     group_complete: bool = False
     routed: bool = False  # pdsr: a response of this group continues on the heavy pool
     recorded: set[int] = field(default_factory=set)  # responses counted into the group state
-    progress: Any = None  # group_state.GroupProgress of the completing response
+    progress: GroupProgress | None = None  # of the completing response
     admitted_at: float = field(default_factory=time.monotonic)
-    future: Any = None  # eval: resolved when every response is scored
-    base_msg: Any = None  # the GenerateRequest every request of this task starts from
+    future: asyncio.Future[PromptTask] | None = None  # eval: resolved when every response is scored
+    base_msg: gateway_pb2.GenerateRequest | None = None  # what every request of this task starts from
 
     def __post_init__(self) -> None:
         self.responses = [None] * self.n
@@ -84,7 +92,7 @@ class PromptTask:
         self.scores = [None] * self.n
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> TaskKey:
         return (self.pid, self.attempt)
 
     def make_requests(self) -> list[Request]:
@@ -119,6 +127,7 @@ def version_range(resp: gateway_pb2.GenerateResponse, default: int) -> tuple[int
 def build_group(run: str, task: PromptTask) -> rollout_pb2.Group:
     """The whole group as the trainer reads it from the stream (field `g`)."""
     p = task.progress
+    assert p is not None, "a complete group has the progress of its completing response"
     g = rollout_pb2.Group(
         run=run,
         prompt_id=task.pid,

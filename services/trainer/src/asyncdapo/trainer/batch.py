@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -82,7 +83,7 @@ class TrainBatch:
     def select(self, rows: Sequence[int] | Tensor) -> TrainBatch:
         """The sub-batch of `rows` (same padding: P and R are unchanged)."""
         idx = torch.as_tensor(rows, dtype=torch.long)
-        out = {}
+        out: dict[str, Any] = {}  # field name -> its rows (a tensor, a list) or its value
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, Tensor):

@@ -25,13 +25,23 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from asyncdapo.config import ShardingStrategy, TrainerConfig
 from asyncdapo.trainer.dist import DistContext
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType
+    from transformers import PreTrainedModel
+
+
+def hf_model(model: nn.Module) -> PreTrainedModel:
+    """`model` as the Hugging Face model the trainer trains (a no-op): torch types a module's
+    dynamic attributes as `Tensor | Module`, which hides the Hugging Face methods."""
+    return cast("PreTrainedModel", model)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -108,7 +118,7 @@ class _StateView:
         assert self._module is not None
         if "state_dict" in kwargs:
             kwargs["state_dict"] = {k: v for k, v in kwargs["state_dict"].items() if k not in self._aliases}
-        return self._module.save_pretrained(*args, **kwargs)
+        return hf_model(self._module).save_pretrained(*args, **kwargs)
 
 
 class _ModelLoader:
@@ -118,7 +128,9 @@ class _ModelLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        state = {k: v for k, v in state.items() if k not in self._sharding.layout.aliases}
+        layout = self._sharding.layout
+        assert layout is not None, "the model was wrapped"
+        state = {k: v for k, v in state.items() if k not in layout.aliases}
         set_model_state_dict(self._model, state, options=StateDictOptions(full_state_dict=True))
 
 
@@ -129,8 +141,9 @@ class _OptimizerLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+        assert self._sharding.layout is not None, "the model was wrapped"
         names = self._sharding.layout.params
-        by_name = {
+        by_name: OptimizerStateType = {
             "state": {names[int(i)]: s for i, s in state["state"].items()},
             "param_groups": [
                 {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
@@ -158,7 +171,9 @@ class Sharding:
     def wrap(self, model: nn.Module) -> nn.Module:
         """The module the trainer trains: sharded (FSDP2), replicated (DDP, W > 1) or as is."""
         if self.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf_model(model).gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         if self.sharded:
             return self._fully_shard(model)
         if self.dist.world > 1:
@@ -200,18 +215,19 @@ class Sharding:
         assert self.layout is not None
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         msd = get_model_state_dict(model, options=opts)
-        osd = get_optimizer_state_dict(model, optimizer, options=opts)
+        # full_state_dict: parameters keyed by name (torch types the values more loosely)
+        osd = cast("dict[str, Any]", get_optimizer_state_dict(model, optimizer, options=opts))
         if not self.dist.is_main:
             return None
         for key, source in self.layout.aliases.items():
             msd.setdefault(key, msd[source])
         msd = {k: msd[k] for k in self.layout.keys}
         index = {name: i for i, name in enumerate(self.layout.params)}
-        osd = {
+        numbered = {
             "state": {index[n]: s for n, s in osd["state"].items()},
             "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]],
         }
-        return _StateView(msd, model, self.layout.aliases), _StateView(osd)
+        return _StateView(msd, model, self.layout.aliases), _StateView(numbered)
 
     def from_checkpoint(self, model: nn.Module, path: Any) -> Any:
         """The replicated weights of a checkpoint directory as a module view (rank 0 alone, no

@@ -39,7 +39,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -389,8 +389,9 @@ class GroupsReader:
             lambda _a: self.client.xread({self.keys.groups: self._wait_from}, count=1, block=block_ms),
             "wait for groups",
         )
-        if reply and reply[0][1]:
-            self._wait_from = text(reply[0][1][-1][0])
+        streams = cast("list[list[Any]]", reply)  # RESP2: [[stream, [(id, fields), ...]]]
+        if streams and streams[0][1]:
+            self._wait_from = text(streams[0][1][-1][0])
 
     def _settle(self, entries: list[Entry], from_pending: bool) -> list[Entry]:
         """The fresh entries (newest first seen); redelivered ones are XACKed or dropped again."""

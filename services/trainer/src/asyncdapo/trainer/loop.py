@@ -43,7 +43,7 @@ from asyncdapo.trainer.crash_points import CrashPoint, SimulatedCrash, maybe_cra
 from asyncdapo.trainer.data_feed import Cursor, PromptFeed, make_encoder
 from asyncdapo.trainer.dist import DistContext
 from asyncdapo.trainer.fence import DEFAULT_LEASE_S, TrainerFence, TrainerFenced, default_trainer_id
-from asyncdapo.trainer.fsdp import Sharding
+from asyncdapo.trainer.fsdp import Sharding, hf_model
 from asyncdapo.trainer.groups_reader import Entry, GroupDropReason, GroupsReader, classify, dropped_counter
 from asyncdapo.trainer.metrics import PREFIX, JsonlLog, MetricsSink, batch_metrics
 from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
@@ -122,7 +122,9 @@ class Trainer:
         torch.manual_seed(cfg.trainer.seed)
         self.precision = resolve_precision(cfg.model.dtype, dev)
         model, self.tokenizer = load_policy(cfg.model.path, dev, cfg.model.trust_remote_code)
-        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        embedding = hf_model(model).get_input_embeddings().weight
+        assert isinstance(embedding, torch.Tensor), "an embedding module has a weight tensor"
+        self.vocab_size = int(embedding.shape[0])
         self.pad_id = pad_token_id(self.tokenizer)
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0:
@@ -340,7 +342,7 @@ class Trainer:
         """B groups trainable at `version`; drops (XACK + count) everything else it reads."""
         need = self.cfg.data.train_batch_size
         s = self.cfg.rollout.max_staleness
-        got: list[Entry] = []
+        got: list[tuple[str, rollout_pb2.Group]] = []  # (stream id, group) of the trainable ones
         last_progress = time.monotonic()
         while len(got) < need:
             self.waiter.call(lambda _a: self.feed.refill(), "prompt refill")
@@ -353,7 +355,8 @@ class Trainer:
                     else classify(e.group, version, s, self.vocab_size, self.cfg.data.max_response_length)
                 )
                 if reason is None:
-                    got.append(e)
+                    assert e.group is not None, "an entry without a group carries its error"
+                    got.append((e.id, e.group))
                 else:
                     drops.append((e, reason))
                     log.warning("dropping group %s (%s): %s", e.id, reason.value, detail)
@@ -372,7 +375,7 @@ class Trainer:
                     f"no group arrived for {self.opts.max_wait_s:.0f}s at version {version} "
                     f"({len(got)}/{need} groups)"
                 )
-        return [(e.id, e.group.SerializeToString()) for e in got]  # type: ignore[union-attr]
+        return [(eid, group.SerializeToString()) for eid, group in got]
 
     def _log_probs(
         self, model: torch.nn.Module, batch: TrainBatch, rows: list[int], with_entropy: bool

@@ -73,9 +73,10 @@ def load_policy(
     if not (path / "config.json").is_file():
         raise ModelDirError(f"model.path {path}: not a Hugging Face model directory (no config.json)")
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    # transformers types `to` as @wraps(nn.Module.to) of an unbound method: mypy wants self first
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, trust_remote_code=trust_remote_code
-    ).to(device)
+    ).to(device)  # type: ignore[arg-type]
     model.config.use_cache = False
     return model, tokenizer
 
@@ -88,7 +89,7 @@ def pad_token_id(tokenizer: Any) -> int:
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
-    inner = model.module if hasattr(model, "module") else model
+    inner: nn.Module = getattr(model, "module", model)  # DDP / FSDP keep the model in `.module`
     return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 

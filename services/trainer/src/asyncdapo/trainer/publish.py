@@ -33,6 +33,7 @@ import torch
 
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.trainer.fence import TrainerFence, TrainerFenced, safe_id
+from asyncdapo.trainer.fsdp import hf_model
 from asyncdapo.trainer.redis_io import RedisWaiter
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def write_snapshot(
     tmp = final.with_name(f".tmp-{final.name}-{safe_id(writer) if writer else os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     state = {k: v.detach().to(dtype) for k, v in model.state_dict().items()}
-    model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    hf_model(model).save_pretrained(tmp, state_dict=state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     for f in tmp.iterdir():
@@ -147,6 +148,7 @@ class VersionNotifier:
             from asyncdapo.grpc_security import ClientTls, sync_channel
             from asyncdapo.v1 import scheduler_pb2_grpc
 
+            assert self.scheduler_addr is not None, "only called with a scheduler address"
             tls = ClientTls.from_file(self.tls_ca, "--scheduler-tls-ca") if self.tls_ca else None
             self._channel = sync_channel(self.scheduler_addr, tls)
             self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -58,6 +59,14 @@ class UpdateSettings:
             kl_coef=a.kl_coef,
             temperature=cfg.rollout.temperature or 1.0,
         )
+
+
+class _Norm(TypedDict):
+    """The global normalisers every micro-batch's loss is divided by (see the module docstring)."""
+
+    num_tokens: Tensor
+    num_seqs: Tensor
+    dp_size: int
 
 
 def mini_batch_rows(batch: TrainBatch, groups_per_mini_batch: int) -> list[list[int]]:
@@ -108,7 +117,7 @@ def ppo_update(
             mask_all = batch.response_mask[rows]
             n_tok = mask_all.sum()
             n_seq = (mask_all.sum(-1) > 0).sum()
-            norm = {"num_tokens": n_tok, "num_seqs": n_seq, "dp_size": dist.world}
+            norm: _Norm = {"num_tokens": n_tok, "num_seqs": n_seq, "dp_size": dist.world}
             chunks = micro_chunks(rows, dist, s.micro_batch_size)
             optimizer.zero_grad(set_to_none=True)
             for i, chunk in enumerate(chunks):

@@ -129,9 +129,10 @@ def create_app(settings: VerifierSettings) -> FastAPI:
             why = "worker pool not ready" if not pool.ready else "queue full (max_queued_items)"
             return JSONResponse({"detail": why}, status_code=503, headers={"Retry-After": "1"})
         try:
-            scored = iter(
-                await asyncio.wrap_future(pool.submit([(item.ground_truth, item.response) for item in todo]))
+            verdicts = await asyncio.wrap_future(
+                pool.submit([(item.ground_truth, item.response) for item in todo])
             )
+            scored = iter(verdicts)
         except PoolClosed as err:
             metrics.requests.labels(code="503").inc()
             return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "1"})

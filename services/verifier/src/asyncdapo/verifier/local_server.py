@@ -55,7 +55,7 @@ class VerifierServer:
     def start(self, ready_timeout_s: float = 90.0) -> VerifierServer:
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
-        if log is not subprocess.DEVNULL:
+        if not isinstance(log, int):  # not DEVNULL
             log.close()  # the child holds its own descriptor
 
         def ready() -> bool:

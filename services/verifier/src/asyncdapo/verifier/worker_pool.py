@@ -35,7 +35,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from enum import StrEnum
 from multiprocessing.connection import Connection
-from typing import Any
+from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
+from typing import Any, cast
 
 from asyncdapo.verifier.protocol import IDLE, SEQ, START, Chunk, Verdict, decode
 from asyncdapo.verifier.schemas import ItemStatus
@@ -109,7 +110,10 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self.soft_timeout_s = soft_timeout_s
         self.max_chunk = max_chunk
-        self._ctx = mp.get_context(start_method)
+        ctx = mp.get_context(start_method)
+        # every start method's context has Process (typeshed's BaseContext, get_context's type, has not)
+        assert isinstance(ctx, ForkContext | ForkServerContext | SpawnContext), start_method
+        self._ctx = ctx
         if start_method == "forkserver":
             # Replacement workers fork from a server that already imported sympy and math-verify.
             self._ctx.set_forkserver_preload(["asyncdapo.verifier.worker", "asyncdapo.verifier.math_verdict"])
@@ -430,7 +434,7 @@ class WorkerPool:
         batch.remaining -= 1
         if batch.remaining == 0 and not batch.future.done():
             with contextlib.suppress(InvalidStateError):  # cancelled by the caller meanwhile
-                batch.future.set_result(batch.results)  # type: ignore[arg-type]
+                batch.future.set_result(cast("list[Verdict]", batch.results))  # remaining == 0: all set
 
     def _fail_all(self, err: BaseException) -> None:
         with self._lock:

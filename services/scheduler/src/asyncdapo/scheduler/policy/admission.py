@@ -57,7 +57,8 @@ class Admit:
 
 
 class AdmissionPolicy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: the policies are frozen dataclasses
 
     def decide(self, s: AdmissionState) -> Admit: ...
 

@@ -22,8 +22,11 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Generic, TypeVar
 
 from asyncdapo.config import EarlyStopOrder
+
+K = TypeVar("K", bound=Hashable)  # an entry's key: the core uses (prompt id, attempt)
 
 
 class _State(Enum):
@@ -32,50 +35,50 @@ class _State(Enum):
 
 
 @dataclass
-class Plan:
-    commit: list[Hashable] = field(default_factory=list)
-    requeue: list[Hashable] = field(default_factory=list)  # ready valid groups beyond the bound
-    abort: list[Hashable] = field(default_factory=list)  # pending prompts beyond the cutoff
+class Plan(Generic[K]):
+    commit: list[K] = field(default_factory=list)
+    requeue: list[K] = field(default_factory=list)  # ready valid groups beyond the bound
+    abort: list[K] = field(default_factory=list)  # pending prompts beyond the cutoff
     covered: bool = False  # committed + ready-in-range reach `remaining`: stop admitting
 
 
-class CommitLedger:
+class CommitLedger(Generic[K]):
     def __init__(self, order: EarlyStopOrder, abort_beyond_cutoff: bool = True) -> None:
         self.order = order
         # sync mode keeps every prompt of a batch running: nothing is aborted, surplus requeued.
         self.abort_beyond_cutoff = abort_beyond_cutoff
-        self._entries: dict[Hashable, _State] = {}  # insertion order = admission order
-        self._ready_order: list[Hashable] = []  # completion order of ready entries
+        self._entries: dict[K, _State] = {}  # insertion order = admission order
+        self._ready_order: list[K] = []  # completion order of ready entries
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: Hashable) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._entries
 
     @property
     def ready(self) -> int:
         return len(self._ready_order)
 
-    def admit(self, key: Hashable) -> None:
+    def admit(self, key: K) -> None:
         if key in self._entries:
             raise KeyError(f"{key!r} admitted twice")
         self._entries[key] = _State.PENDING
 
-    def set_ready(self, key: Hashable) -> None:
+    def set_ready(self, key: K) -> None:
         """The group of `key` is complete and valid; it waits in the ledger for `plan`."""
         if self._entries.get(key) is not _State.PENDING:
             raise KeyError(f"{key!r} is not pending")
         self._entries[key] = _State.READY
         self._ready_order.append(key)
 
-    def finish(self, key: Hashable) -> None:
+    def finish(self, key: K) -> None:
         """`key` got an outcome outside the ledger (filtered, dropped, aborted); forget it."""
         if self._entries.pop(key, None) is _State.READY:
             self._ready_order.remove(key)
 
-    def plan(self, remaining: int) -> Plan:
-        p = Plan()
+    def plan(self, remaining: int) -> Plan[K]:
+        p: Plan[K] = Plan()
         if self.order is EarlyStopOrder.ANY:
             for key in self._ready_order:
                 (p.commit if len(p.commit) < remaining else p.requeue).append(key)

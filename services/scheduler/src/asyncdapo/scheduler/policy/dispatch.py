@@ -14,6 +14,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol, TypeVar
 
 
 class RejectReason(StrEnum):
@@ -23,6 +24,37 @@ class RejectReason(StrEnum):
     POOL = "pool"
     STALE_WEIGHTS = "stale_weights"
     FULL = "full"
+
+
+class DispatchView(Protocol):
+    """What dispatch reads of one gateway: a `GatewayView` snapshot, or the pool's live
+    `gateway_pool.Gateway`, which keeps these attributes current."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def up(self) -> bool: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def paused(self) -> bool: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def kv_cache_usage(self) -> float: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def weight_version(self) -> int: ...
+
+
+V = TypeVar("V", bound=DispatchView)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +83,7 @@ class DispatchPolicy:
     affinity_bonus: float = 0.1  # score units saved by landing next to the same prompt
 
 
-def reject_reason(view: GatewayView, policy: DispatchPolicy) -> RejectReason | None:
+def reject_reason(view: DispatchView, policy: DispatchPolicy) -> RejectReason | None:
     if not view.up:
         return RejectReason.DOWN
     if view.draining:
@@ -67,11 +99,9 @@ def reject_reason(view: GatewayView, policy: DispatchPolicy) -> RejectReason | N
     return None
 
 
-def filter_gateways(
-    views: Iterable[GatewayView], policy: DispatchPolicy
-) -> tuple[list[GatewayView], dict[str, RejectReason]]:
+def filter_gateways(views: Iterable[V], policy: DispatchPolicy) -> tuple[list[V], dict[str, RejectReason]]:
     """The eligible gateways, and the reason each other one was rejected."""
-    eligible: list[GatewayView] = []
+    eligible: list[V] = []
     rejected: dict[str, RejectReason] = {}
     for v in views:
         reason = reject_reason(v, policy)
@@ -82,7 +112,7 @@ def filter_gateways(
     return eligible, rejected
 
 
-def load_score(view: GatewayView, policy: DispatchPolicy, extra_in_flight: int = 0) -> float:
+def load_score(view: DispatchView, policy: DispatchPolicy, extra_in_flight: int = 0) -> float:
     """Lower is better. Our own in-flight count is exact and current; the gateway's reported
     running + waiting also covers other clients but lags, so the larger of the two is used.
     Normalised by capacity so gateways of different sizes compare fairly."""
@@ -91,7 +121,7 @@ def load_score(view: GatewayView, policy: DispatchPolicy, extra_in_flight: int =
     return busy / scale + policy.kv_weight * view.kv_cache_usage
 
 
-def score(view: GatewayView, policy: DispatchPolicy, affinity: bool, extra_in_flight: int = 0) -> float:
+def score(view: DispatchView, policy: DispatchPolicy, affinity: bool, extra_in_flight: int = 0) -> float:
     s = load_score(view, policy, extra_in_flight)
     return s - policy.affinity_bonus if affinity else s
 
@@ -103,7 +133,7 @@ class Decision:
 
 
 def pick(
-    views: Sequence[GatewayView],
+    views: Sequence[DispatchView],
     policy: DispatchPolicy,
     count: int = 1,
     affinity: frozenset[str] = frozenset(),
