@@ -36,5 +36,5 @@ def test_prompts_longer_than_the_training_limit_are_left_out_and_sampling_follow
 
 def test_no_prompt_that_fits_is_an_error_naming_the_limit() -> None:
     cfg = parse_run_config({"data": {"max_prompt_length": 2}})
-    with pytest.raises(AsyncdapoError, match="data.max_prompt_length"):
+    with pytest.raises(AsyncdapoError, match=r"data\.max_prompt_length"):
         eval_request(cfg, [_ex(0, 3)], _encode)
