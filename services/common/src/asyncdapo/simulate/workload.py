@@ -168,12 +168,17 @@ class WorkloadStats:
     cv_mean: float  # within-group coefficient of variation of capped lengths: mean, max
     cv_max: float
     long_after_short: float  # P(some other response > 512 | the first one < 512)
+    # Seer's figure: the share of a batch's decode time taken by its last 10 % of requests, with
+    # finish time ~ length: 1 - P90 / max, per batch of `batch_groups` groups, averaged
+    tail_time_share: float
 
     def row(self) -> dict[str, float]:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in self.__dict__.items()}
 
 
-def sample_stats(w: Workload, n: int, cap: int, groups: int = 4000, start: int = 10_000_000) -> WorkloadStats:
+def sample_stats(
+    w: Workload, n: int, cap: int, groups: int = 4000, start: int = 10_000_000, batch_groups: int = 64
+) -> WorkloadStats:
     """Statistics of `groups` first attempts (prompts from index `start`, away from a run's own)."""
     lens = np.empty((groups, n), dtype=np.int64)
     right = np.empty((groups, n), dtype=bool)
@@ -190,6 +195,8 @@ def sample_stats(w: Workload, n: int, cap: int, groups: int = 4000, start: int =
     first = capped[:, 0]
     short = first < 512
     long_after = (capped[:, 1:] > 512).any(axis=1)
+    batches = [capped[i : i + batch_groups] for i in range(0, groups - batch_groups + 1, batch_groups)]
+    tail = [1.0 - np.percentile(b, 90) / b.max() for b in batches] or [float("nan")]
     wr = np.median(lens[~right]) / np.median(lens[right]) if right.any() and (~right).any() else float("nan")
     return WorkloadStats(
         groups=groups,
@@ -209,4 +216,5 @@ def sample_stats(w: Workload, n: int, cap: int, groups: int = 4000, start: int =
         cv_mean=float(cv.mean()),
         cv_max=float(cv.max()),
         long_after_short=float(long_after[short].mean()) if short.any() else float("nan"),
+        tail_time_share=float(np.mean(tail)),
     )
