@@ -23,7 +23,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from asyncdapo.config import LongTailPolicy, RolloutMode, RunConfig, WeightUpdateMode
 from asyncdapo.errors import AsyncdapoError
@@ -42,18 +42,16 @@ from asyncdapo.v1 import common_pb2
 
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 CLAIM_CHUNK = 64  # Rollout's default claim_chunk
+LINGER_S = 0.002  # ScoreBatcher's linger_s
 
 
 class SimulationError(AsyncdapoError, RuntimeError):
     pass
 
 
-class VersionRun:
-    __slots__ = ("version", "num_tokens")
-
-    def __init__(self, version: int, num_tokens: int) -> None:
-        self.version = version
-        self.num_tokens = num_tokens
+class VersionRun(NamedTuple):
+    version: int
+    num_tokens: int
 
 
 class SimResponse:
@@ -65,7 +63,7 @@ class SimResponse:
     def __init__(self, length: int, runs: Sequence[Sequence[int]], finish_reason: int) -> None:
         self.token_ids = range(length)
         self.logprobs: tuple[float, ...] = ()
-        self.version_runs = [VersionRun(v, c) for v, c in runs]
+        self.version_runs = list(map(VersionRun._make, runs))
         self.finish_reason = finish_reason
 
 
@@ -124,7 +122,7 @@ class Counts:
         self.long_tail_actions[str(action)] += 1
 
 
-@dataclass
+@dataclass(eq=False)
 class Gw:
     """One simulated gateway: its engine and what the dispatcher knows of it."""
 
@@ -192,12 +190,14 @@ class Simulation:
         )
         self.policy = DispatchPolicy(max_in_flight=ro.max_concurrent_per_gateway)
         self.index = EligibleIndex(self.policy, seed=1)
+        self._dirty: set[Gw] = set()
         for g in self.gws:
-            self._view(g)
+            self._update_view(g)
         self.pending: deque[Request] = deque()
         self.attempts: dict[tuple[str, int], Attempt] = {}
         self.score_q: list[ScoreResponse] = []
-        self.verifier_free = max(1, min(cluster.verifier.workers, cfg.reward.verifier_concurrency * 64))
+        self.verifier_free = cfg.reward.verifier_concurrency
+        self._linger = False
         self.next_prompt = 0
         self.aborted_tokens = 0
         self._admit_pending = False
@@ -255,8 +255,8 @@ class Simulation:
                 self.score_q.append(c)
         if pumped:
             self._pump()
-        if self.score_q and self.verifier_free:
-            self._score_some()
+        if self.score_q:
+            self._score_soon()
 
     def _abort_task(self, task: PromptTask) -> None:
         for req in list(task.live.values()):
@@ -271,6 +271,16 @@ class Simulation:
 
     # ------------------------------------------------------------------ dispatch
     def _view(self, g: Gw) -> None:
+        """The dispatcher's view of `g` changed: refreshed before the next pick (views are read
+        only there)."""
+        self._dirty.add(g)
+
+    def _flush_views(self) -> None:
+        for g in self._dirty:
+            self._update_view(g)
+        self._dirty.clear()
+
+    def _update_view(self, g: Gw) -> None:
         self.index.update(
             GatewayView(
                 address=g.address,
@@ -295,6 +305,8 @@ class Simulation:
             batch = [pending.popleft()]
             while pending and pending[0].task is task and pending[0].pool == head.pool and len(batch) < task.n:
                 batch.append(pending.popleft())
+            if self._dirty:
+                self._flush_views()
             views = self.index.candidates(head.pool, task.gateways)
             policy = self.index.policy_for(head.pool)
             decision = pick(views, policy, len(batch), frozenset(task.gateways))
@@ -339,7 +351,6 @@ class Simulation:
         del task.live[req.idx]
         self._do(self.core.response(req, g.address, SimResponse(seq.gen, seq.runs, reason)))  # type: ignore[arg-type]
         self._pump()
-        self._kick_admission()
 
     def _on_drained(self, engine: Engine) -> None:
         g = self.by_engine[id(engine)]
@@ -348,7 +359,16 @@ class Simulation:
             self.clock.after(self.cluster.engine.reload_s, self._resume_one, g)
 
     # ------------------------------------------------------------------ verifier
-    def _score_some(self) -> None:
+    def _score_soon(self) -> None:
+        """ScoreBatcher: a full batch goes at once, a partial one after `LINGER_S`."""
+        if len(self.score_q) >= self.cfg.reward.verifier_batch_size:
+            self._score_some()
+        elif not self._linger:
+            self._linger = True
+            self.clock.after(LINGER_S, self._score_some)
+
+    def _score_some(self, _: Any = None) -> None:
+        self._linger = False
         size = self.cfg.reward.verifier_batch_size
         v = self.cluster.verifier
         while self.score_q and self.verifier_free:
@@ -367,6 +387,7 @@ class Simulation:
             right = a.right[j.idx] and len(j.token_ids) < self.cap and len(j.token_ids) >= a.lengths[j.idx]
             acc = 1.0 if right else 0.0
             scored.append((task, j.idx, 1.0 if right else -1.0, acc, "1" if right else "0"))
+        judged = self.core.counts.finished_groups
         if scored:
             scores = self.core.scores_to_record(scored)
             owners = [self.core.tasks[(s.pid, s.attempt)] for s in scores]
@@ -374,9 +395,10 @@ class Simulation:
                 raise SimulationError("the store refused scores (fenced): nothing else owns a simulated run")
         if self.core.wants_finish:
             self._kick_finisher()
-        self._kick_admission()
+        if self.core.counts.finished_groups != judged:  # the running valid rate moved
+            self._kick_admission()
         if self.score_q:
-            self._score_some()
+            self._score_soon()
 
     # ------------------------------------------------------------------ admission and finisher
     def _kick_admission(self) -> None:
@@ -426,6 +448,7 @@ class Simulation:
                 break
             results = self.store.finish_many([item for _, item in batch])
             for (task, _item), res in zip(batch, results, strict=True):
+                self.attempts.pop(task.key, None)
                 if res.label == "valid":
                     self._commit(task)
                     committed = True
@@ -433,9 +456,6 @@ class Simulation:
             if fenced:
                 raise SimulationError("fenced: nothing else owns a simulated run")
             self._do(cmds)
-        for t in list(self.attempts):
-            if t not in self.core.tasks:
-                del self.attempts[t]
         self._kick_admission()
         if committed:
             self._maybe_train()
@@ -541,8 +561,9 @@ class Simulation:
         self.index.set_policy(
             DispatchPolicy(max_in_flight=self.policy.max_in_flight, min_weight_version=new)
         )
+        self._dirty.clear()
         for x in self.gws:
-            self._view(x)
+            self._update_view(x)
         self.core.weights_published(new, f"sim://v{new}")
         self.trainer_busy = False
         self.t_free = self.clock.now

@@ -187,7 +187,7 @@ CLUSTERS: dict[str, ClusterProfile] = {
 
 
 def _packaged(name: str) -> Path | None:
-    p = resources.files("asyncdapo.simulate").joinpath("profiles", f"{name}.json")
+    p = resources.files("asyncdapo.simulate").joinpath("profiles").joinpath(f"{name}.json")
     return Path(str(p)) if p.is_file() else None
 
 

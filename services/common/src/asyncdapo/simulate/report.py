@@ -8,7 +8,9 @@ volume on the cluster's decode throughput (every engine at the concurrency the K
 `max_num_seqs` allow, or that B·n responses fill). It leaves out the filtered groups every real
 policy must generate to find the valid ones: an efficiency of 1 is out of reach by design. A mode
 with s = 0 cannot overlap training with rollout, so its ideal step is ideal rollout + train + sync;
-with s ≥ 1 it is the larger of the two.
+with s ≥ 1 it is the larger of the two, and a response may span s + 1 versions, so the critical
+path counts 1 / (s + 1) per step. An efficiency above 1 is possible only by training a biased
+selection (shorter answers: see the bias column) — the ideal is for an unbiased one.
 
 Trained-length bias: the mean response length the mode trained on against the unbiased selection
 (and against sync, when sync ran): a policy that wins by training on shorter answers shows it here.
@@ -41,6 +43,11 @@ class Ideal:
     volume_s: float
     mean_length: float  # unbiased trained response length
     concurrency: int  # sequences per engine assumed
+    per_step: list[tuple[float, float]] = field(default_factory=list)  # (critical path, volume)
+
+    def rollout_for(self, staleness: int) -> float:
+        """With s >= 1 a response may span s + 1 versions: its critical path is spread over them."""
+        return statistics.fmean(max(c / (staleness + 1), v) for c, v in self.per_step)
 
 
 def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Workload, steps: int = 8) -> Ideal:
@@ -78,6 +85,7 @@ def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Workload, steps: in
         volume_s=statistics.fmean(vols),
         mean_length=statistics.fmean(lens),
         concurrency=int(statistics.median(concs)),
+        per_step=list(zip(cps, vols, strict=True)),
     )
 
 
@@ -120,7 +128,8 @@ def mode_report(mode: str, cfg: RunConfig, res: SimResult, ideal_: Ideal, cpu_s:
     train = statistics.fmean(s.train_s for s in steps)
     sync = statistics.fmean(s.sync_s for s in steps)
     s_bound = cfg.rollout.max_staleness
-    ideal_step = ideal_.rollout_s + train + sync if s_bound == 0 else max(ideal_.rollout_s, train + sync)
+    ideal_rollout = ideal_.rollout_for(s_bound)
+    ideal_step = ideal_rollout + train + sync if s_bound == 0 else max(ideal_rollout, train + sync)
     step_s = statistics.fmean(body)
     stale: Counter[int] = Counter(x for s in steps for x in s.staleness)
     trained_tokens = sum(s.tokens for s in steps)
