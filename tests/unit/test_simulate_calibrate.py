@@ -47,10 +47,23 @@ def test_fit_recovers_the_engine_costs(tmp_path: Path) -> None:
     assert prof.engines == 2 and prof.engine.kv_capacity_tokens == CAP
 
 
-def test_calibrate_command_writes_a_loadable_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_calibrate_command_writes_a_loadable_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_log(tmp_path / "g0.jsonl")
     out = tmp_path / "cpu.json"
-    rc = main(["simulate", "calibrate", "--step-log", str(tmp_path / "g0.jsonl"), "--kv-capacity-tokens", str(CAP), "-o", str(out)])
+    rc = main(
+        [
+            "simulate",
+            "calibrate",
+            "--step-log",
+            str(tmp_path / "g0.jsonl"),
+            "--kv-capacity-tokens",
+            str(CAP),
+            "-o",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("RESULT steps=")
     assert load_cluster(str(out)).engine.base_s == pytest.approx(TRUE["base_s"], rel=0.15)
@@ -58,7 +71,7 @@ def test_calibrate_command_writes_a_loadable_profile(tmp_path: Path, capsys: pyt
 
 def test_a_short_or_broken_log_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text('{"t": 1}\n')
-    with pytest.raises(ProfileError, match="bad.jsonl:1"):
+    with pytest.raises(ProfileError, match=r"bad\.jsonl:1"):
         calibrate_files([tmp_path / "bad.jsonl"], CAP)
     write_log(tmp_path / "short.jsonl", steps=5)
     with pytest.raises(ProfileError, match="usable step intervals"):

@@ -35,7 +35,9 @@ def run(mode: str, engines: int = 8, **wl: Any) -> tuple[Simulation, Any]:
     return sim, sim.simulate()
 
 
-@pytest.mark.parametrize("mode", ["sync", "async", "async-fifo", "fully-async", "fully-async-s2", "pdsr", "async+greedy"])
+@pytest.mark.parametrize(
+    "mode", ["sync", "async", "async-fifo", "fully-async", "fully-async-s2", "pdsr", "async+greedy"]
+)
 def test_every_step_trains_b_groups_within_the_staleness_bound(mode: str) -> None:
     sim, res = run(mode)
     s = sim.cfg.rollout.max_staleness
@@ -109,7 +111,9 @@ def test_modes_parse_and_bad_ones_are_clear() -> None:
             mode_config(base, bad)
     check_supported(mode_config(base, "sync"))
     with pytest.raises(SimulationError):
-        Simulation(mode_config(base, "sync"), load_cluster("h100-7b", 2), load_workload("rollpacker-14b"), 2).simulate(max_sim_s=1.0)
+        Simulation(
+            mode_config(base, "sync"), load_cluster("h100-7b", 2), load_workload("rollpacker-14b"), 2
+        ).simulate(max_sim_s=1.0)
 
 
 def test_command_prints_table_and_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,7 +124,10 @@ def test_command_prints_table_and_results(tmp_path: Path, capsys: pytest.Capture
     assert rc == 0
     out = capsys.readouterr().out
     results = [x for x in out.splitlines() if x.startswith("RESULT")]
-    assert [x.split()[1] for x in results[:2]] == ["mode=sync", "mode=async"] and "speedup_vs_sync=" in results[1]
+    assert [x.split()[1] for x in results[:2]] == [
+        "mode=sync",
+        "mode=async",
+    ] and "speedup_vs_sync=" in results[1]
     data = json.loads((tmp_path / "out" / "simulate.json").read_text())
     assert [m["mode"] for m in data["modes"]] == ["sync", "async"]
     assert (tmp_path / "out" / "simulate.png").stat().st_size > 1000

@@ -28,7 +28,9 @@ def test_valid_rate_is_solved(rate: float) -> None:
 
 def test_unreachable_valid_rate_is_a_clear_error() -> None:
     with pytest.raises(WorkloadError, match="unreachable"):
-        _ = WorkloadSpec(name="v", length_median=100, max_response_length=10, valid_rate=0.99, mean_accuracy=0.9).concentration
+        _ = WorkloadSpec(
+            name="v", length_median=100, max_response_length=10, valid_rate=0.99, mean_accuracy=0.9
+        ).concentration
 
 
 def test_samples_depend_on_seed_prompt_and_attempt_only() -> None:

@@ -18,6 +18,7 @@ times depend on.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,9 @@ def read_steps(path: Path) -> list[dict[str, float]]:
             continue
         try:
             r = json.loads(line)
-            rows.append({k: float(r[k]) for k in ("t", "running", "kv", "decode", "prefill_reqs", "prefill_tokens")})
+            rows.append(
+                {k: float(r[k]) for k in ("t", "running", "kv", "decode", "prefill_reqs", "prefill_tokens")}
+            )
         except (ValueError, KeyError, TypeError) as err:
             raise ProfileError(f"--step-log {path}:{no}: not a step line ({err})") from None
     return rows
@@ -69,7 +72,7 @@ def design(rows: list[dict[str, float]], capacity: int) -> tuple[np.ndarray, np.
     """(X, dt, dropped) of one log's step intervals."""
     xs, ys = [], []
     dropped = 0
-    for prev, cur in zip(rows, rows[1:], strict=False):
+    for prev, cur in itertools.pairwise(rows):
         dt = cur["t"] - prev["t"]
         if prev["running"] <= 0 or dt <= 0:
             dropped += 1
@@ -103,11 +106,15 @@ def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def fit_steps(X: np.ndarray, y: np.ndarray, dropped: int = 0) -> Fit:
     if len(y) < 8:
-        raise ProfileError(f"calibrate: only {len(y)} usable step intervals (need at least 8): log a longer run")
+        raise ProfileError(
+            f"calibrate: only {len(y)} usable step intervals (need at least 8): log a longer run"
+        )
     coef = nnls(X, y)
     pred = X @ coef
     rel = float(np.median(np.abs(pred - y) / y))
-    return Fit(dict(zip(NAMES, map(float, coef), strict=True)), len(y), dropped, rel, float(pred.sum() / y.sum() - 1))
+    return Fit(
+        dict(zip(NAMES, map(float, coef), strict=True)), len(y), dropped, rel, float(pred.sum() / y.sum() - 1)
+    )
 
 
 def calibrate_files(paths: list[Path], capacity: int, max_num_seqs: int = 256) -> tuple[ClusterProfile, Fit]:

@@ -22,13 +22,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("config", help="run config YAML (or the word `calibrate`: fit a profile from --step-log files)")
-    p.add_argument("--cluster", default="h100-7b", help="cluster profile: h100-7b, h100-32b, cpu-tiny, or a JSON/YAML file")
+    p.add_argument(
+        "config", help="run config YAML (or the word `calibrate`: fit a profile from --step-log files)"
+    )
+    p.add_argument(
+        "--cluster",
+        default="h100-7b",
+        help="cluster profile: h100-7b, h100-32b, cpu-tiny, or a JSON/YAML file",
+    )
     p.add_argument("--engines", type=int, help="engines (gateways) in the cluster (default: the profile's)")
     p.add_argument("--workload", default="rollpacker-14b", help="workload preset or a YAML WorkloadSpec file")
-    p.add_argument("--replay", help="a recorded trace (JSONL of groups: prompt_tokens, lengths, acc) instead of --workload")
+    p.add_argument(
+        "--replay",
+        help="a recorded trace (JSONL of groups: prompt_tokens, lengths, acc) instead of --workload",
+    )
     p.add_argument("--valid-rate", type=float, help="override the workload's valid rate (groups of n_ref)")
-    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated modes (default {DEFAULT_MODES}; see asyncdapo.simulate.modes)")
+    p.add_argument(
+        "--modes",
+        default=DEFAULT_MODES,
+        help=f"comma-separated modes (default {DEFAULT_MODES}; see asyncdapo.simulate.modes)",
+    )
     p.add_argument("--versions", type=int, default=20, help="training steps to simulate per mode")
     p.add_argument("--seed", type=int, default=0, help="workload seed (every mode sees the same samples)")
     p.add_argument("--out", default="runs/simulate", help="directory for simulate.json and simulate.png")
@@ -55,7 +68,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     if not args.step_log:
         raise ProfileError("calibrate needs --step-log FILE…")
     if not args.kv_capacity_tokens:
-        raise ProfileError("calibrate needs --kv-capacity-tokens (vLLM logs its KV cache size in tokens at start)")
+        raise ProfileError(
+            "calibrate needs --kv-capacity-tokens (vLLM logs its KV cache size in tokens at start)"
+        )
     prof, fit = calibrate_files([Path(p) for p in args.step_log], args.kv_capacity_tokens, args.max_num_seqs)
     print(fit.summary())
     out = Path(args.profile_out or "runs/simulate/cpu-fitted.json")
@@ -76,7 +91,15 @@ def _simulate(args: argparse.Namespace) -> int:
     from asyncdapo.simulate.presets import load_workload
     from asyncdapo.simulate.profile import load_cluster
     from asyncdapo.simulate.replay import load_replay
-    from asyncdapo.simulate.report import compare, ideal, mode_report, result_lines, table, write_json, write_png
+    from asyncdapo.simulate.report import (
+        compare,
+        ideal,
+        mode_report,
+        result_lines,
+        table,
+        write_json,
+        write_png,
+    )
 
     base = load_run_config(args.config, args.overrides)
     cluster = load_cluster(args.cluster, args.engines)
@@ -104,7 +127,10 @@ def _simulate(args: argparse.Namespace) -> int:
         res = Simulation(cfg, cluster, workload, args.versions).simulate()
         cpu = time.process_time() - c0
         reports.append(mode_report(mode, cfg, res, ideal_, cpu))
-        print(f"  {mode}: {res.sim_s:.0f} virtual s, {res.events} events, {cpu:.1f} CPU s, {time.perf_counter() - w0:.1f} wall s", flush=True)
+        print(
+            f"  {mode}: {res.sim_s:.0f} virtual s, {res.events} events, {cpu:.1f} CPU s, {time.perf_counter() - w0:.1f} wall s",
+            flush=True,
+        )
     compare(reports)
     print(table(reports))
     wall = time.perf_counter() - t_all
@@ -121,7 +147,11 @@ def _simulate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     write_json(out / "simulate.json", reports, meta)
     if not args.no_png:
-        write_png(out / "simulate.png", reports, f"{cluster.name} x{cluster.engines}, {workload.name}, B={base.data.train_batch_size}")
+        write_png(
+            out / "simulate.png",
+            reports,
+            f"{cluster.name} x{cluster.engines}, {workload.name}, B={base.data.train_batch_size}",
+        )
     print(f"wrote {out / 'simulate.json'}" + ("" if args.no_png else f" and {out / 'simulate.png'}"))
     for line in result_lines(
         reports,

@@ -15,7 +15,7 @@ from typing import Any
 
 
 class VirtualClock:
-    __slots__ = ("now", "_heap", "_seq", "events")
+    __slots__ = ("_heap", "_seq", "events", "now")
 
     def __init__(self) -> None:
         self.now = 0.0

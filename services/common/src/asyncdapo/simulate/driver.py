@@ -19,6 +19,7 @@ on the `VirtualClock`, one round trip after whatever woke it. A response carries
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ from asyncdapo.v1 import common_pb2
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 CLAIM_CHUNK = 64  # Rollout's default claim_chunk
 LINGER_S = 0.002  # ScoreBatcher's linger_s
+GC_THRESHOLD = 50_000
 
 
 class SimulationError(AsyncdapoError, RuntimeError):
@@ -58,7 +60,7 @@ class SimResponse:
     """What the core reads of a gateway's GenerateResponse: the token ids' length, the version runs,
     the finish reason."""
 
-    __slots__ = ("token_ids", "logprobs", "version_runs", "finish_reason")
+    __slots__ = ("finish_reason", "logprobs", "token_ids", "version_runs")
 
     def __init__(self, length: int, runs: Sequence[Sequence[int]], finish_reason: int) -> None:
         self.token_ids = range(length)
@@ -186,7 +188,10 @@ class Simulation:
         self.by_engine = {id(g.engine): g for g in self.gws}
         self.labels = {g.pool for g in self.gws if g.pool}
         self.core = RolloutCore(
-            cfg, observer=self.counts, pool_exists=self.labels.__contains__, encode_group=lambda run, task: b""
+            cfg,
+            observer=self.counts,
+            pool_exists=self.labels.__contains__,
+            encode_group=lambda run, task: b"",
         )
         self.policy = DispatchPolicy(max_in_flight=ro.max_concurrent_per_gateway)
         self.index = EligibleIndex(self.policy, seed=1)
@@ -217,7 +222,14 @@ class Simulation:
     def simulate(self, max_sim_s: float = 1e9) -> SimResult:
         self.core.start()
         self._kick_admission()
-        self.clock.run(lambda: self.version >= self.versions, max_time=max_sim_s)
+        # a run allocates millions of short-lived objects, few in cycles: the default collector
+        # thresholds spend ~45 % of the run scanning the live heap (measured at 512 engines)
+        old = gc.get_threshold()
+        gc.set_threshold(GC_THRESHOLD, 50, 1000)
+        try:
+            self.clock.run(lambda: self.version >= self.versions, max_time=max_sim_s)
+        finally:
+            gc.set_threshold(*old)
         if self.version < self.versions:
             why = self.core.failure or "the event queue ran dry" if not self.clock.pending() else "time limit"
             raise SimulationError(f"stopped after {self.version} of {self.versions} steps: {why}")
@@ -303,7 +315,9 @@ class Simulation:
                 pending.popleft()
                 continue
             batch = [pending.popleft()]
-            while pending and pending[0].task is task and pending[0].pool == head.pool and len(batch) < task.n:
+            while (
+                pending and pending[0].task is task and pending[0].pool == head.pool and len(batch) < task.n
+            ):
                 batch.append(pending.popleft())
             if self._dirty:
                 self._flush_views()
@@ -463,7 +477,9 @@ class Simulation:
     def _commit(self, task: PromptTask) -> None:
         lengths = [len(r.token_ids) for r in task.responses if r is not None]
         self.stream.append(
-            TrainedGroup(_index(task.pid), task.attempt, task.progress.min_version, lengths, len(task.prompt_token_ids))
+            TrainedGroup(
+                _index(task.pid), task.attempt, task.progress.min_version, lengths, len(task.prompt_token_ids)
+            )
         )
 
     # ------------------------------------------------------------------ trainer and weight sync
@@ -558,9 +574,7 @@ class Simulation:
                 longest=st["longest"],
             )
         )
-        self.index.set_policy(
-            DispatchPolicy(max_in_flight=self.policy.max_in_flight, min_weight_version=new)
-        )
+        self.index.set_policy(DispatchPolicy(max_in_flight=self.policy.max_in_flight, min_weight_version=new))
         self._dirty.clear()
         for x in self.gws:
             self._update_view(x)

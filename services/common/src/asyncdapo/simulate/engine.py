@@ -49,9 +49,23 @@ class Seq:
     """One request on an engine. `gen` counts every token the response has (a continuation's
     included); `target` is where it stops (its natural length or its max_tokens)."""
 
-    __slots__ = ("owner", "prompt", "gen", "target", "state", "join", "order", "need", "runs", "piece_d", "piece_v")
+    __slots__ = (
+        "gen",
+        "join",
+        "need",
+        "order",
+        "owner",
+        "piece_d",
+        "piece_v",
+        "prompt",
+        "runs",
+        "state",
+        "target",
+    )
 
-    def __init__(self, owner: Any, prompt: int, gen: int, target: int, runs: list[list[int]] | None = None) -> None:
+    def __init__(
+        self, owner: Any, prompt: int, gen: int, target: int, runs: list[list[int]] | None = None
+    ) -> None:
         self.owner = owner
         self.prompt = prompt
         self.gen = gen
@@ -83,7 +97,12 @@ class Engine:
         self.name = name
         self.on_finish = on_finish
         self.on_drained = on_drained
-        self._a, self._b, self._c, self._d = profile.base_s, profile.per_seq_s, profile.per_kv_token_s, profile.prefill_per_token_s
+        self._a, self._b, self._c, self._d = (
+            profile.base_s,
+            profile.per_seq_s,
+            profile.per_kv_token_s,
+            profile.prefill_per_token_s,
+        )
         self.cap = profile.kv_capacity_tokens
         self.max_seqs = profile.max_num_seqs
         self.budget = profile.max_num_batched_tokens
@@ -162,7 +181,7 @@ class Engine:
     def _apply(self, j: int) -> None:
         """Advance the current segment's state by j steps."""
         assert self.seg is not None
-        t0, _k, A, C, K0, N, adv, chunk, recompute = self.seg
+        _t0, _k, A, C, K0, N, adv, chunk, recompute = self.seg
         if j <= 0:
             return
         dt = self._t(j, A, C, K0, N)
@@ -256,6 +275,19 @@ class Engine:
         self.n_pf = 0
         self.pf_left = 0.0
         self.pf_total = 0
+        self._prune()
+
+    def _prune(self) -> None:
+        """Drop the heaps' entries of sequences that left decoding (finished early, aborted,
+        preempted) once they outnumber the decoders: lazy deletion must not keep every sequence
+        an engine ever ran alive."""
+        limit = 2 * self.n_dec + 64
+        if len(self.heap) > limit:
+            self.heap = [e for e in self.heap if e[2].state == DECODE and e[2].order == e[1]]
+            heapq.heapify(self.heap)
+        if len(self.victims) > limit:
+            self.victims = [e for e in self.victims if e[1].state == DECODE and e[1].order == -e[0]]
+            heapq.heapify(self.victims)
 
     def _leave_decode(self, s: Seq) -> None:
         """`s` stops decoding at the current boundary: its tokens and version runs."""

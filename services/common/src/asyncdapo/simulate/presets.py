@@ -95,7 +95,9 @@ def load_workload(spec: str, seed: int = 0, **overrides: Any) -> Workload:
     else:
         path = Path(spec)
         if not (path.suffix in (".yaml", ".yml", ".json") and path.is_file()):
-            raise WorkloadError(f"--workload: no preset {spec!r} (named: {', '.join(sorted(PRESETS))}; or a YAML file)")
+            raise WorkloadError(
+                f"--workload: no preset {spec!r} (named: {', '.join(sorted(PRESETS))}; or a YAML file)"
+            )
         try:
             base = WorkloadSpec.model_validate(yaml.safe_load(path.read_text()))
         except (OSError, yaml.YAMLError, ValueError) as err:

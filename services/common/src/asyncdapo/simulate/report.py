@@ -71,7 +71,10 @@ def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Workload, steps: in
         mean = float(lengths.mean())
         lmax = int(lengths.max())
         per_seq_kv = prompt + mean
-        m = max(1, min(e.max_num_seqs, int(e.kv_capacity_tokens // per_seq_kv), math.ceil(B * n / cluster.engines)))
+        m = max(
+            1,
+            min(e.max_num_seqs, int(e.kv_capacity_tokens // per_seq_kv), math.ceil(B * n / cluster.engines)),
+        )
         ctx = prompt + mean / 2
         tput = cluster.engines * m / e.step_s(m, int(m * ctx))
         vols.append(float(lengths.sum()) / tput)
@@ -237,7 +240,9 @@ def write_png(path: Path, reports: list[ModeReport], title: str) -> None:
     rest = [max(r.step_s - r.rollout_s, 0.0) for r in reports]
     ax1.bar(x, wait, label="trainer waits for rollout")
     ax1.bar(x, rest, bottom=wait, label="train + weight sync (exposed)")
-    ax1.scatter(x, [r.ideal_step_s for r in reports], color="black", marker="_", s=400, label="ideal", zorder=3)
+    ax1.scatter(
+        x, [r.ideal_step_s for r in reports], color="black", marker="_", s=400, label="ideal", zorder=3
+    )
     ax1.set_xticks(x, names, rotation=20)
     ax1.set_ylabel("seconds per step (mean)")
     ax1.legend(fontsize=8)

@@ -39,7 +39,9 @@ class WorkloadSpec(BaseModel):
 
     name: str
     source: str = Field("", description="The published figures this preset is calibrated to.")
-    valid_rate: float = Field(0.5, gt=0.0, lt=1.0, description="Share of groups of n_ref with mixed correctness.")
+    valid_rate: float = Field(
+        0.5, gt=0.0, lt=1.0, description="Share of groups of n_ref with mixed correctness."
+    )
     n_ref: int = Field(16, ge=2, description="Group size the valid rate is stated for.")
     mean_accuracy: float = Field(0.5, gt=0.0, lt=1.0, description="Mean chance a response is right.")
     length_median: float = Field(ge=1.0, description="Median natural length of a right answer (tokens).")
@@ -119,7 +121,11 @@ class Workload:
             rng = np.random.default_rng((self.seed, 0x5EED, c))
             p = rng.beta(self._a, self._b, self.CHUNK)
             z = rng.standard_normal(self.CHUNK)
-            scale = np.log(s.length_median) + s.between_sigma * z + s.difficulty_length_slope * (s.mean_accuracy - p)
+            scale = (
+                np.log(s.length_median)
+                + s.between_sigma * z
+                + s.difficulty_length_slope * (s.mean_accuracy - p)
+            )
             plen = np.exp(np.log(s.prompt_median) + s.prompt_sigma * rng.standard_normal(self.CHUNK))
             plen = np.clip(np.rint(plen), 1, s.max_prompt_length).astype(np.int64)
             got = self._chunks[c] = (p, scale, plen)
