@@ -108,7 +108,11 @@ class ClusterProfile(_Model):
     source: str = Field("", description="Where the figures come from, and the arithmetic.")
 
     def with_engines(self, engines: int) -> ClusterProfile:
-        return self.model_copy(update={"engines": engines})
+        """The same cluster shape at `engines` engines: the trainer keeps its share of the GPUs
+        (its per-token time scales by engines_before / engines)."""
+        t = self.trainer
+        trainer = t.model_copy(update={"per_token_s": t.per_token_s * self.engines / engines})
+        return self.model_copy(update={"engines": engines, "trainer": trainer})
 
 
 # --------------------------------------------------------------------------- GPU profiles
