@@ -132,3 +132,27 @@ def test_command_prints_table_and_results(tmp_path: Path, capsys: pytest.Capture
     assert [m["mode"] for m in data["modes"]] == ["sync", "async"]
     assert (tmp_path / "out" / "simulate.png").stat().st_size > 1000
     assert main(["simulate", str(cfg), "--modes", "warp"]) == 2
+
+
+def test_replay_drives_the_simulation_from_a_trace(tmp_path: Path) -> None:
+    from asyncdapo.simulate.replay import load_replay
+    from asyncdapo.simulate.workload import WorkloadError
+
+    lines = []
+    for i in range(40):  # every other group mixed (valid), the rest all wrong (filtered)
+        acc = [i % 2 == 0 and j % 2 == 0 for j in range(N)]
+        lines.append(
+            json.dumps({"prompt_tokens": 50, "lengths": [100 + 10 * j + i for j in range(N)], "acc": acc})
+        )
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    cfg = mode_config(RunConfig.model_validate(RUN), "async")
+    wl = load_replay(trace, cfg.data.max_response_length)
+    assert wl.attempt(3, 1, N).lengths == [103 + 10 * j for j in range(N)]
+    sim = Simulation(cfg, load_cluster("h100-7b", 4), wl, 2)
+    res = sim.simulate()
+    assert len(res.steps) == 2 and res.counts.outcomes["filtered"] > 0
+    assert all(min(st.staleness) == 0 for st in res.steps)
+    (tmp_path / "bad.jsonl").write_text('{"lengths": [1, 2], "acc": [1]}\n')
+    with pytest.raises(WorkloadError, match="differ"):
+        load_replay(tmp_path / "bad.jsonl", 100)

@@ -38,7 +38,7 @@ from asyncdapo.scheduler.tasks import PromptTask, Request
 from asyncdapo.simulate.clock import VirtualClock
 from asyncdapo.simulate.engine import DONE, Engine, Seq
 from asyncdapo.simulate.profile import ClusterProfile
-from asyncdapo.simulate.workload import Attempt, Workload
+from asyncdapo.simulate.workload import Attempt, Sampler
 from asyncdapo.v1 import common_pb2
 
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
@@ -159,7 +159,7 @@ def _noop(_: Any) -> None:
 class Simulation:
     """One run of `cfg` on `cluster` with `workload` until `versions` training steps are done."""
 
-    def __init__(self, cfg: RunConfig, cluster: ClusterProfile, workload: Workload, versions: int) -> None:
+    def __init__(self, cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, versions: int) -> None:
         ro = cfg.rollout
         self.cfg = cfg
         self.cluster = cluster

@@ -31,7 +31,7 @@ import numpy as np
 from asyncdapo.config import RunConfig
 from asyncdapo.simulate.driver import SimResult
 from asyncdapo.simulate.profile import ClusterProfile
-from asyncdapo.simulate.workload import Workload
+from asyncdapo.simulate.workload import Sampler
 
 IDEAL_START = 20_000_000  # prompt indices of the ideal's samples, away from any run's own
 
@@ -50,7 +50,7 @@ class Ideal:
         return statistics.fmean(max(c / (staleness + 1), v) for c, v in self.per_step)
 
 
-def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Workload, steps: int = 8) -> Ideal:
+def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, steps: int = 8) -> Ideal:
     B, n, cap = cfg.data.train_batch_size, cfg.rollout.n, cfg.data.max_response_length
     e = cluster.engine
     i = IDEAL_START

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -96,6 +97,19 @@ class Attempt:
 
     lengths: list[int]
     right: list[bool]
+
+
+class Sampler(Protocol):
+    """What the simulator draws answers from: a `Workload`, or a `replay.ReplayWorkload`."""
+
+    spec: WorkloadSpec
+
+    @property
+    def name(self) -> str: ...
+
+    def prompt_length(self, index: int) -> int: ...
+
+    def attempt(self, index: int, attempt: int, n: int) -> Attempt: ...
 
 
 class Workload:
