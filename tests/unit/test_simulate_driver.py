@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from asyncdapo.cli import main
-from asyncdapo.config import RunConfig
+from asyncdapo.config import RunConfig, WeightUpdateMode
 from asyncdapo.simulate.driver import Simulation, SimulationError, check_supported
 from asyncdapo.simulate.modes import ModeError, mode_config
 from asyncdapo.simulate.presets import load_workload
@@ -156,3 +156,18 @@ def test_replay_drives_the_simulation_from_a_trace(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text('{"lengths": [1, 2], "acc": [1]}\n')
     with pytest.raises(WorkloadError, match="differ"):
         load_replay(tmp_path / "bad.jsonl", 100)
+
+
+@pytest.mark.parametrize("update", ["abort", "wait"])
+def test_weight_update_modes_other_than_keep(update: str) -> None:
+    """pause abort: in-flight responses come back partial and continue elsewhere from their tokens
+    (the dispatcher's `aborted_by_gateway`); pause wait: engines drain before they reload."""
+    cfg = mode_config(RunConfig.model_validate(RUN), "fully-async")
+    cfg.rollout.weight_update_mode = WeightUpdateMode(update)
+    sim = Simulation(cfg, load_cluster("h100-7b", 8), load_workload("rollpacker-14b"), 4)
+    res = sim.simulate()
+    assert [st.version for st in res.steps] == [1, 2, 3, 4]
+    assert all(len(st.staleness) == B and max(st.staleness) <= 1 for st in res.steps)
+    keep = run("fully-async")[1]
+    if update == "wait":  # draining holds the weights back until the longest response ends
+        assert min(st.sync_s for st in res.steps) > min(st.sync_s for st in keep.steps[:4])
