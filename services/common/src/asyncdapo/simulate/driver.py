@@ -23,7 +23,7 @@ import gc
 import math
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from asyncdapo.config import LongTailPolicy, RolloutMode, RunConfig, WeightUpdateMode
@@ -149,11 +149,6 @@ class SimResult:
     aborted_tokens: int
     preemptions: int
     events: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _noop(_: Any) -> None:
-    pass
 
 
 class Simulation:
@@ -231,7 +226,9 @@ class Simulation:
         finally:
             gc.set_threshold(*old)
         if self.version < self.versions:
-            why = self.core.failure or "the event queue ran dry" if not self.clock.pending() else "time limit"
+            why = self.core.failure or (
+                "the event queue ran dry" if not self.clock.pending() else "time limit"
+            )
             raise SimulationError(f"stopped after {self.version} of {self.versions} steps: {why}")
         for g in self.gws:  # account the engines up to now
             g.engine._interrupt()
