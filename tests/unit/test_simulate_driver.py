@@ -98,7 +98,8 @@ def test_report_holds_the_mode_against_the_ideal() -> None:
     assert rep.ideal_step_s == pytest.approx(ide.rollout_for(0) + rep.train_s + rep.sync_s)
     assert rep.efficiency == pytest.approx(rep.ideal_step_s / rep.step_s)
     assert 0 < rep.efficiency < 1  # sync trains an unbiased selection: it cannot beat the ideal
-    assert 0 <= rep.engine_idle_fraction < 1 and rep.staleness == {0: VERSIONS * B}
+    assert rep.warmup_steps == 1 and rep.steps == VERSIONS - 1
+    assert 0 <= rep.engine_idle_fraction < 1 and rep.staleness == {0: (VERSIONS - 1) * B}
 
 
 def test_modes_parse_and_bad_ones_are_clear() -> None:

@@ -97,7 +97,7 @@ class ModeReport:
     mode: str
     staleness_bound: int
     steps: int
-    step_s: float  # mean end-to-end step (publish to publish), steps after the first
+    step_s: float  # mean end-to-end step (publish to publish), steps after the warm-up
     step_s_median: float
     rollout_s: float  # mean time the trainer waited for its batch (sync: the generation phase)
     train_s: float
@@ -118,15 +118,26 @@ class ModeReport:
     outcomes: dict[str, int]
     long_tail: dict[str, int]
     per_step: list[dict[str, float]] = field(default_factory=list)
+    warmup_steps: int = 0
     sim_cpu_s: float = 0.0
     sim_events: int = 0
 
 
-def mode_report(mode: str, cfg: RunConfig, res: SimResult, ideal_: Ideal, cpu_s: float) -> ModeReport:
-    steps = res.steps
-    prev = [0.0] + [s.t_published for s in steps[:-1]]
-    durations = [s.t_published - p for s, p in zip(steps, prev, strict=True)]
-    body = durations[1:] or durations
+def warmup_steps(versions: int) -> int:
+    """Steps left out of the summary figures: the pipeline filling (with s >= 1 the first versions
+    can only train the responses short enough to have finished yet)."""
+    return max(1, versions // 4) if versions > 1 else 0
+
+
+def mode_report(
+    mode: str, cfg: RunConfig, res: SimResult, ideal_: Ideal, cpu_s: float, warmup: int | None = None
+) -> ModeReport:
+    """Summary figures over the steps after `warmup` (default `warmup_steps`); `per_step` has all."""
+    w = warmup_steps(len(res.steps)) if warmup is None else warmup
+    prev_all = [0.0] + [s.t_published for s in res.steps[:-1]]
+    durations = [s.t_published - p for s, p in zip(res.steps, prev_all, strict=True)]
+    steps = res.steps[w:] or res.steps
+    body = durations[w:] or durations
     rollout = [s.t_data - s.t_free for s in steps]
     train = statistics.fmean(s.train_s for s in steps)
     sync = statistics.fmean(s.sync_s for s in steps)
@@ -172,8 +183,9 @@ def mode_report(mode: str, cfg: RunConfig, res: SimResult, ideal_: Ideal, cpu_s:
                 "longest": s.longest,
                 "max_staleness": max(s.staleness),
             }
-            for s, d in zip(steps, durations, strict=True)
+            for s, d in zip(res.steps, durations, strict=True)
         ],
+        warmup_steps=w,
         sim_cpu_s=cpu_s,
         sim_events=res.events,
     )
