@@ -31,7 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cluster profile: h100-7b, h100-32b, cpu-tiny, or a JSON/YAML file",
     )
     p.add_argument("--engines", type=int, help="engines (gateways) in the cluster (default: the profile's)")
-    p.add_argument("--workload", default="rollpacker-14b", help="workload preset or a YAML WorkloadSpec file")
+    p.add_argument(
+        "--workload",
+        default="rollpacker-14b",
+        help="workload preset (rollpacker-14b, verl-v1-35b, seer-tail, pdsr-0.5b-math, tiny-longtail) or a YAML WorkloadSpec file",
+    )
     p.add_argument(
         "--replay",
         help="a recorded trace (JSONL of groups: prompt_tokens, lengths, acc) instead of --workload",
