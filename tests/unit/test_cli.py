@@ -8,7 +8,18 @@ import importlib.util
 
 from asyncdapo.cli import SUBCOMMANDS, build_parser
 
-EXPECTED = {"config", "model", "data", "verifier", "gateway", "scheduler", "trainer", "up", "operator"}
+EXPECTED = {
+    "config",
+    "model",
+    "data",
+    "verifier",
+    "gateway",
+    "scheduler",
+    "trainer",
+    "up",
+    "operator",
+    "simulate",
+}
 
 
 def test_the_subcommand_set_is_pinned() -> None:

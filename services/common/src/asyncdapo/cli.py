@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "trainer": "asyncdapo.trainer.cli",
     "up": "asyncdapo.local.cli",
     "operator": "asyncdapo.operator.cli",
+    "simulate": "asyncdapo.simulate.cli",
 }
 
 

@@ -157,6 +157,10 @@ class RunCounts:
     lengths: LengthStats = field(default_factory=LengthStats)
 
 
+def _encode_group(run: str, task: PromptTask) -> bytes:
+    return build_group(run, task).SerializeToString()
+
+
 class RolloutCore:
     def __init__(
         self,
@@ -164,8 +168,12 @@ class RolloutCore:
         observer: CoreObserver | None = None,
         pool_exists: Callable[[str], bool] = lambda label: False,
         policy: AdmissionPolicy | None = None,
+        encode_group: Callable[[str, PromptTask], bytes] | None = None,
     ) -> None:
         self.cfg = cfg
+        # the stream entry of a committed group; the simulator, whose responses carry lengths and
+        # no tokens, passes its own (it trains from its own records, not from the bytes)
+        self.encode_group = encode_group or _encode_group
         self.observer: CoreObserver = observer or NullObserver()
         self.pool_exists = pool_exists  # does some gateway carry this pool label (pdsr)
         ro = cfg.rollout
@@ -544,7 +552,7 @@ class RolloutCore:
             task = self.tasks[key]
             task.closed = True
             assert task.progress is not None, "a ready group is complete"
-            group = build_group(self.cfg.name, task).SerializeToString()
+            group = self.encode_group(self.cfg.name, task)
             item = finish_call(
                 task.pid,
                 task.attempt,

@@ -1,0 +1,1 @@
+"""SIMULATOR: `asyncdapo simulate` — the scheduler's rollout core at cluster scale on a virtual clock."""

@@ -1,0 +1,143 @@
+"""`asyncdapo simulate calibrate`: fit an `EngineProfile` from gateway step logs.
+
+A step log (`asyncdapo gateway --step-log`, `asyncdapo up --step-logs`) has one JSON line per vLLM
+engine step: `t` (when the step's stats reached the frontend), `running`, `waiting`, `kv` (KV-cache
+usage after the step, 0-1), `decode` (tokens sampled by decoding requests), `prefill_reqs`,
+`prefill_tokens`. The interval between two consecutive steps while requests run is one step's
+time; it is fitted, by least squares with non-negative coefficients, as
+
+    dt = base_s + per_seq_s * (decode + prefill_reqs) + per_kv_token_s * kv * capacity
+         + prefill_per_token_s * prefill_tokens
+
+Intervals that are not a step are left out: the first step after an idle engine (nothing ran
+before it), and gaps more than `GAP_FACTOR` times the median interval (the engine was not scheduled
+on its CPU, or paused for a weight update). The fit's error is reported per step (median relative
+error) and in total (predicted / measured busy time − 1), which is what the simulator's rollout
+times depend on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asyncdapo.simulate.profile import ClusterProfile, EngineProfile, ProfileError
+
+GAP_FACTOR = 5.0
+NAMES = ("base_s", "per_seq_s", "per_kv_token_s", "prefill_per_token_s")
+
+
+@dataclass
+class Fit:
+    coef: dict[str, float]
+    steps: int
+    dropped: int
+    rel_err: float  # median |predicted - measured| / measured, per step
+    total_err: float  # sum predicted / sum measured - 1
+
+    def summary(self) -> str:
+        c = self.coef
+        return (
+            f"fitted {self.steps} steps ({self.dropped} intervals left out): base {c['base_s'] * 1e3:.3f} ms, "
+            f"per sequence {c['per_seq_s'] * 1e3:.4f} ms, per KV token {c['per_kv_token_s'] * 1e6:.4f} us, "
+            f"per prefill token {c['prefill_per_token_s'] * 1e6:.3f} us; per-step median error {self.rel_err:.1%}, "
+            f"total {self.total_err:+.1%}"
+        )
+
+
+def read_steps(path: Path) -> list[dict[str, float]]:
+    rows = []
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ProfileError(f"--step-log {path}: {err}") from None
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            rows.append(
+                {k: float(r[k]) for k in ("t", "running", "kv", "decode", "prefill_reqs", "prefill_tokens")}
+            )
+        except (ValueError, KeyError, TypeError) as err:
+            raise ProfileError(f"--step-log {path}:{no}: not a step line ({err})") from None
+    return rows
+
+
+def design(rows: list[dict[str, float]], capacity: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(X, dt, dropped) of one log's step intervals."""
+    xs, ys = [], []
+    dropped = 0
+    for prev, cur in itertools.pairwise(rows):
+        dt = cur["t"] - prev["t"]
+        if prev["running"] <= 0 or dt <= 0:
+            dropped += 1
+            continue
+        xs.append([1.0, cur["decode"] + cur["prefill_reqs"], cur["kv"] * capacity, cur["prefill_tokens"]])
+        ys.append(dt)
+    X, y = np.asarray(xs, dtype=float).reshape(-1, 4), np.asarray(ys, dtype=float)
+    if len(y):
+        keep = y <= GAP_FACTOR * np.median(y)
+        dropped += int((~keep).sum())
+        X, y = X[keep], y[keep]
+    return X, y, dropped
+
+
+def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients (active set: drop the most negative, refit);
+    columns are scaled first so that the tolerance means the same for each."""
+    scale = np.maximum(np.abs(X).max(axis=0), 1e-12)
+    Xs = X / scale
+    active = list(range(X.shape[1]))
+    coef = np.zeros(X.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(Xs[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return coef / scale
+
+
+def fit_steps(X: np.ndarray, y: np.ndarray, dropped: int = 0) -> Fit:
+    if len(y) < 8:
+        raise ProfileError(
+            f"calibrate: only {len(y)} usable step intervals (need at least 8): log a longer run"
+        )
+    coef = nnls(X, y)
+    pred = X @ coef
+    rel = float(np.median(np.abs(pred - y) / y))
+    return Fit(
+        dict(zip(NAMES, map(float, coef), strict=True)), len(y), dropped, rel, float(pred.sum() / y.sum() - 1)
+    )
+
+
+def calibrate_files(paths: list[Path], capacity: int, max_num_seqs: int = 256) -> tuple[ClusterProfile, Fit]:
+    Xs, ys, dropped = [], [], 0
+    for p in paths:
+        X, y, d = design(read_steps(p), capacity)
+        Xs.append(X)
+        ys.append(y)
+        dropped += d
+    fit = fit_steps(np.vstack(Xs), np.concatenate(ys), dropped)
+    c = fit.coef
+    engine = EngineProfile(
+        base_s=c["base_s"],
+        per_seq_s=c["per_seq_s"],
+        per_kv_token_s=c["per_kv_token_s"],
+        prefill_per_token_s=c["prefill_per_token_s"],
+        kv_capacity_tokens=capacity,
+        max_num_seqs=max_num_seqs,
+    )
+    prof = ClusterProfile(
+        name="cpu-fitted",
+        engines=len(paths),
+        engine=engine,
+        source=f"fitted by `asyncdapo simulate calibrate` from {', '.join(p.name for p in paths)}: {fit.summary()}",
+    )
+    return prof, fit

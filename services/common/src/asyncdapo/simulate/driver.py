@@ -1,0 +1,595 @@
+"""SIMULATOR: the scheduler's own rollout core driven on a virtual clock, against modelled engines,
+a modelled verifier and a modelled trainer.
+
+What runs for real (imported, never copied): `RolloutCore` (admission policy, claims to tasks, pdsr
+cap-and-migrate routing, the commit ledger, early stop, requeue), the in-memory store with the Lua
+scripts' semantics (`memstore`: claims, group statistics, FINISH with its bound and staleness
+checks, the requeue at the queue head), and the dispatch decision (`eligible.EligibleIndex` →
+`dispatch.pick`: filter → score → pick over `GatewayView`s). What is modelled: the engines
+(`engine.Engine`), the verifier (a pool of workers, a fixed cost per call and per item), the
+trainer (step time from trained tokens, the checkpoint/snapshot, the weight fan-out with the
+run's `weight_update_mode`) and the round trips to Redis (`ClusterProfile.redis_rtt_s`).
+
+The driver does what `scheduler.rollout.Rollout` does with asyncio: an admission round claims what
+`core.admissible` allows, a finisher round writes `core.next_finish_batch` and applies the store's
+answers, scored responses are recorded in verifier-sized batches. Each of those rounds is an event
+on the `VirtualClock`, one round trip after whatever woke it. A response carries its length
+(`range(n)` stands in for the token ids: `len` is all the core reads) and its version runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from asyncdapo.config import LongTailPolicy, PauseMode, RolloutMode, RunConfig
+from asyncdapo.errors import AsyncdapoError
+from asyncdapo.prompts import PromptRecord
+from asyncdapo.scheduler.core import Abort, Command, Dispatch, Redispatch, RolloutCore, ScoreResponse
+from asyncdapo.scheduler.eligible import EligibleIndex
+from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
+from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, GatewayView, pick
+from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY, LongTailAction
+from asyncdapo.scheduler.tasks import PromptTask, Request
+from asyncdapo.simulate.clock import VirtualClock
+from asyncdapo.simulate.engine_model import DONE, Engine, Seq
+from asyncdapo.simulate.profile import ClusterProfile
+from asyncdapo.simulate.workload import Attempt, Sampler
+from asyncdapo.v1 import common_pb2
+
+STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
+CLAIM_CHUNK = 64  # Rollout's default claim_chunk
+LINGER_S = 0.002  # ScoreBatcher's linger_s
+GC_THRESHOLD = 50_000
+
+
+class SimulationError(AsyncdapoError, RuntimeError):
+    pass
+
+
+class VersionRun(NamedTuple):
+    version: int
+    num_tokens: int
+
+
+class SimResponse:
+    """What the core reads of a gateway's GenerateResponse: the token ids' length, the version runs,
+    the finish reason."""
+
+    __slots__ = ("finish_reason", "logprobs", "token_ids", "version_runs")
+
+    def __init__(self, length: int, runs: Sequence[Sequence[int]], finish_reason: int) -> None:
+        self.token_ids = range(length)
+        self.logprobs: tuple[float, ...] = ()
+        self.version_runs = list(map(VersionRun._make, runs))
+        self.finish_reason = finish_reason
+
+
+@dataclass(slots=True)
+class TrainedGroup:
+    index: int  # prompt index in the workload
+    attempt: int
+    min_version: int
+    lengths: list[int]
+    prompt: int
+
+
+@dataclass
+class StepRecord:
+    """One training step: the trainer's timeline and what it trained."""
+
+    version: int  # the version this step produced
+    t_free: float  # the trainer was ready for this step's batch
+    t_data: float  # B groups were there
+    t_trained: float
+    t_published: float  # every engine serves `version`
+    train_s: float
+    sync_s: float
+    tokens: int  # response tokens trained
+    lengths_mean: float
+    staleness: list[int]
+    attempts: list[int]
+    longest: int
+
+
+class Counts:
+    """The core's observer: what Prometheus counts in the service."""
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self.committed_staleness: Counter[int] = Counter()
+        self.completed = 0
+        self.completed_tokens = 0
+        self.early_stops = 0
+        self.long_tail_actions: Counter[str] = Counter()
+
+    def outcome(self, outcome: str, reason: str, attempt: int) -> None:
+        self.outcomes[f"{outcome}:{reason}" if reason else outcome] += 1
+
+    def committed(self, staleness: int) -> None:
+        self.committed_staleness[staleness] += 1
+
+    def completions(self, count: int, tokens: int) -> None:
+        self.completed += count
+        self.completed_tokens += tokens
+
+    def early_stop(self) -> None:
+        self.early_stops += 1
+
+    def long_tail(self, action: LongTailAction) -> None:
+        self.long_tail_actions[str(action)] += 1
+
+
+@dataclass(eq=False)
+class Gw:
+    """One simulated gateway: its engine and what the dispatcher knows of it."""
+
+    address: str
+    engine: Engine
+    pool: str
+    in_flight: int = 0
+    paused: bool = False
+    resuming: bool = False  # a weight update's reload is scheduled
+    version: int = 0
+
+
+@dataclass
+class SimResult:
+    steps: list[StepRecord]
+    counts: Counts
+    sim_s: float
+    engines: int
+    busy_s: float
+    decode_tokens: int
+    prefill_tokens: float
+    aborted_tokens: int
+    preemptions: int
+    events: int
+
+
+class Simulation:
+    """One run of `cfg` on `cluster` with `workload` until `versions` training steps are done."""
+
+    def __init__(self, cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, versions: int) -> None:
+        ro = cfg.rollout
+        self.cfg = cfg
+        self.cluster = cluster
+        self.workload = workload
+        self.versions = versions
+        self.B = cfg.data.train_batch_size
+        self.s = ro.max_staleness
+        self.n = ro.n
+        self.cap = cfg.data.max_response_length
+        self.clock = VirtualClock()
+        self.rtt = cluster.redis_rtt_s
+        self.run = MemoryRun()
+        self.store = MemoryGroupStore(self.run, self.B, self.s)
+        self.queue = MemoryQueue(self.run, "sim", clock_ms=self.clock.ms)
+        self.queue.store = self.store
+        self.queue.take_over()
+        self.counts = Counts()
+        self.pdsr = ro.long_tail.policy is LongTailPolicy.PDSR
+        # gateways: pdsr splits them into a fast and a heavy pool
+        n_heavy = max(1, round(cluster.engines * cluster.heavy_fraction)) if self.pdsr else 0
+        self.gws: list[Gw] = []
+        for i in range(cluster.engines):
+            pool = (HEAVY if i < n_heavy else FAST) if self.pdsr else ""
+            eng = Engine(self.clock, cluster.engine, self._on_finish, self._on_drained, name=f"gw{i}")
+            self.gws.append(Gw(f"gw{i}", eng, pool))
+        self.by_engine = {id(g.engine): g for g in self.gws}
+        self.labels = {g.pool for g in self.gws if g.pool}
+        self.core = RolloutCore(
+            cfg,
+            observer=self.counts,
+            pool_exists=self.labels.__contains__,
+            encode_group=lambda run, task: b"",
+        )
+        self.policy = DispatchPolicy(max_in_flight=ro.max_concurrent_per_gateway)
+        self.index = EligibleIndex(self.policy, seed=1)
+        self._dirty: set[Gw] = set()
+        for g in self.gws:
+            self._update_view(g)
+        self.pending: deque[Request] = deque()
+        self.attempts: dict[tuple[str, int], Attempt] = {}
+        self.score_q: list[ScoreResponse] = []
+        self._placed: dict[int, tuple[Gw, Seq]] = {}  # id(request) -> where it runs (the core never reads it)
+        self.verifier_free = cfg.reward.verifier_concurrency
+        self._linger = False
+        self.next_prompt = 0
+        self.aborted_tokens = 0
+        self._admit_pending = False
+        self._finish_pending = False
+        # trainer
+        self.stream: deque[TrainedGroup] = deque()
+        self.version = 0
+        self.trainer_busy = False
+        self.t_free = 0.0
+        self.steps: list[StepRecord] = []
+        self._sync_left = 0
+        self._sync_t0 = 0.0
+        self._step: dict[str, Any] = {}
+        self.credited = 0
+
+    # ------------------------------------------------------------------ run
+    def simulate(self, max_sim_s: float = 1e9) -> SimResult:
+        self.core.start()
+        self._kick_admission()
+        # a run allocates millions of short-lived objects, few in cycles: the default collector
+        # thresholds spend ~45 % of the run scanning the live heap (measured at 512 engines)
+        old = gc.get_threshold()
+        gc.set_threshold(GC_THRESHOLD, 50, 1000)
+        try:
+            self.clock.run(lambda: self.version >= self.versions, max_time=max_sim_s)
+        finally:
+            gc.set_threshold(*old)
+        if self.version < self.versions:
+            why = self.core.failure or (
+                "the event queue ran dry" if not self.clock.pending() else "time limit"
+            )
+            raise SimulationError(f"stopped after {self.version} of {self.versions} steps: {why}")
+        for g in self.gws:  # account the engines up to now
+            g.engine._interrupt()
+        engines = [g.engine for g in self.gws]
+        return SimResult(
+            steps=self.steps,
+            counts=self.counts,
+            sim_s=self.clock.now,
+            engines=len(engines),
+            busy_s=sum(e.busy_s for e in engines),
+            decode_tokens=sum(e.decode_tokens for e in engines),
+            prefill_tokens=sum(e.prefill_tokens for e in engines),
+            aborted_tokens=self.aborted_tokens,
+            preemptions=sum(e.preemptions for e in engines),
+            events=self.clock.events,
+        )
+
+    # ------------------------------------------------------------------ commands
+    def _do(self, commands: list[Command]) -> None:
+        pumped = False
+        for c in commands:
+            if isinstance(c, Dispatch):
+                self.pending.extend(c.requests)
+                pumped = True
+            elif isinstance(c, Redispatch):
+                c.request.tries += 1
+                self.pending.appendleft(c.request)
+                pumped = True
+            elif isinstance(c, Abort):
+                for t in c.tasks:
+                    self._abort_task(t)
+            elif isinstance(c, ScoreResponse):
+                self.score_q.append(c)
+        if pumped:
+            self._pump()
+        if self.score_q:
+            self._score_soon()
+
+    def _abort_task(self, task: PromptTask) -> None:
+        for req in list(task.live.values()):
+            placed = self._placed.pop(id(req), None)
+            if placed is not None and placed[1].state != DONE:
+                g, seq = placed
+                self.aborted_tokens += g.engine.abort(seq)
+                g.in_flight -= 1
+                self._view(g)
+        self.attempts.pop(task.key, None)
+
+    # ------------------------------------------------------------------ dispatch
+    def _view(self, g: Gw) -> None:
+        """The dispatcher's view of `g` changed: refreshed before the next pick (views are read
+        only there)."""
+        self._dirty.add(g)
+
+    def _flush_views(self) -> None:
+        for g in self._dirty:
+            self._update_view(g)
+        self._dirty.clear()
+
+    def _update_view(self, g: Gw) -> None:
+        self.index.update(
+            GatewayView(
+                address=g.address,
+                paused=g.paused,
+                pool=g.pool,
+                in_flight=g.in_flight,
+                kv_cache_usage=g.engine.kv_usage(),
+                weight_version=g.version,
+            )
+        )
+
+    def _pump(self) -> None:
+        """Place pending requests (a prompt's consecutive requests in one `pick`, as the
+        dispatcher does) until none is left or no gateway takes one."""
+        pending = self.pending
+        while pending:
+            head = pending[0]
+            task = head.task
+            if task.cancelled or task.closed or task.live.get(head.idx) is not head:
+                pending.popleft()
+                continue
+            batch = [pending.popleft()]
+            while (
+                pending and pending[0].task is task and pending[0].pool == head.pool and len(batch) < task.n
+            ):
+                batch.append(pending.popleft())
+            if self._dirty:
+                self._flush_views()
+            views = self.index.candidates(head.pool, task.gateways)
+            policy = self.index.policy_for(head.pool)
+            decision = pick(views, policy, len(batch), frozenset(task.gateways))
+            placed = decision.addresses
+            for req, address in zip(batch, placed, strict=False):
+                self._start(req, self.gws[int(address[2:])])
+            if len(placed) < len(batch):
+                pending.extendleft(reversed(batch[len(placed) :]))
+                return
+
+    def _attempt(self, task: PromptTask) -> Attempt:
+        a = self.attempts.get(task.key)
+        if a is None:
+            a = self.attempts[task.key] = self.workload.attempt(_index(task.pid), task.attempt, task.n)
+        return a
+
+    def _start(self, req: Request, g: Gw) -> None:
+        task = req.task
+        natural = self._attempt(task).lengths[req.idx]
+        limit = req.max_tokens or self.cap
+        cont = req.continuation
+        gen = len(cont.token_ids) if cont is not None else 0
+        runs = [[r.version, r.num_tokens] for r in cont.version_runs] if cont is not None else None
+        seq = Seq(req, len(task.prompt_token_ids), gen, min(natural, limit), runs)
+        self._placed[id(req)] = (g, seq)
+        task.gateways.add(g.address)
+        g.in_flight += 1
+        g.engine.submit(seq)
+        self._view(g)
+
+    def _on_finish(self, seq: Seq) -> None:
+        req: Request = seq.owner
+        g, _ = self._placed.pop(id(req))
+        g.in_flight -= 1
+        self._view(g)
+        task = req.task
+        if task.cancelled or task.closed or task.live.get(req.idx) is not req:
+            return
+        natural = self._attempt(task).lengths[req.idx]
+        reason = STOP if seq.gen >= natural else LENGTH
+        del task.live[req.idx]
+        self._do(self.core.response(req, g.address, SimResponse(seq.gen, seq.runs, reason)))  # type: ignore[arg-type]
+        self._pump()
+
+    def _on_drained(self, engine: Engine) -> None:
+        g = self.by_engine[id(engine)]
+        if self._step.get("mode") == "wait" and g.paused and not g.resuming:
+            g.resuming = True
+            self.clock.after(self.cluster.engine.reload_s, self._resume_one, g)
+
+    # ------------------------------------------------------------------ verifier
+    def _score_soon(self) -> None:
+        """ScoreBatcher: a full batch goes at once, a partial one after `LINGER_S`."""
+        if len(self.score_q) >= self.cfg.reward.verifier_batch_size:
+            self._score_some()
+        elif not self._linger:
+            self._linger = True
+            self.clock.after(LINGER_S, self._score_some)
+
+    def _score_some(self, _: Any = None) -> None:
+        self._linger = False
+        size = self.cfg.reward.verifier_batch_size
+        v = self.cluster.verifier
+        while self.score_q and self.verifier_free:
+            batch, self.score_q = self.score_q[:size], self.score_q[size:]
+            self.verifier_free -= 1
+            self.clock.after(v.call_s + v.per_item_s * len(batch), self._scored, batch)
+
+    def _scored(self, jobs: list[ScoreResponse]) -> None:
+        self.verifier_free += 1
+        scored = []
+        for j in jobs:
+            task = j.task
+            if task.closed:
+                continue
+            a = self._attempt(task)
+            right = a.right[j.idx] and len(j.token_ids) < self.cap and len(j.token_ids) >= a.lengths[j.idx]
+            acc = 1.0 if right else 0.0
+            scored.append((task, j.idx, 1.0 if right else -1.0, acc, "1" if right else "0"))
+        judged = self.core.counts.finished_groups
+        if scored:
+            scores = self.core.scores_to_record(scored)
+            owners = [self.core.tasks[(s.pid, s.attempt)] for s in scores]
+            if not self.core.recorded(owners, scores, self.store.record(scores)):
+                raise SimulationError("the store refused scores (fenced): nothing else owns a simulated run")
+        if self.core.wants_finish:
+            self._kick_finisher()
+        if self.core.counts.finished_groups != judged:  # the running valid rate moved
+            self._kick_admission()
+        if self.score_q:
+            self._score_soon()
+
+    # ------------------------------------------------------------------ admission and finisher
+    def _kick_admission(self) -> None:
+        if not self._admit_pending:
+            self._admit_pending = True
+            self.clock.after(self.rtt, self._admit_round)
+
+    def _feed(self, k: int) -> None:
+        """The trainer's feed: keep the queue at least k + watermark deep."""
+        want = k + self.cfg.data.prompt_queue_watermark - self.queue.depth()
+        if want <= 0:
+            return
+        recs = []
+        for _ in range(want):
+            i = self.next_prompt
+            self.next_prompt += 1
+            plen = self.workload.prompt_length(i)
+            recs.append(PromptRecord(f"e0-{i}", range(plen), "", "sim", "sim", 0, i))  # type: ignore[arg-type]
+        self.run.push(recs)
+
+    def _admit_round(self, _: Any = None) -> None:
+        self._admit_pending = False
+        k = self.core.admissible(CLAIM_CHUNK)
+        if not k:
+            return
+        self._feed(k)
+        batch = self.queue.claim(k, self.n)
+        self.core.admitted_seen = max(self.core.admitted_seen, batch.admitted_total)
+        if batch.claims:
+            self._do(self.core.claimed(batch.claims, self.queue.load([c.pid for c in batch.claims])))
+        self._kick_admission()
+        if self.core.has_outcomes_to_write() or self.core.wants_finish:
+            self._kick_finisher()
+
+    def _kick_finisher(self) -> None:
+        if not self._finish_pending:
+            self._finish_pending = True
+            self.clock.after(self.rtt, self._finish_round)
+
+    def _finish_round(self, _: Any = None) -> None:
+        self._finish_pending = False
+        committed = False
+        for _round in range(1000):
+            batch, cmds = self.core.next_finish_batch(self.store.finish_call)
+            self._do(cmds)
+            if not batch:
+                break
+            results = self.store.finish_many([item for _, item in batch])
+            for (task, _item), res in zip(batch, results, strict=True):
+                self.attempts.pop(task.key, None)
+                if res.label == "valid":
+                    self._commit(task)
+                    committed = True
+            fenced, cmds = self.core.finish_applied(batch, results)
+            if fenced:
+                raise SimulationError("fenced: nothing else owns a simulated run")
+            self._do(cmds)
+        self._kick_admission()
+        if committed:
+            self._maybe_train()
+
+    def _commit(self, task: PromptTask) -> None:
+        progress = task.progress
+        assert progress is not None, "a committed group is complete"
+        lengths = [len(r.token_ids) for r in task.responses if r is not None]
+        self.stream.append(
+            TrainedGroup(
+                _index(task.pid), task.attempt, progress.min_version, lengths, len(task.prompt_token_ids)
+            )
+        )
+
+    # ------------------------------------------------------------------ trainer and weight sync
+    def _maybe_train(self) -> None:
+        if self.trainer_busy or self.version >= self.versions:
+            return
+        # groups too stale for this step are dropped and credited back (groups_reader)
+        floor = self.version - self.s
+        while self.stream and self.stream[0].min_version < floor:
+            self.stream.popleft()
+            self.credited += 1
+            self.run.incr("valid_credited")
+        if self.credited and self.core.credits_read(
+            self.run.counters.get("valid_produced", 0), self.run.counters.get("valid_credited", 0)
+        ):
+            self._kick_admission()
+        if len(self.stream) < self.B:
+            return
+        batch = [self.stream.popleft() for _ in range(self.B)]
+        tokens = sum(sum(g.lengths) + g.prompt * len(g.lengths) for g in batch)
+        resp_tokens = sum(sum(g.lengths) for g in batch)
+        train_s = self.cluster.trainer.step_s(tokens, self.B * self.n) + self.cluster.trainer.publish_s
+        self.trainer_busy = True
+        lengths = [x for g in batch for x in g.lengths]
+        self._step = {
+            "t_free": self.t_free,
+            "t_data": self.clock.now,
+            "train_s": train_s,
+            "tokens": resp_tokens,
+            "lengths_mean": resp_tokens / max(len(lengths), 1),
+            "staleness": [self.version - g.min_version for g in batch],
+            "attempts": [g.attempt for g in batch],
+            "longest": max(lengths, default=0),
+        }
+        self.clock.after(train_s, self._trained)
+
+    def _trained(self, _: Any = None) -> None:
+        self._step["t_trained"] = self.clock.now
+        mode = self.cfg.rollout.weight_update_mode
+        self._step["mode"] = mode.value
+        self._sync_t0 = self.clock.now
+        self._sync_left = len(self.gws)
+        e = self.cluster.engine
+        for g in self.gws:
+            g.paused = True
+            self._view(g)
+            if mode is PauseMode.WAIT:
+                g.engine.pause("wait")
+                if not g.engine.running:
+                    g.resuming = True
+                    self.clock.after(e.pause_s + e.reload_s, self._resume_one, g)
+                continue
+            returned = g.engine.pause(mode.value)
+            for seq in returned:  # pause abort: the partial responses continue elsewhere
+                req: Request = seq.owner
+                g.in_flight -= 1
+                task = req.task
+                self._placed.pop(id(req), None)
+                if task.cancelled or task.closed or task.live.get(req.idx) is not req:
+                    continue
+                req.tries += 1
+                req.continuation = SimResponse(seq.gen, seq.runs, common_pb2.FINISH_REASON_ABORT)  # type: ignore[assignment]
+                self.pending.appendleft(req)
+            g.resuming = True
+            self.clock.after(e.pause_s + e.reload_s, self._resume_one, g)
+
+    def _resume_one(self, g: Gw) -> None:
+        new = self.version + 1
+        g.engine.resume(new)
+        g.version = new
+        g.paused = g.resuming = False
+        self._sync_left -= 1
+        if self._sync_left:
+            return
+        # every gateway serves `new`: raise the bound (PublishWeights returns)
+        self.version = new
+        self.store.version = new
+        st = self._step
+        self.steps.append(
+            StepRecord(
+                version=new,
+                t_free=st["t_free"],
+                t_data=st["t_data"],
+                t_trained=st["t_trained"],
+                t_published=self.clock.now,
+                train_s=st["train_s"],
+                sync_s=self.clock.now - self._sync_t0,
+                tokens=st["tokens"],
+                lengths_mean=st["lengths_mean"],
+                staleness=st["staleness"],
+                attempts=st["attempts"],
+                longest=st["longest"],
+            )
+        )
+        self.index.set_policy(DispatchPolicy(max_in_flight=self.policy.max_in_flight, min_weight_version=new))
+        self._dirty.clear()
+        for x in self.gws:
+            self._update_view(x)
+        self.core.weights_published(new, f"sim://v{new}")
+        self.trainer_busy = False
+        self.t_free = self.clock.now
+        self._pump()
+        self._kick_admission()
+        self._maybe_train()
+
+
+def _index(pid: str) -> int:
+    return int(pid.rsplit("-", 1)[1])
+
+
+def check_supported(cfg: RunConfig) -> None:
+    if cfg.rollout.mode is RolloutMode.SYNC and cfg.rollout.long_tail.policy is LongTailPolicy.PDSR:
+        raise SimulationError("pdsr in sync mode is not a configuration the scheduler runs")
+    if not math.isfinite(cfg.data.max_response_length):
+        raise SimulationError("max_response_length must be finite")

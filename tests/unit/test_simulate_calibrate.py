@@ -1,0 +1,78 @@
+"""SIMULATOR calibration: a step log written by an engine with known costs is fitted back to them;
+gaps (a descheduled engine, an idle one) are left out."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from asyncdapo.cli import main
+from asyncdapo.simulate.calibrate import calibrate_files
+from asyncdapo.simulate.profile import ProfileError, load_cluster
+
+CAP = 20_000
+TRUE = {"base_s": 0.004, "per_seq_s": 0.0003, "per_kv_token_s": 2e-7, "prefill_per_token_s": 2e-5}
+
+
+def write_log(path: Path, steps: int = 600, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    t = 1000.0
+    lines = []
+    for i in range(steps):
+        running = rng.randint(1, 32)
+        prefill_reqs = rng.choice([0, 0, 0, 1, 2])
+        prefill = prefill_reqs * rng.randint(20, 200)
+        kv = min(1.0, running * rng.randint(50, 500) / CAP)
+        dt = (TRUE["base_s"] + TRUE["per_seq_s"] * running + TRUE["per_kv_token_s"] * kv * CAP
+              + TRUE["prefill_per_token_s"] * prefill) * rng.uniform(0.97, 1.03)  # fmt: skip
+        if i % 97 == 50:
+            dt += 0.5  # the engine was not scheduled: not a step
+        t += dt
+        lines.append({"t": round(t, 6), "running": running, "waiting": 0, "kv": round(kv, 6),
+                      "decode": running - prefill_reqs, "prefill_reqs": prefill_reqs, "prefill_tokens": prefill})  # fmt: skip
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+
+
+def test_fit_recovers_the_engine_costs(tmp_path: Path) -> None:
+    write_log(tmp_path / "g0.jsonl", seed=0)
+    write_log(tmp_path / "g1.jsonl", seed=1)
+    prof, fit = calibrate_files([tmp_path / "g0.jsonl", tmp_path / "g1.jsonl"], CAP)
+    for k, v in TRUE.items():
+        assert fit.coef[k] == pytest.approx(v, rel=0.15), k
+    assert fit.dropped >= 12  # the gaps
+    assert abs(fit.total_err) < 0.02 and fit.rel_err < 0.03
+    assert prof.engines == 2 and prof.engine.kv_capacity_tokens == CAP
+
+
+def test_calibrate_command_writes_a_loadable_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_log(tmp_path / "g0.jsonl")
+    out = tmp_path / "cpu.json"
+    rc = main(
+        [
+            "simulate",
+            "calibrate",
+            "--step-log",
+            str(tmp_path / "g0.jsonl"),
+            "--kv-capacity-tokens",
+            str(CAP),
+            "-o",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("RESULT steps=")
+    assert load_cluster(str(out)).engine.base_s == pytest.approx(TRUE["base_s"], rel=0.15)
+
+
+def test_a_short_or_broken_log_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"t": 1}\n')
+    with pytest.raises(ProfileError, match=r"bad\.jsonl:1"):
+        calibrate_files([tmp_path / "bad.jsonl"], CAP)
+    write_log(tmp_path / "short.jsonl", steps=5)
+    with pytest.raises(ProfileError, match="usable step intervals"):
+        calibrate_files([tmp_path / "short.jsonl"], CAP)
