@@ -149,7 +149,7 @@ class Dispatcher:
         msg.request_id = req.make_rid()
         if req.max_tokens:
             msg.sampling.max_tokens = req.max_tokens
-        seed = request_seed(self.seed_base, task.pid, req.idx)
+        seed = request_seed(self.seed_base, task.pid, req.idx, task.attempt)
         if seed is not None:
             msg.sampling.seed = seed
         if req.continuation is not None:
