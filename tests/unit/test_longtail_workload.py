@@ -10,6 +10,7 @@ import pytest
 
 from asyncdapo.data.longtail import (
     CLASS_VALID_RATE,
+    DESIGN_VALID_RATE,
     Difficulty,
     LongTailSpec,
     dataset,
@@ -79,22 +80,23 @@ def test_spec_rejects_a_cap_too_small_for_the_format() -> None:
 
 
 def test_datasets_mix_classes_for_the_target_valid_rate() -> None:
-    for rate in (0.3, 0.5, 0.7):
-        rows = dataset(rate, size=112, seed=0)
-        assert len(rows) == 112 and [e.index for e in rows] == list(range(112))
-        assert len({e.prompt[0]["content"] for e in rows}) == 112
-        share = {d: sum(e.extra_info["difficulty"] == d.value for e in rows) / 112 for d in Difficulty}
-        expected = sum(share[d] * CLASS_VALID_RATE[d] for d in Difficulty)
-        assert expected == pytest.approx(rate, abs=0.02)
-        assert medium_fraction(rate) == pytest.approx(share[Difficulty.MEDIUM], abs=0.01)
-    assert dataset(0.5, seed=3) == dataset(0.5, seed=3)
+    for rates, per_class in (((0.3, 0.5, 0.7), DESIGN_VALID_RATE), ((0.3, 0.35), CLASS_VALID_RATE)):
+        for rate in rates:
+            rows = dataset(rate, size=112, seed=0, class_valid=per_class)
+            assert len(rows) == 112 and [e.index for e in rows] == list(range(112))
+            assert len({e.prompt[0]["content"] for e in rows}) == 112
+            share = {d: sum(e.extra_info["difficulty"] == d.value for e in rows) / 112 for d in Difficulty}
+            expected = sum(share[d] * per_class[d] for d in Difficulty)
+            assert expected == pytest.approx(rate, abs=0.02)
+            assert medium_fraction(rate, per_class) == pytest.approx(share[Difficulty.MEDIUM], abs=0.01)
+    assert dataset(0.3, seed=3) == dataset(0.3, seed=3)
 
 
 def test_an_unreachable_valid_rate_is_a_clear_error() -> None:
     with pytest.raises(DatasetError, match="out of this workload's reach"):
         dataset(0.99)
     with pytest.raises(DatasetError, match="use a smaller size"):
-        dataset(0.7, size=190)
+        dataset(0.7, size=190, class_valid=DESIGN_VALID_RATE)
 
 
 def test_summarize_measures_what_the_groups_hold() -> None:

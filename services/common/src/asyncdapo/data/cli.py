@@ -24,7 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the long-tail workload's problems and a dataset per valid rate (asyncdapo.data.longtail)",
     )
     lt.add_argument("--out", required=True, help="output directory")
-    lt.add_argument("--valid-rates", default="0.3,0.5,0.7", help="comma-separated target valid-group rates")
+    lt.add_argument(
+        "--valid-rates",
+        default="0.3",
+        help="comma-separated target valid-group rates (within the reach CLASS_VALID_RATE gives)",
+    )
     lt.add_argument("--size", type=int, default=112, help="problems per dataset (distinct)")
     lt.add_argument("--seed", type=int, default=0)
     lt.set_defaults(func=_longtail)
