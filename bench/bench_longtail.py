@@ -210,6 +210,11 @@ class Run:
         return self.prom.get(f"{name}{{action={action}}}", 0.0)
 
 
+def run_tag(mode: str, rep: int) -> str:
+    """The run's directory and (lowercased, in the run name) a DNS label: sync-1.5B -> sync-1p5B-r0."""
+    return f"{mode.replace('.', 'p')}-r{rep}"
+
+
 def reset_gateways(stack: LocalStack) -> None:
     """Every gateway back to the warm start as version 0 (LoadWeights), so that a run starts where
     a fresh stack would: its version 0 is the warm start, and no gateway reports the previous
@@ -231,7 +236,7 @@ def run_once(
     lr: float, timeout_s: float,
 ) -> Run:  # fmt: skip
     """One run: its scheduler and trainer on the shared gateways; both stopped before it returns."""
-    tag = f"{mode.replace('.', '_')}-r{rep}"
+    tag = run_tag(mode, rep)
     run_dir = out / tag
     run_dir.mkdir(parents=True, exist_ok=True)
     name = f"lt-{tag.lower()}-{int(time.time())}"
@@ -295,16 +300,21 @@ def run_once(
     return run
 
 
+def load_run(path: Path) -> Run:
+    """A run saved by `run_once` (its bench.json and the trainer's metrics beside it)."""
+    d = json.loads(path.read_text())
+    rows = read_metrics(path.parent / "trainer" / "metrics.jsonl")
+    return Run(d["mode"], d["rep"], rows, d["status"], d["prometheus"],
+               {int(k): v for k, v in d["generation_s"].items()},
+               {int(k): v for k, v in d["announced"].items()}, d["fanout_s"], tuple(d["loadavg"]),
+               d["wall_s"], d["warmup"])  # fmt: skip
+
+
 def load_runs(rate_dir: Path) -> dict[str, list[Run]]:
     """The runs saved under `rate_dir` (`--report-only`: the tables again without running)."""
     runs: dict[str, list[Run]] = {}
     for path in sorted(rate_dir.glob("*/bench.json")):
-        d = json.loads(path.read_text())
-        rows = read_metrics(path.parent / "trainer" / "metrics.jsonl")
-        run = Run(d["mode"], d["rep"], rows, d["status"], d["prometheus"],
-                  {int(k): v for k, v in d["generation_s"].items()},
-                  {int(k): v for k, v in d["announced"].items()}, d["fanout_s"], tuple(d["loadavg"]),
-                  d["wall_s"], d["warmup"])  # fmt: skip
+        run = load_run(path)
         runs.setdefault(run.mode, []).append(run)
     return runs
 
@@ -467,6 +477,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench-longtail"))
     ap.add_argument("--timeout-s", type=float, default=600.0, help="per run")
     ap.add_argument("--report-only", action="store_true", help="print the tables of the runs saved in --out")
+    ap.add_argument(
+        "--resume", action="store_true", help="keep the runs already saved in --out (same settings)"
+    )
     args = ap.parse_args()
     if args.warmup < 1 or args.steps <= args.warmup + 1:
         ap.error("--warmup must be >= 1 and --steps exceed it by 2 or more")
@@ -500,6 +513,10 @@ def main() -> int:
             for rep in range(args.reps):
                 order = modes if rep % 2 == 0 else modes[::-1]
                 for m in order:
+                    saved = args.out / f"v{rate:g}" / run_tag(m, rep) / "bench.json"
+                    if args.resume and saved.exists():
+                        runs[m].append(load_run(saved))
+                        continue
                     print(
                         f"== v{rate:g} {m} run {rep + 1}/{args.reps} (load {os.getloadavg()[0]:.1f})",
                         flush=True,
