@@ -452,6 +452,7 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
         "fifo_ratio": f"{step('fifo') / sync_s:.3f}",
         "s1_ratio": f"{step('s1') / sync_s:.3f}",
         "pdsr_ratio": f"{step('pdsr') / sync_s:.3f}",
+        "pdsr_vs_fifo": f"{step('pdsr') / step('fifo'):.3f}",
         "length_bias_any": f"{any_len / sync_len:.3f}",
         "efficiency_best": f"{max((eff(m) for m in best_unbiased), default=float('nan')):.3f}",
     }
