@@ -32,7 +32,8 @@ length and its ratio to sync (the length bias of an early-stop order), valid rat
 and efficiency against the ideal of the run's own groups: ideal step = needed tokens / reference
 throughput (+ the run's compute when the rollout cannot overlap it, s = 0 and sync), needed tokens =
 trained tokens per step / the run's valid ratio (the filtered groups a step cannot avoid), reference
-throughput = the sync-3B runs' generated tokens per second of rollout (both engines full). For pdsr:
+throughput = the most generated tokens per wall second any run of the bench sustained over its
+steps (engines never idle). Trained length is compared with the median over all sync runs. For pdsr:
 per-response and per-group circuit-break rate (responses / groups with a response that reached the
 fast pool's cap), continuation compute (partial tokens carried to the heavy pool and prefilled
 there again / tokens generated), and the workload's offload precision (docs/workloads.md: a
@@ -369,11 +370,13 @@ def spread(xs: list[float]) -> str:
 
 def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
     modes = [m for m in MODES if runs.get(m)]
-    sync_ref = runs.get("sync-3B") or runs[next(m for m in modes if m in SYNC_MODES)]
-    # reference throughput: tokens per second of rollout with both engines full (sync-3B)
-    tput = med([r.per_step("rollout/generated_tokens") / r.rollout_s for r in sync_ref])
+    everything = [r for m in modes for r in runs[m]]
+    # reference throughput: the most tokens per wall second any run of the bench sustained over its
+    # steps (engines never idle; in practice a fully async run): what the two engines can do here
+    tput = max(r.per_step("rollout/generated_tokens") / r.step_s for r in everything)
     best_sync = min((m for m in modes if m in SYNC_MODES), key=lambda m: med([r.step_s for r in runs[m]]))
-    sync_len = med([r.mean("response_length/mean") for r in runs[best_sync]])
+    # sync is unbiased at every generation batch: its trained length is the median over all sync runs
+    sync_len = med([r.mean("response_length/mean") for m in modes if m in SYNC_MODES for r in runs[m]])
 
     def ideal(r: Run) -> float:
         rollout = r.trained_tokens_per_step / max(r.valid_ratio, 1e-9) / tput
@@ -388,7 +391,7 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
         ("  trainer compute s/step", lambda rs: f"{med([r.mean('timing/compute_s') for r in rs]):.2f}"),
         ("  weight fan-out s", lambda rs: f"{med([r.fanout_s for r in rs]):.2f}"),
         ("trained length (mean)", lambda rs: f"{med([r.mean('response_length/mean') for r in rs]):.1f}"),
-        ("trained length / best sync", lambda rs: f"{med([r.mean('response_length/mean') for r in rs]) / sync_len:.3f}"),
+        ("trained length / sync", lambda rs: f"{med([r.mean('response_length/mean') for r in rs]) / sync_len:.3f}"),
         ("trained clip ratio", lambda rs: f"{med([r.mean('response_length/clip_ratio') for r in rs]):.3f}"),
         ("valid ratio valid/(valid+filtered)", lambda rs: f"{med([r.valid_ratio for r in rs]):.3f}"),
         ("attempts per finished prompt", lambda rs: f"{med([r.attempts for r in rs]):.2f}"),
@@ -401,7 +404,7 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
     ]  # fmt: skip
     width = 14
     print(f"\n== valid rate {rate:g}: B={B}, n={N}, max_response_length {MAX_RESPONSE_LENGTH}; "
-          f"reference throughput {tput:.0f} tokens/s (sync-3B rollout)")  # fmt: skip
+          f"reference throughput {tput:.0f} tokens/s (the best run's tokens per wall second)")  # fmt: skip
     print(f"{'':40s}" + "".join(f"{m:>{width}s}" for m in modes))
     for label, get in rows:
         cells = []
