@@ -475,7 +475,7 @@ def main() -> int:
     )
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--reps", type=int, default=3, help="runs per mode, interleaved (>= 3 for the protocol)")
-    ap.add_argument("--steps", type=int, default=6, help="training steps per run (warm-up included)")
+    ap.add_argument("--steps", type=int, default=5, help="training steps per run (warm-up included)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out (>= 1)")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--out", type=Path, default=Path("runs/bench-longtail"))
