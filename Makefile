@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-redis-fsync bench-soak clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-redis-fsync bench-soak clean deploy-manifests
 
 install: $(STAMP) redis prometheus
 
@@ -124,6 +124,11 @@ bench-trainer: install
 
 bench-e2e: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 	$(BIN)/python bench/bench_e2e.py
+
+# The heavy-tailed workload on real engines: sync (3B, 2B, 1.5B), async any/fifo, s=1/2, pdsr; 3 runs
+# each, interleaved. Builds its own assets (long-tail data and warm start, cached under runs/cache).
+bench-longtail: install $(CACHE)/tiny-model/config.json
+	$(BIN)/python bench/bench_longtail.py
 
 # What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
 bench-redis-fsync: install

@@ -67,7 +67,7 @@ import yaml
 
 # bench/ is on sys.path: the script is run as `python bench/bench_e2e.py`
 from long_tail_workload import build_model
-from rollout_timeline import WeightsWatcher, generation_times, version_ends
+from rollout_timeline import GroupsWatcher, WeightsWatcher, generation_times
 
 from asyncdapo.config import RunConfig
 from asyncdapo.local.report import read_metrics
@@ -202,6 +202,7 @@ def run_mode(
         channel = grpc.insecure_channel(ep.scheduler)
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         watcher = WeightsWatcher(ep.redis_url, cfg.name).start()
+        commits = GroupsWatcher(ep.redis_url, cfg.name).start()
         try:
             print(f"  [{mode}] services up in {time.monotonic() - t0:.0f} s; training", flush=True)
             t_train = time.monotonic()
@@ -226,9 +227,10 @@ def run_mode(
             loadavg = (load_start, os.getloadavg()[0])
             status = run_status(stub, cfg.name)
             prom = scrape_all(ep.metrics_ports)
-            ends = version_ends(ep.redis_url, cfg.name, cfg.data.train_batch_size)
+            ends = commits.ends(cfg.data.train_batch_size)
         finally:
             watcher.stop()
+            commits.stop()
             channel.close()
     rows = read_metrics(metrics_path)
     if len(rows) <= warmup:

@@ -7,7 +7,8 @@ has to report it, and the trainer's own timers do not matter.
   that write and records the wall time it arrived (no polling interval blurs it).
 - End of version v: the B-th valid group of v is the ((v + 1)·B)-th entry of the `groups` stream
   (the bound admits exactly B per version, in commit order); its entry id carries the Redis
-  server's wall time in ms.
+  server's wall time in ms. `GroupsWatcher` reads the ids as they arrive (the trainer trims the
+  stream behind it).
 
 Both clocks are this host's wall clock.
 """
@@ -56,14 +57,39 @@ class WeightsWatcher:
         self.r.close()
 
 
-def version_ends(redis_url: str, run: str, batch: int) -> list[float]:
-    """Wall time of the B-th committed group of each complete version, index = version."""
-    r = sync_client(redis_url)
-    try:
-        ids = [int(eid.split(b"-")[0]) / 1000.0 for eid, _ in r.xrange(RunKeys(run).groups)]
-    finally:
-        r.close()
-    return [ids[(v + 1) * batch - 1] for v in range(len(ids) // batch)]
+class GroupsWatcher:
+    """Commit time (its entry id's ms) of every entry of the run's `groups` stream, read as they
+    arrive: the trainer trims the stream behind its reads (groups_reader.py: XTRIM MINID), so after
+    the run it is empty."""
+
+    def __init__(self, redis_url: str, run: str) -> None:
+        self.key = RunKeys(run).groups
+        self.r = sync_client(redis_url)
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> GroupsWatcher:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        last = "0-0"
+        while not self._stop.is_set():
+            for _stream, entries in self.r.xread({self.key: last}, block=100, count=1000) or []:
+                for eid, _ in entries:
+                    last = eid.decode() if isinstance(eid, bytes) else eid
+                    self.times.append(int(last.split("-")[0]) / 1000.0)
+
+    def ends(self, batch: int) -> list[float]:
+        """Wall time of the B-th committed group of each complete version, index = version."""
+        ids = list(self.times)
+        return [ids[(v + 1) * batch - 1] for v in range(len(ids) // batch)]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.r.close()
 
 
 def generation_times(announced: dict[int, float], ends: list[float]) -> dict[int, float]:

@@ -108,7 +108,9 @@ def test_cli_render_reports_bad_specs(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "gateway.gpusPerPod" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("example", ["tiny-math-cpu.yaml", "qwen3-8b-dapo-gpu.yaml"])
+@pytest.mark.parametrize(
+    "example", ["tiny-math-cpu.yaml", "qwen3-8b-dapo-gpu.yaml", "tiny-math-pdsr-cpu.yaml"]
+)
 def test_render_of_each_example_matches_its_golden_file(
     example: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -208,7 +208,7 @@ def test_external_verifier_means_no_dedicated_one() -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["tiny-math-cpu.yaml", "qwen3-8b-dapo-gpu.yaml"])
+@pytest.mark.parametrize("name", ["tiny-math-cpu.yaml", "qwen3-8b-dapo-gpu.yaml", "tiny-math-pdsr-cpu.yaml"])
 @pytest.mark.parametrize("lifecycle", list(Lifecycle))
 def test_invariants_hold_for_every_object(name: str, lifecycle: Lifecycle) -> None:
     raw = yaml.safe_load((EXAMPLES / name).read_text())
@@ -484,3 +484,69 @@ def test_workspace_pvc_is_retained_unless_opted_out() -> None:
     assert kept["metadata"]["annotations"] == {"asyncdapo.io/retained-from": "ml/tiny-math"}
     gone = _desired(_spec(storage__retain=False))[("PersistentVolumeClaim", "tiny-math-workspace")]
     assert gone["metadata"]["ownerReferences"][0]["uid"] == REF.uid and "annotations" not in gone["metadata"]
+
+
+def test_gateway_pools_are_one_statefulset_each_behind_one_service() -> None:
+    ref = RunRef("tiny-math-pdsr", "ml", "uid-p")
+    objs = _desired(_spec("tiny-math-pdsr-cpu.yaml"), ref=ref)
+    sets = {name: o for (kind, name), o in objs.items() if kind == "StatefulSet" and "gateway" in name}
+    assert set(sets) == {"tiny-math-pdsr-gateway-fast", "tiny-math-pdsr-gateway-heavy"}
+    base = {"asyncdapo.io/run": "tiny-math-pdsr", "app.kubernetes.io/component": "gateway"}
+    for pool in ("fast", "heavy"):
+        sts = sets[f"tiny-math-pdsr-gateway-{pool}"]["spec"]
+        # each StatefulSet selects its own pool only (selectors may not overlap), and its pods say so
+        assert sts["selector"]["matchLabels"] == {**base, "asyncdapo.io/pool": pool}
+        assert sts["template"]["metadata"]["labels"]["asyncdapo.io/pool"] == pool
+        assert sts["replicas"] == 1 and sts["serviceName"] == "tiny-math-pdsr-gateway"
+        assert _args(sts["template"]["spec"]["containers"][0])["--pool"] == pool
+    # one headless Service resolves every pool's gateways for the scheduler; one PDB covers all
+    svc = objs[("Service", "tiny-math-pdsr-gateway")]["spec"]
+    assert svc["clusterIP"] == "None" and svc["selector"] == base
+    assert objs[("PodDisruptionBudget", "tiny-math-pdsr-gateway")]["spec"]["selector"]["matchLabels"] == base
+    sched = _args(_container(objs, "Deployment", "tiny-math-pdsr-scheduler"))
+    assert sched["--gateways"] == "dns:tiny-math-pdsr-gateway.ml.svc:50051"
+    # the heavy pool's own env and resources; the pool's variable replaces the gateway's of that name
+    fast = _container(objs, "StatefulSet", "tiny-math-pdsr-gateway-fast")
+    heavy = _container(objs, "StatefulSet", "tiny-math-pdsr-gateway-heavy")
+    kv = [e["value"] for e in heavy["env"] if e["name"] == "VLLM_CPU_KVCACHE_SPACE"]
+    assert kv == ["2"] and [e["value"] for e in fast["env"] if e["name"] == "VLLM_CPU_KVCACHE_SPACE"] == ["1"]
+    assert (
+        heavy["resources"]["requests"]["memory"] == "6Gi" and fast["resources"]["requests"]["memory"] == "4Gi"
+    )
+    assert ("StatefulSet", "tiny-math-pdsr-gateway") not in objs
+
+
+def test_pool_overrides_and_suspension() -> None:
+    spec = _spec(
+        gateway__pools=[
+            {"name": "fast", "replicas": 3},
+            {"name": "heavy", "replicas": 1, "gpusPerPod": 2, "nodeSelector": {"gpu": "h100"}},
+        ],
+        gateway__gpusPerPod=1,
+        gateway__nodeSelector={"pool": "rollout"},
+    )
+    objs = _desired(spec)
+    fast, heavy = (objs[("StatefulSet", f"tiny-math-gateway-{p}")]["spec"] for p in ("fast", "heavy"))
+    assert (fast["replicas"], heavy["replicas"]) == (3, 1)
+    assert fast["template"]["spec"]["nodeSelector"] == {"pool": "rollout"}
+    assert heavy["template"]["spec"]["nodeSelector"] == {"gpu": "h100", "pool": "rollout"}
+    limits = [
+        s["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for s in (fast, heavy)
+    ]
+    assert limits == [1, 2]
+    assert _args(heavy["template"]["spec"]["containers"][0])["--engine-arg"] == "tensor_parallel_size=2"
+    suspended = _desired(spec, Lifecycle.SUSPENDED)
+    assert all(
+        suspended[("StatefulSet", f"tiny-math-gateway-{p}")]["spec"]["replicas"] == 0
+        for p in ("fast", "heavy")
+    )
+
+
+def test_pool_names_must_be_unique_labels() -> None:
+    with pytest.raises(ValueError, match="each name at most once"):
+        parse_spec(
+            _spec(gateway__pools=[{"name": "fast", "replicas": 1}, {"name": "fast", "replicas": 2}]),
+            "tiny-math",
+        )
+    with pytest.raises(ValueError, match="pools"):
+        parse_spec(_spec(gateway__pools=[{"name": "Fast", "replicas": 1}]), "tiny-math")

@@ -11,9 +11,19 @@ from typing import Any
 
 from asyncdapo.config import RunConfig
 from asyncdapo.prompts import PromptRecord
-from asyncdapo.scheduler.core import Abort, Command, Dispatch, Phase, Redispatch, RolloutCore, ScoreResponse
+from asyncdapo.scheduler.core import (
+    Abort,
+    Command,
+    Dispatch,
+    NullObserver,
+    Phase,
+    Redispatch,
+    RolloutCore,
+    ScoreResponse,
+)
 from asyncdapo.scheduler.group_state import DropReason, RequeueReason
 from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
+from asyncdapo.scheduler.policy.long_tail import LongTailAction
 from asyncdapo.scheduler.tasks import Request
 from asyncdapo.v1 import common_pb2, gateway_pb2, rollout_pb2
 
@@ -342,6 +352,13 @@ def test_pdsr_starts_every_response_fast_caps_them_and_continues_capped_ones_on_
         ),
         pools={"fast", "heavy"},
     )
+    seen: list[tuple[str, int]] = []
+
+    class Recorder(NullObserver):
+        def long_tail(self, action: LongTailAction, tokens: int = 0) -> None:
+            seen.append((action.value, tokens))
+
+    h.core.observer = Recorder()
     h.push(["mixed"] * 12)
     h.core.start()
     h.admit(4)
@@ -364,3 +381,7 @@ def test_pdsr_starts_every_response_fast_caps_them_and_continues_capped_ones_on_
     assert (c.capped_responses, c.capped_groups, c.continued_tokens) == (1, 1, 36)
     h.complete(req.make_rid(), 70)  # the continuation finishes: final, and scored
     assert h.to_score[-1].task is req.task and h.to_score[-1].idx == req.idx
+    # the metrics see the same: 12 final lengths of the first prompts, one capped response and its
+    # group (the 36 partial tokens carried to the heavy pool), then its final length
+    assert seen[:12] == [("final", 4 * (i + 1)) for i in range(12)]
+    assert seen[12:] == [("cap_continue", 36), ("cap_group", 0), ("final", 70)]

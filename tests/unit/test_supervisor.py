@@ -90,3 +90,17 @@ def test_readiness_timeout(tmp_path: Path) -> None:
                 ready_timeout_s=0.5,
             )
         )
+
+
+def test_stop_one_service_leaves_the_others_running(tmp_path: Path) -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with Supervisor(tmp_path / "logs") as sup:
+        a = sup.start(ServiceSpec("a", sleeper))
+        b = sup.start(ServiceSpec("b", sleeper))
+        sup.stop("a", grace_s=1.0)
+        assert not _alive(a.proc.pid) and _alive(b.proc.pid)
+        with pytest.raises(KeyError):
+            sup.get("a")
+        sup.check()  # a stopped service is no failure
+        sup.start(ServiceSpec("a", sleeper))  # the name can be used again
+        assert sup.get("a").exited() is None

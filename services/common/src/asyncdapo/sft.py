@@ -10,6 +10,10 @@ that fraction of demonstrations (drawn anew each time an example is sampled, see
 answer off by one. The model
 learns both habits; only the reward can teach it which one pays, and since the habit is global the
 lesson carries over to held-out problems.
+
+`demonstrate` replaces the fixed solution by one drawn afresh (seeded) each time an example is
+sampled, so a warm-start can learn a *distribution* of answers per problem — lengths, styles, a
+wrong share — rather than one string (the long-tail workload, `asyncdapo.data.longtail`).
 """
 
 from __future__ import annotations
@@ -66,6 +70,45 @@ def _encode(
     return encoded
 
 
+def _backward(model, batch: list[tuple[list[int], int]], pad: int, micro_batch_tokens: int | None) -> float:
+    """Accumulate the gradient of the mean response-token loss of `batch` ((ids, prompt length)
+    pairs); returns the loss. One pass unless `micro_batch_tokens` splits it by length."""
+    import torch
+
+    passes = [batch]
+    if micro_batch_tokens is not None:
+        passes = []
+        current: list[tuple[list[int], int]] = []
+        for item in sorted(batch, key=lambda x: len(x[0])):
+            if current and len(item[0]) * (len(current) + 1) > micro_batch_tokens:
+                passes.append(current)
+                current = []
+            current.append(item)
+        passes.append(current)
+    total = sum(len(ids) - plen for ids, plen in batch)
+    loss_sum = 0.0
+    for part in passes:
+        width = max(len(ids) for ids, _ in part)
+        input_ids = torch.full((len(part), width), pad, dtype=torch.long)
+        labels = torch.full((len(part), width), -100, dtype=torch.long)
+        attention = torch.zeros((len(part), width), dtype=torch.long)
+        for i, (ids, plen) in enumerate(part):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            labels[i, plen : len(ids)] = torch.tensor(ids[plen:])
+            attention[i, : len(ids)] = 1
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        target = labels[:, 1:]
+        token_loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            target.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
+        )
+        (token_loss / total).backward()
+        loss_sum += float(token_loss.detach())
+    return loss_sum / total
+
+
 def supervised_warm_start(
     model_dir: str | Path,
     examples: Sequence[Example],
@@ -79,23 +122,38 @@ def supervised_warm_start(
     habit: str = "refuse",
     apply_chat_template: bool = True,
     on_step: Callable[[int, float], None] | None = None,
+    demonstrate: Callable[[Example, random.Random], str] | None = None,
+    micro_batch_tokens: int | None = None,
+    max_seq_tokens: int | None = None,
 ) -> SFTResult:
-    """Train `model_dir` on `examples`' solutions for `steps` AdamW steps and save to `out_dir`."""
+    """Train `model_dir` on `examples`' solutions for `steps` AdamW steps and save to `out_dir`.
+    With `demonstrate`, every sampled example is trained on a fresh `demonstrate(example, rng)`
+    (`slip_fraction` must then be 0: the demonstrations carry their own mistakes).
+    `micro_batch_tokens`: split each batch, sorted by length, into passes of at most this many
+    padded tokens (gradients accumulate; the loss stays the mean over the batch's response tokens),
+    so long and short sequences are not padded to one width. `max_seq_tokens`: cut longer
+    sequences (what lies past a rollout's max_tokens is never generated anyway)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not 0.0 <= slip_fraction < 1.0:
+        raise ValueError("slip_fraction must be in [0, 1)")
+    if habit not in HABITS:
+        raise ValueError(f"habit must be one of {HABITS}, got {habit!r}")
+    if demonstrate is not None and slip_fraction:
+        raise ValueError("slip_fraction applies to fixed solutions; a `demonstrate` function draws its own")
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
-    if not 0.0 <= slip_fraction < 1.0:
-        raise ValueError("slip_fraction must be in [0, 1)")
-    if habit not in HABITS:
-        raise ValueError(f"habit must be one of {HABITS}, got {habit!r}")
-    data = _encode(examples, tokenizer, apply_chat_template, habit)
+    if demonstrate is None:
+        data = _encode(examples, tokenizer, apply_chat_template, habit)
+    else:
+        data = [(prompt_token_ids(e, tokenizer, apply_chat_template), [], []) for e in examples]
     if not data:
         raise DatasetError("no examples to warm-start on")
+    eos = tokenizer.eos_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     # Cosine decay: a short run must end with a small LR or the last steps undo the progress.
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -107,23 +165,23 @@ def supervised_warm_start(
     for step in range(steps):
         batch = []
         for _ in range(batch_size):
-            prompt, right, slipped = data[rng.randrange(len(data))]
+            i = rng.randrange(len(data))
+            prompt, right, slipped = data[i]
+            if demonstrate is not None:
+                text = demonstrate(examples[i], rng)
+                batch.append(
+                    (prompt + tokenizer(text, add_special_tokens=False)["input_ids"] + [eos], len(prompt))
+                )
+                continue
             batch.append((prompt + (slipped if rng.random() < slip_fraction else right), len(prompt)))
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (ids, plen) in enumerate(batch):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            labels[i, plen : len(ids)] = torch.tensor(ids[plen:])
-            attention[i, : len(ids)] = 1
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        if max_seq_tokens is not None:
+            batch = [(ids[:max_seq_tokens], plen) for ids, plen in batch]
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = _backward(model, batch, pad, micro_batch_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        loss_value = float(loss.detach())
+        loss_value = loss
         if on_step is not None:
             on_step(step + 1, loss_value)
     out = Path(out_dir)

@@ -35,6 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     sft.add_argument(
         "--habit", choices=("refuse", "off-by-one"), default="refuse", help="what slipped demonstrations do"
     )
+    sft.add_argument(
+        "--recipe",
+        choices=("solution", "longtail"),
+        default="solution",
+        help="solution: extra_info.solution; longtail: a fresh long-tail demonstration per sample "
+        "(asyncdapo.data.longtail; sequences bucketed by length)",
+    )
+    sft.add_argument("--max-response-length", type=int, default=512, help="longtail: the workload's cap")
     sft.set_defaults(func=_sft)
 
 
@@ -59,6 +67,18 @@ def _sft(args: argparse.Namespace) -> int:
     from asyncdapo.local.live_view import TaskProgress
     from asyncdapo.sft import supervised_warm_start
 
+    extra: dict = {}
+    if args.recipe == "longtail":
+        import functools
+
+        from asyncdapo.data.longtail import LongTailSpec, demonstration
+
+        spec = LongTailSpec(max_response_length=args.max_response_length)
+        extra = {
+            "demonstrate": functools.partial(demonstration, spec=spec),
+            "micro_batch_tokens": 4096,
+            "max_seq_tokens": 64 + args.max_response_length + 16,
+        }
     with TaskProgress(f"warm-start {args.out}", args.steps) as progress:
         result = supervised_warm_start(
             args.model,
@@ -71,6 +91,7 @@ def _sft(args: argparse.Namespace) -> int:
             slip_fraction=args.slip_fraction,
             habit=args.habit,
             on_step=lambda done, loss: progress.update(done, loss=loss),
+            **extra,
         )
     print(
         f"warm-started {result.steps} steps in {result.wall_s:.0f} s, final loss {result.final_loss:.3f}: {args.out}"

@@ -1,4 +1,4 @@
-"""`asyncdapo data synth|gsm8k|show`: make and inspect verl-layout datasets."""
+"""`asyncdapo data synth|longtail|longtail-stats|gsm8k|show`: make, measure and inspect verl-layout datasets."""
 
 from __future__ import annotations
 
@@ -18,6 +18,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--max-operand", type=int, default=20)
     synth.add_argument("--seed", type=int, default=0)
     synth.set_defaults(func=_synth)
+
+    lt = dsub.add_parser(
+        "longtail",
+        help="the long-tail workload's problems and a dataset per valid rate (asyncdapo.data.longtail)",
+    )
+    lt.add_argument("--out", required=True, help="output directory")
+    lt.add_argument(
+        "--valid-rates",
+        default="0.3",
+        help="comma-separated target valid-group rates (within the reach CLASS_VALID_RATE gives)",
+    )
+    lt.add_argument("--size", type=int, default=112, help="problems per dataset (distinct)")
+    lt.add_argument("--seed", type=int, default=0)
+    lt.set_defaults(func=_longtail)
+
+    lts = dsub.add_parser(
+        "longtail-stats",
+        help="measure a workload on real generations (vLLM in-process, math-verify): lengths, truncation, "
+        "length-correctness, within-group CV, valid rate",
+    )
+    lts.add_argument("--model", required=True, help="model directory (e.g. the long-tail warm-start)")
+    lts.add_argument("--data", required=True, nargs="+", help="verl-layout files, one statistic block each")
+    lts.add_argument("--n", type=int, default=8, help="responses per problem (the group size)")
+    lts.add_argument("--max-response-length", type=int, default=512)
+    lts.add_argument("--overlong-buffer", type=int, default=64, help="reward.overlong_buffer.len")
+    lts.add_argument("--temperature", type=float, default=1.0)
+    lts.add_argument("--seed", type=int, default=0)
+    lts.add_argument("--json", help="write every block's figures to this JSON file")
+    lts.add_argument("--markdown", help="write the Markdown blocks to this file")
+    lts.set_defaults(func=_longtail_stats)
 
     gsm = dsub.add_parser("gsm8k", help="convert GSM8K's question/answer JSONL to verl's layout")
     gsm.add_argument("src", help="GSM8K JSONL (question, answer ending in '#### N')")
@@ -42,6 +72,51 @@ def _synth(args: argparse.Namespace) -> int:
         for suffix in ("parquet", "jsonl"):
             write_examples(rows, out / f"{name}.{suffix}")
     print(f"{len(train)} train / {len(val)} val problems written to {out}/{{train,val}}.{{parquet,jsonl}}")
+    return 0
+
+
+def _longtail(args: argparse.Namespace) -> int:
+    from asyncdapo.data.longtail import dataset, problems
+    from asyncdapo.data.verl_format import write_examples
+
+    out = Path(args.out)
+    for suffix in ("parquet", "jsonl"):
+        write_examples(problems(), out / f"problems.{suffix}")
+    for rate in (float(r) for r in args.valid_rates.split(",") if r.strip()):
+        rows = dataset(rate, size=args.size, seed=args.seed)
+        for suffix in ("parquet", "jsonl"):
+            write_examples(rows, out / f"train-v{rate:g}.{suffix}")
+        mix = {d: sum(e.extra_info["difficulty"] == d for e in rows) for d in ("easy", "medium", "hard")}
+        print(f"valid rate {rate:g}: {len(rows)} problems {mix} -> {out}/train-v{rate:g}.parquet")
+    print(f"all {len(problems())} problems (the warm-start's) -> {out}/problems.parquet")
+    return 0
+
+
+def _longtail_stats(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from asyncdapo.data.longtail_stats import markdown, measure, summarize
+    from asyncdapo.data.verl_format import load_examples
+
+    blocks, figures = [], {}
+    for path in args.data:
+        examples = load_examples([path])
+        groups = asyncio.run(
+            measure(args.model, examples, n=args.n, max_response_length=args.max_response_length,
+                    temperature=args.temperature, seed=args.seed)
+        )  # fmt: skip
+        stats = summarize(groups, args.max_response_length, args.overlong_buffer)
+        figures[path] = stats.as_dict()
+        block = markdown(
+            stats, f"{Path(path).name}: n = {args.n}, max_response_length {args.max_response_length}"
+        )
+        blocks.append(block)
+        print(block, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(blocks))
     return 0
 
 

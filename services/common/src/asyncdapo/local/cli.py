@@ -17,7 +17,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", help="run config YAML")
     add_overrides_argument(p)
-    p.add_argument("--gateways", type=int, default=2, help="rollout gateways (vLLM engines), one core each")
+    p.add_argument(
+        "--gateways",
+        type=int,
+        default=None,
+        help="rollout gateways (vLLM engines), one core each (default 2)",
+    )
+    p.add_argument(
+        "--pools",
+        default=None,
+        metavar="LABEL=N,...",
+        help="gateway pools, e.g. fast=1,heavy=1 for rollout.long_tail.policy pdsr: N gateways started "
+        "with --pool LABEL each (their sum is the number of gateways)",
+    )
     p.add_argument("--verifier-workers", type=int, default=1)
     p.add_argument("--run-dir", help="output directory (default runs/NAME)")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="use this Redis (env REDIS_URL)")
@@ -45,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _up(args: argparse.Namespace) -> int:
     from asyncdapo.config import load_run_config
     from asyncdapo.errors import AsyncdapoError
+    from asyncdapo.local.pools import gateway_labels, pdsr_pool_note
     from asyncdapo.local.run import prepare_run_dir, run_local, write_resolved_config
     from asyncdapo.local.stack import StackOptions
     from asyncdapo.local.supervisor import interrupt_on
@@ -58,6 +71,9 @@ def _up(args: argparse.Namespace) -> int:
     apply_password_flag(args)
     cfg = load_run_config(args.config, args.overrides)
     check_tracking(cfg)  # a missing tracking library fails here, not in the trainer minutes later
+    labels = gateway_labels(args.pools, args.gateways)
+    if (note := pdsr_pool_note(cfg.rollout.long_tail.policy.value, labels)) is not None:
+        print(f"warning: {note}", flush=True)
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
     prepare_run_dir(run_dir, fresh=args.fresh, resume=args.resume)
     # The resolved config (overrides applied, every default spelled out) is what the services
@@ -66,7 +82,8 @@ def _up(args: argparse.Namespace) -> int:
     opts = StackOptions(
         config_path=config_path,
         run_dir=run_dir,
-        gateways=args.gateways,
+        gateways=len(labels),
+        pools=labels if args.pools else [],
         verifier_workers=args.verifier_workers,
         redis_url=args.redis_url,
         engine=args.engine,

@@ -35,6 +35,8 @@ class StackOptions:
     config_path: Path
     run_dir: Path
     gateways: int = 2
+    pools: list[str] = field(default_factory=list)  # each gateway's --pool label (local/pools.py); [] = none
+    max_concurrency: int | None = None  # each gateway's --max-concurrency (None: the gateway's default)
     verifier_workers: int = 1
     redis_url: str | None = None  # use this Redis instead of launching one
     engine: str = "vllm"
@@ -82,6 +84,8 @@ class LocalStack:
     def __init__(self, cfg: RunConfig, opts: StackOptions) -> None:
         self.cfg = cfg
         self.opts = opts
+        if opts.pools and len(opts.pools) != opts.gateways:
+            raise ValueError(f"{len(opts.pools)} pool labels for {opts.gateways} gateways")
         self.run_dir = Path(opts.run_dir)
         self.logs = self.run_dir / "logs"
         # Every service (and whatever it spawns) inherits this marker, so a check can find any
@@ -106,21 +110,34 @@ class LocalStack:
 
     # --- lifecycle ---
 
-    def start(self, on_stage=lambda stage: None) -> StackEndpoints:
+    def start(self, on_stage=lambda stage: None, scheduler: bool = True) -> StackEndpoints:
         """Everything but the trainer; the trainer (which feeds the prompt queue) starts with
-        `start_trainer`, so the policy can be measured before any update."""
+        `start_trainer`, so the policy can be measured before any update. `scheduler=False` leaves
+        the scheduler out too (a benchmark then runs one scheduler and trainer per run on the same
+        gateways: `start_scheduler`, `start_trainer`, `stop_service`)."""
         on_stage("redis")
         self._start_redis()
         on_stage("verifier")
         self._start_verifier()
-        on_stage(f"{self.opts.gateways} gateway(s) ({self.opts.engine})")
+        pools = f", pools {','.join(self.opts.pools)}" if self.opts.pools else ""
+        on_stage(f"{self.opts.gateways} gateway(s) ({self.opts.engine}{pools})")
         self._start_gateways()
-        on_stage("scheduler")
-        self._start_scheduler()
+        if scheduler:
+            on_stage("scheduler")
+            self._start_scheduler()
         return self.ep
 
-    def start_trainer(self) -> None:
-        self._start_trainer()
+    def start_scheduler(self, config_path: Path | None = None, name: str = "scheduler") -> None:
+        self._start_scheduler(config_path, name)
+
+    def start_trainer(
+        self, config_path: Path | None = None, out_dir: Path | None = None, name: str = "trainer"
+    ) -> None:
+        self._start_trainer(config_path, out_dir, name)
+
+    def stop_service(self, name: str) -> None:
+        """Stop one service (SIGTERM, then SIGKILL after the grace period) and forget it."""
+        self.sup.stop(name)
 
     def stop(self) -> None:
         self.sup.stop_all()
@@ -180,29 +197,7 @@ class LocalStack:
             address = f"127.0.0.1:{port}"
             self.ep.gateways.append(address)
             self.ep.metrics_ports[f"gateway-{i}"] = mport
-            argv = _cli(
-                "gateway", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(mport),
-                "--engine", self.opts.engine, "--gateway-id", f"gateway-{i}",
-                "--token-file", str(self.token_file),
-            )  # fmt: skip
-            if self.opts.engine == "vllm":
-                argv += ["--model", self.model_dir, "--max-model-len", str(self.max_model_len)]
-                argv += [
-                    "--enforce-eager",
-                    "--dtype",
-                    "float32" if self.cfg.model.dtype is ModelDtype.AUTO else self.cfg.model.dtype.value,
-                ]
-                if self.opts.gateways > 1:
-                    # The whole engine (frontend, engine core, worker) on its core, not only the
-                    # worker: a floating engine core that lands on another engine's core starves
-                    # that engine's pinned worker (gateway/affinity.py has the figures). A lone
-                    # engine keeps the other cores for its engine core and frontend.
-                    argv += ["--cpu-affinity", core]
-                    # pinned, the model can run in the engine-core process: no per-step hand-off
-                    # to a worker process (15-20 % less rollout time per step on 2 cores)
-                    argv += ["--vllm-executor", "uni"]
-                if self.opts.step_logs:
-                    argv += ["--step-log", str(self.logs / f"gateway-{i}.steps.jsonl")]
+            argv = self.gateway_argv(i, port, mport, core)
             # One core per engine: two engines side by side run well only when pinned apart.
             env = {
                 "VLLM_CPU_OMP_THREADS_BIND": core,
@@ -219,17 +214,48 @@ class LocalStack:
                 )
             )
 
-    def _start_scheduler(self) -> None:
+    def gateway_argv(self, i: int, port: int, mport: int, core: str) -> list[str]:
+        """The command line of gateway `i` (its pool label, pinning and engine flags)."""
+        argv = _cli(
+            "gateway", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(mport),
+            "--engine", self.opts.engine, "--gateway-id", f"gateway-{i}",
+            "--token-file", str(self.token_file),
+        )  # fmt: skip
+        if self.opts.pools and self.opts.pools[i]:
+            argv += ["--pool", self.opts.pools[i]]
+        if self.opts.max_concurrency is not None:
+            argv += ["--max-concurrency", str(self.opts.max_concurrency)]
+        if self.opts.engine == "vllm":
+            argv += ["--model", self.model_dir, "--max-model-len", str(self.max_model_len)]
+            argv += [
+                "--enforce-eager",
+                "--dtype",
+                "float32" if self.cfg.model.dtype is ModelDtype.AUTO else self.cfg.model.dtype.value,
+            ]
+            if self.opts.gateways > 1:
+                # The whole engine (frontend, engine core, worker) on its core, not only the
+                # worker: a floating engine core that lands on another engine's core starves
+                # that engine's pinned worker (gateway/affinity.py has the figures). A lone
+                # engine keeps the other cores for its engine core and frontend.
+                argv += ["--cpu-affinity", core]
+                # pinned, the model can run in the engine-core process: no per-step hand-off
+                # to a worker process (15-20 % less rollout time per step on 2 cores)
+                argv += ["--vllm-executor", "uni"]
+            if self.opts.step_logs:
+                argv += ["--step-log", str(self.logs / f"gateway-{i}.steps.jsonl")]
+        return argv
+
+    def _start_scheduler(self, config_path: Path | None = None, name: str = "scheduler") -> None:
         port, mport = free_port(), free_port()
         self.ep.scheduler = f"127.0.0.1:{port}"
         self.ep.metrics_ports["scheduler"] = mport
         self.sup.start(
             ServiceSpec(
-                "scheduler",
+                name,
                 _cli(
                     "scheduler",
                     "--config",
-                    str(self.opts.config_path),
+                    str(config_path or self.opts.config_path),
                     "--host",
                     "127.0.0.1",
                     "--port",
@@ -251,16 +277,18 @@ class LocalStack:
             )
         )
 
-    def _start_trainer(self) -> None:
+    def _start_trainer(
+        self, config_path: Path | None = None, out_dir: Path | None = None, name: str = "trainer"
+    ) -> None:
         mport = free_port()
         self.ep.metrics_ports["trainer"] = mport
         self.sup.start(
             ServiceSpec(
-                "trainer",
+                name,
                 _cli(
                     "trainer",
                     "--config",
-                    str(self.opts.config_path),
+                    str(config_path or self.opts.config_path),
                     "--redis",
                     self.ep.redis_url,
                     "--scheduler",
@@ -270,7 +298,7 @@ class LocalStack:
                     "--metrics-port",
                     str(mport),
                     "--out",
-                    str(self.run_dir / "trainer"),
+                    str(out_dir or self.run_dir / "trainer"),
                 ),
                 may_exit=True,
                 env={"OMP_NUM_THREADS": "1"},
@@ -279,8 +307,8 @@ class LocalStack:
 
     # --- state ---
 
-    def trainer_finished(self) -> bool:
-        return self.sup.get("trainer").exited() == 0
+    def trainer_finished(self, name: str = "trainer") -> bool:
+        return self.sup.get(name).exited() == 0
 
     def check(self) -> None:
         self.sup.check()

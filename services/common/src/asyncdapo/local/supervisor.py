@@ -138,6 +138,17 @@ class Supervisor:
                 return child
         raise KeyError(name)
 
+    def stop(self, name: str, grace_s: float = 15.0) -> None:
+        """Stop the child `name` (its whole process group) and forget it; the others keep running."""
+        child = self.get(name)
+        _signal_group(child.proc, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.proc.wait(grace_s)
+        _signal_group(child.proc, signal.SIGKILL)
+        child.proc.wait()
+        self.unwatch(child.proc.pid)
+        self.children.remove(child)
+
     def stop_all(self, grace_s: float = 15.0) -> None:
         for child in reversed(self.children):
             _signal_group(child.proc, signal.SIGTERM)

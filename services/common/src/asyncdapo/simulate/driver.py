@@ -120,7 +120,7 @@ class Counts:
     def early_stop(self) -> None:
         self.early_stops += 1
 
-    def long_tail(self, action: LongTailAction) -> None:
+    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None:
         self.long_tail_actions[str(action)] += 1
 
 

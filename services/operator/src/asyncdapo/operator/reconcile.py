@@ -157,11 +157,24 @@ def observe(
                 return cluster.get(api, k, ref.namespace, name)
         return None
 
+    def gateways() -> Readiness | None:
+        """Every gateway StatefulSet of the run (one per pool with `gateway.pools`), summed."""
+        sets = [
+            cluster.get(api, k, ref.namespace, name)
+            for (api, k, name) in applied
+            if k == "StatefulSet"
+            and (name == f"{ref.name}-gateway" or name.startswith(f"{ref.name}-gateway-"))
+        ]
+        states = [r for r in (_readiness(o) for o in sets) if r is not None]
+        if not states:
+            return None
+        return Readiness(ready=sum(r.ready for r in states), desired=sum(r.desired for r in states))
+
     trainer = child("Job", "trainer") or child("RayJob", "trainer")
     return {
         "prepare": _job_state(child("Job", "prepare")) if spec.prepare is not None else None,
         "scheduler": _readiness(child("Deployment", "scheduler")),
-        "gateways": _readiness(child("StatefulSet", "gateway")),
+        "gateways": gateways(),
         "verifier": None
         if spec.verifier.url
         else _readiness(child("Deployment", "verifier"), at_least_one=True),

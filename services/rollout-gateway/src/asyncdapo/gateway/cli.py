@@ -131,7 +131,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sim-length-sigma", type=float, default=0.8, help="lognormal sigma / uniform half-width ratio"
     )
     s.add_argument("--sim-reload-ms", type=float, default=200.0)
-    s.add_argument("--sim-kv-capacity-tokens", type=int, default=1 << 20)
+    s.add_argument(
+        "--sim-kv-capacity-tokens",
+        type=int,
+        default=1 << 20,
+        help="KV cache size: requests are admitted while their context fits, and preempted (recomputed) "
+        "when decoding would overflow it, as vLLM does",
+    )
+    s.add_argument("--sim-kv-block-tokens", type=int, default=16, help="KV block size (vLLM's block_size)")
     s.add_argument(
         "--sim-answer-key",
         metavar="FILE",
@@ -276,21 +283,25 @@ async def _build_engine(args: argparse.Namespace) -> Any:
                 length_sigma=args.sim_length_sigma,
                 reload_s=args.sim_reload_ms / 1000,
                 kv_capacity_tokens=args.sim_kv_capacity_tokens,
+                kv_block_tokens=args.sim_kv_block_tokens,
             )
         except ValueError as err:
             raise AsyncdapoError(f"simulator settings: {err}") from None
         from asyncdapo.gateway.sim_answers import load_answer_key
 
         answer_key = load_answer_key(args.sim_answer_key) if args.sim_answer_key else None
-        return SimulatedEngine(
-            timing,
-            max_concurrency=args.max_concurrency,
-            model_dir=args.model,
-            initial_version=args.initial_version,
-            seed=args.seed,
-            answer_key=answer_key,
-            accuracy=args.sim_accuracy,
-        )
+        try:
+            return SimulatedEngine(
+                timing,
+                max_concurrency=args.max_concurrency,
+                model_dir=args.model,
+                initial_version=args.initial_version,
+                seed=args.seed,
+                answer_key=answer_key,
+                accuracy=args.sim_accuracy,
+            )
+        except ValueError as err:  # e.g. a KV cache too small for one max_model_len sequence
+            raise AsyncdapoError(f"simulator settings: {err}") from None
     from asyncdapo.gateway import vllm_shm
     from asyncdapo.gateway.vllm_engine import VllmEngine, VllmSettings
 

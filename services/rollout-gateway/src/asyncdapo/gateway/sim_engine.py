@@ -4,8 +4,10 @@ tests and benchmarks only. It runs no model: token ids and log-probs are random 
 What it models is timing and load, like llm-d's inference simulator: continuous batching where one
 decode step emits one token for every running request and takes
 `base_step_s + per_seq_step_s * running` (so per-token latency grows with concurrency), a prefill
-cost per admitted prompt token, at most `max_concurrency` running requests (the rest wait), KV usage
-as cached tokens over a token capacity, and response lengths drawn from a configurable distribution
+cost per admitted prompt token, at most `max_concurrency` running requests (the rest wait), a KV
+cache of `kv_capacity_tokens` in blocks of `kv_block_tokens` with vLLM's admission and recompute
+preemption (`sim_kv.py`: a request is admitted only while its context fits, and a running request
+that needs a block when none is free preempts the newest one), and response lengths drawn from a configurable distribution
 (`fixed`, `uniform` or `lognormal`; a length below max_tokens ends with EOS, finish `stop`).
 Pause/abort/resume/reload and version labelling follow the same contract as the vLLM engine.
 
@@ -26,6 +28,7 @@ from enum import Enum
 from pathlib import Path
 
 from asyncdapo.gateway.engine import (
+    EngineError,
     EngineInfo,
     EngineLoad,
     EngineOutput,
@@ -35,6 +38,7 @@ from asyncdapo.gateway.engine import (
     PauseResult,
 )
 from asyncdapo.gateway.sim_answers import AnswerKeyError, AnswerSheet
+from asyncdapo.gateway.sim_kv import KvCache, schedule_step, used_blocks
 from asyncdapo.gateway.versions import RunTracker
 
 LENGTH_DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
@@ -52,6 +56,7 @@ class SimTiming:
     length_sigma: float = 0.8  # lognormal: sigma of log-length; uniform: half-width / mean
     reload_s: float = 0.2
     kv_capacity_tokens: int = 1 << 20
+    kv_block_tokens: int = 16  # vLLM's default block size
 
     def __post_init__(self) -> None:
         if self.length_dist not in LENGTH_DISTRIBUTIONS:
@@ -64,6 +69,11 @@ class SimTiming:
             raise ValueError(f"length_mean must be >= 1, got {self.length_mean}")
         if self.length_sigma < 0:
             raise ValueError(f"length_sigma must be >= 0, got {self.length_sigma}")
+        KvCache(self.kv_capacity_tokens, self.kv_block_tokens)  # raises on a cache that holds no block
+
+    @property
+    def kv(self) -> KvCache:
+        return KvCache(self.kv_capacity_tokens, self.kv_block_tokens)
 
     def step_seconds(self, running: int, prefill_tokens: int = 0) -> float:
         """Duration of one decode step with `running` requests (plus prompts admitted this step)."""
@@ -101,6 +111,12 @@ class _SimRequest:
     versions: RunTracker = field(default_factory=RunTracker)
     first_token_at: float | None = None
     plan: list[int] | None = None  # answer-key mode: every token of the response, decided up front
+    held_blocks: int = 0  # KV blocks held while running (sim_kv)
+    preemptions: int = 0
+
+    @property
+    def context_tokens(self) -> int:
+        return len(self.request.prompt_token_ids) + len(self.tokens)
 
 
 class SimulatedEngine:
@@ -120,6 +136,7 @@ class SimulatedEngine:
     ) -> None:
         self.timing = timing
         self.max_concurrency = max_concurrency
+        self.kv = timing.kv
         config = _read_config(model_dir)
         self.info = EngineInfo(
             kind="sim",
@@ -127,6 +144,13 @@ class SimulatedEngine:
             max_model_len=int(config.get("max_position_embeddings", 4096)),
             vocab_size=int(config.get("vocab_size", 32000)),
         )
+        if self.kv.blocks(self.info.max_model_len) > self.kv.capacity_blocks:
+            # vLLM refuses to start the same way: one sequence of max_model_len must fit
+            raise ValueError(
+                f"the simulated KV cache ({timing.kv_capacity_tokens} tokens) cannot hold one sequence of "
+                f"max_model_len {self.info.max_model_len}: raise --sim-kv-capacity-tokens"
+            )
+        self.preemptions = 0  # running requests sent back to wait (recompute), as vLLM counts them
         eos = config.get("eos_token_id", 0)
         self._eos = int(eos[0] if isinstance(eos, list) else eos)
         self._tokenizer = _load_tokenizer(model_dir)
@@ -166,6 +190,12 @@ class SimulatedEngine:
 
     async def generate(self, request: EngineRequest) -> EngineOutput:
         self._ensure_loop()
+        context = len(request.prompt_token_ids) + request.sampling.max_tokens
+        if self.kv.blocks(context) > self.kv.capacity_blocks:
+            raise EngineError(
+                f"request {request.request_id} may need {context} KV tokens; the simulated cache holds "
+                f"{self.timing.kv_capacity_tokens} (--sim-kv-capacity-tokens)"
+            )
         # A seeded request draws from its own generator (reproducible); others share the engine's,
         # which saves seeding a Mersenne Twister per request.
         seed = request.sampling.seed
@@ -244,11 +274,10 @@ class SimulatedEngine:
         self._version = version
 
     def load(self) -> EngineLoad:
-        cached = sum(len(r.request.prompt_token_ids) + len(r.tokens) for r in self._running)
         return EngineLoad(
             running=len(self._running),
             waiting=len(self._waiting),
-            kv_cache_usage=min(1.0, cached / self.timing.kv_capacity_tokens),
+            kv_cache_usage=min(1.0, used_blocks(self._running) / self.kv.capacity_blocks),
             generated_tokens_total=self._generated_total,
         )
 
@@ -275,8 +304,10 @@ class SimulatedEngine:
             del self._by_id[req.request.request_id]
         if req in self._running:
             self._running.remove(req)
+            self._wake.set()  # its KV blocks are free: a waiting request may fit now
         elif req in self._waiting:
             self._waiting.remove(req)
+        req.held_blocks = 0
         if not self._running:
             self._drained.set()
 
@@ -295,18 +326,21 @@ class SimulatedEngine:
                 await self._wake.wait()
                 continue
             async with self._step_lock:
-                prefill = 0
-                while (
-                    self._state is _State.RUNNING
-                    and self._waiting
-                    and len(self._running) < self.max_concurrency
-                ):
-                    req = self._waiting.pop(0)
-                    self._running.append(req)
-                    prefill += len(req.request.prompt_token_ids)
+                plan = schedule_step(
+                    self.kv, self._running, self._waiting, self.max_concurrency,  # type: ignore[arg-type]
+                    admit=self._state is _State.RUNNING,
+                )  # fmt: skip
+                for req in plan.preempted:
+                    req.preemptions += 1  # type: ignore[attr-defined]
+                self.preemptions += len(plan.preempted)
                 if not self._running:
+                    if plan.preempted:
+                        continue
+                    # nothing fits and nothing runs: wait for a change (an abort, a new request)
+                    self._wake.clear()
+                    await self._wake.wait()
                     continue
-                await asyncio.sleep(self.timing.step_seconds(len(self._running), prefill))
+                await asyncio.sleep(self.timing.step_seconds(len(self._running), plan.prefill_tokens))
                 if self._state is _State.PAUSED_ALL:
                     continue  # a keep-pause arrived during the step: its tokens never happened
                 now = time.monotonic()

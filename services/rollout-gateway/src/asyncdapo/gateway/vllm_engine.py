@@ -82,8 +82,22 @@ class VllmSettings:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if self.kv_cache_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gb * (1 << 30))
+        if self.max_model_len is not None and _cpu_platform():
+            # vLLM 0.32 on CPU kills its engine core when a seeded request's prefill is chunked (it
+            # rewinds the request's torch.Generator, which a CPU generator cannot: "CPU Generator
+            # does not use offset"). Every request is seeded, so on CPU the step's token budget
+            # holds every slot's whole context and no prefill is ever split; measured on the
+            # long-tail bench: 96 new requests on one gateway, or pdsr continuations, chunked at
+            # the default 2048 and took the gateway down.
+            kwargs["max_num_batched_tokens"] = max(2048, self.max_concurrency * self.max_model_len)
         kwargs.update(self.extra)
         return AsyncEngineArgs(**kwargs)
+
+
+def _cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 class VllmEngine:

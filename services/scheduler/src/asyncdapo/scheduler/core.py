@@ -118,7 +118,7 @@ class CoreObserver(Protocol):
     def committed(self, staleness: int) -> None: ...
     def completions(self, count: int, tokens: int) -> None: ...
     def early_stop(self) -> None: ...
-    def long_tail(self, action: LongTailAction) -> None: ...
+    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None: ...
 
 
 class NullObserver:
@@ -134,7 +134,7 @@ class NullObserver:
     def early_stop(self) -> None:
         pass
 
-    def long_tail(self, action: LongTailAction) -> None:
+    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None:
         pass
 
 
@@ -423,12 +423,13 @@ class RolloutCore:
         full = self.cfg.data.max_response_length
         length = len(resp.token_ids)
         if req.max_tokens and capped(length, req.max_tokens, full):
-            self.observer.long_tail(LongTailAction.CAP_CONTINUE)
+            self.observer.long_tail(LongTailAction.CAP_CONTINUE, length)
             self.counts.capped_responses += 1
             self.counts.continued_tokens += length
             if not req.task.routed:
                 req.task.routed = True  # this group has a response on the heavy pool
                 self.counts.capped_groups += 1
+                self.observer.long_tail(LongTailAction.CAP_GROUP)
             req.continuation = resp
             req.pool = self._pool(HEAVY)
             req.max_tokens = 0
@@ -436,6 +437,7 @@ class RolloutCore:
             return [Redispatch(req)], False
         self.probes.add(length)
         self.counts.long_tail_responses += 1
+        self.observer.long_tail(LongTailAction.FINAL, length)
         return [], True
 
     def scores_to_record(

@@ -80,7 +80,15 @@ class SchedulerMetrics:
         )
         self.long_tail = Counter(
             p + "long_tail_total",
-            "pdsr actions: cap_continue = a fast-pool response reached its cap and continues on the heavy pool.",
+            "pdsr actions: cap_continue = a fast-pool response reached its cap and continues on the heavy pool; "
+            "cap_group = the first such response of a group; final = a response reached its final length.",
+            ["action"],
+            registry=r,
+        )
+        self.long_tail_tokens = Counter(
+            p + "long_tail_tokens_total",
+            "pdsr tokens by action: cap_continue = the partial tokens a continuation carries to the heavy pool "
+            "(prefilled there again); final = final response lengths.",
             ["action"],
             registry=r,
         )

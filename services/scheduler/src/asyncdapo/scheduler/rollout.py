@@ -91,8 +91,10 @@ class MetricsObserver:
     def early_stop(self) -> None:
         self.m.early_stops.inc()
 
-    def long_tail(self, action: LongTailAction) -> None:
+    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None:
         self.m.long_tail.labels(action.value).inc()
+        if tokens:
+            self.m.long_tail_tokens.labels(action.value).inc(tokens)
 
 
 class Rollout:

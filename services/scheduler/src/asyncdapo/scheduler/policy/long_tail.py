@@ -25,6 +25,8 @@ HEAVY = "heavy"
 
 class LongTailAction(StrEnum):
     CAP_CONTINUE = "cap_continue"  # a fast response hit the cap and continues on the heavy pool
+    CAP_GROUP = "cap_group"  # the first of a group's responses to hit the cap (a group circuit-break)
+    FINAL = "final"  # a response of a pdsr run reached its final length (capped or not)
 
 
 @dataclass(frozen=True, slots=True)

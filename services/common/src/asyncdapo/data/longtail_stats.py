@@ -1,0 +1,240 @@
+"""Statistics of a workload measured on real generations: what `asyncdapo data longtail-stats`
+prints and docs/workloads.md publishes (and what the simulator's presets are checked against).
+
+`measure` samples n responses per problem from a real vLLM engine (the gateway's own `VllmEngine`,
+in this process), scores each with the verifier's math-verify path (`score_pair`) and returns the
+groups; `summarize` (pure) turns groups into the figures. Nothing is taken from the generator's
+parameters: lengths are the engine's token counts, truncation is its finish reason `length`,
+correctness is math-verify's verdict, a valid group is one whose accuracies differ (DAPO's filter
+on `acc`, as the benchmarks run it).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sample:
+    length: int  # response tokens
+    truncated: bool  # finish reason `length`: cut at max_tokens
+    acc: bool
+
+
+@dataclass(frozen=True)
+class GroupSample:
+    klass: str  # the problem's difficulty class ("" when the dataset has none)
+    responses: tuple[Sample, ...]
+
+    @property
+    def valid(self) -> bool:
+        accs = {r.acc for r in self.responses}
+        return len(accs) > 1
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
+    s = sorted(xs)
+    rank = max(1, math.ceil(q / 100 * len(s)))
+    return float(s[rank - 1])
+
+
+def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
+    if len(xs) < 2 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
+        return float("nan")
+    return statistics.correlation(xs, ys)
+
+
+def _cv(xs: Sequence[int]) -> float:
+    m = statistics.fmean(xs)
+    return statistics.pstdev(xs) / m if m > 0 else 0.0
+
+
+@dataclass
+class WorkloadStats:
+    groups: int
+    responses: int
+    length: dict[str, float]  # mean, p10 … p99, max
+    truncated_rate: float
+    overlong_penalised_rate: float  # longer than max_response_length - overlong buffer
+    accuracy: float
+    length_acc_corr: float  # Pearson (point-biserial) of length and correctness
+    wrong_right_length_ratio: float  # mean length of wrong answers / of right ones
+    long_right_rate: float  # correct share of responses above the length p75 (truncated ones count)
+    short_wrong_rate: float  # wrong share of responses at or below the length p25
+    within_group_cv: dict[str, float]  # mean, median, max over groups
+    valid_rate: float
+    top10_token_share: float  # tokens of the longest 10 % of responses / all tokens
+    probe_offload_precision: float  # top-20 % probes (response 0) that are top-20 % groups by mean
+    by_class: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def summarize(groups: Sequence[GroupSample], max_response_length: int, overlong_buffer: int) -> WorkloadStats:
+    if not groups:
+        raise ValueError("no groups to summarize")
+    flat = [r for g in groups for r in g.responses]
+    lengths = [r.length for r in flat]
+    accs = [1.0 if r.acc else 0.0 for r in flat]
+    p25, p75 = percentile(lengths, 25), percentile(lengths, 75)
+    right = [r.length for r in flat if r.acc]
+    wrong = [r.length for r in flat if not r.acc]
+    long = [r for r in flat if r.length > p75]
+    short = [r for r in flat if r.length <= p25]
+    top = sorted(lengths, reverse=True)[: max(1, len(lengths) // 10)]
+    cvs = [_cv([r.length for r in g.responses]) for g in groups]
+    by_class: dict[str, dict[str, float]] = {}
+    for k in sorted({g.klass for g in groups}):
+        gs = [g for g in groups if g.klass == k]
+        rs = [r for g in gs for r in g.responses]
+        by_class[k] = {
+            "groups": len(gs),
+            "valid_rate": sum(g.valid for g in gs) / len(gs),
+            "accuracy": sum(r.acc for r in rs) / len(rs),
+            "mean_length": statistics.fmean(r.length for r in rs),
+            "truncated_rate": sum(r.truncated for r in rs) / len(rs),
+        }
+    return WorkloadStats(
+        groups=len(groups),
+        responses=len(flat),
+        length={
+            "mean": statistics.fmean(lengths),
+            **{f"p{q}": percentile(lengths, q) for q in (10, 25, 50, 75, 90, 95, 99)},
+            "max": float(max(lengths)),
+        },
+        truncated_rate=sum(r.truncated for r in flat) / len(flat),
+        overlong_penalised_rate=sum(r.length > max_response_length - overlong_buffer for r in flat)
+        / len(flat),
+        accuracy=statistics.fmean(accs),
+        length_acc_corr=_pearson([float(x) for x in lengths], accs),
+        wrong_right_length_ratio=(
+            statistics.fmean(wrong) / statistics.fmean(right) if wrong and right else float("nan")
+        ),
+        long_right_rate=sum(r.acc for r in long) / len(long) if long else float("nan"),
+        short_wrong_rate=sum(not r.acc for r in short) / len(short),
+        within_group_cv={
+            "mean": statistics.fmean(cvs),
+            "median": statistics.median(cvs),
+            "max": max(cvs),
+        },
+        valid_rate=sum(g.valid for g in groups) / len(groups),
+        top10_token_share=sum(top) / max(sum(lengths), 1),
+        probe_offload_precision=_offload_precision(groups),
+        by_class=by_class,
+    )
+
+
+def _offload_precision(groups: Sequence[GroupSample], fraction: float = 0.2) -> float:
+    """P-DSR's offload precision with response 0 as the probe: of the prompts whose probe is among
+    the longest `fraction`, the share whose group (its other responses' mean) is among the longest
+    `fraction` too."""
+    if len(groups) < 5 or any(len(g.responses) < 2 for g in groups):
+        return float("nan")
+    k = max(1, round(fraction * len(groups)))
+    probe_top = sorted(range(len(groups)), key=lambda i: -groups[i].responses[0].length)[:k]
+    rest = [statistics.fmean(r.length for r in g.responses[1:]) for g in groups]
+    group_top = set(sorted(range(len(groups)), key=lambda i: -rest[i])[:k])
+    return sum(i in group_top for i in probe_top) / k
+
+
+def markdown(stats: WorkloadStats, title: str) -> str:
+    """The statistics as the Markdown block docs/workloads.md publishes."""
+    L = stats.length
+    cv = stats.within_group_cv
+    lines = [
+        f"**{title}** ({stats.groups} groups, {stats.responses} responses)",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        "| length mean / p10 / p25 / p50 / p75 / p90 / p95 / p99 / max (tokens) | "
+        + " / ".join(f"{L[k]:.0f}" for k in ("mean", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "max"))
+        + " |",
+        f"| truncated at max_response_length | {stats.truncated_rate:.1%} |",
+        f"| in the overlong buffer (penalised) | {stats.overlong_penalised_rate:.1%} |",
+        f"| accuracy | {stats.accuracy:.3f} |",
+        f"| length–correctness correlation (Pearson) | {stats.length_acc_corr:+.3f} |",
+        f"| mean length wrong / right | {stats.wrong_right_length_ratio:.2f} |",
+        f"| right among responses longer than p75 | {stats.long_right_rate:.1%} |",
+        f"| wrong among responses at or below p25 | {stats.short_wrong_rate:.1%} |",
+        f"| within-group length CV mean / median / max | {cv['mean']:.2f} / {cv['median']:.2f} / {cv['max']:.2f} |",
+        f"| **valid-group rate** (acc differs within the group) | **{stats.valid_rate:.3f}** |",
+        f"| tokens in the longest 10 % of responses | {stats.top10_token_share:.1%} |",
+        f"| P-DSR offload precision (top-20 % probe → top-20 % group) | {stats.probe_offload_precision:.1%} |",
+    ]
+    if stats.by_class:
+        lines += [
+            "",
+            "| class | groups | valid rate | accuracy | mean length | truncated |",
+            "|---|---|---|---|---|---|",
+        ]
+        for k, c in stats.by_class.items():
+            lines.append(
+                f"| {k} | {c['groups']:.0f} | {c['valid_rate']:.3f} | {c['accuracy']:.3f} | "
+                f"{c['mean_length']:.0f} | {c['truncated_rate']:.1%} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+async def measure(
+    model_dir: str,
+    examples: Sequence[Any],
+    *,
+    n: int,
+    max_response_length: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+    max_concurrency: int = 128,
+    kv_cache_gb: float = 1.0,
+) -> list[GroupSample]:
+    """n responses per example from a real vLLM engine, scored by math-verify."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from asyncdapo.data.prompting import prompt_token_ids
+    from asyncdapo.gateway.engine import EngineRequest, Finish, Sampling
+    from asyncdapo.gateway.vllm_engine import VllmEngine, VllmSettings
+    from asyncdapo.verifier.math_verdict import score_pair
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [prompt_token_ids(e, tok) for e in examples]
+    settings = VllmSettings(
+        model=model_dir,
+        max_concurrency=max_concurrency,
+        max_model_len=max(len(p) for p in prompts) + max_response_length,
+        dtype="float32",
+        enforce_eager=True,
+        kv_cache_gb=kv_cache_gb,
+        seed=seed,
+    )
+    engine = await VllmEngine.start(settings)
+    try:
+        reqs = [
+            EngineRequest(
+                f"{i}:{j}",
+                prompts[i],
+                Sampling(
+                    max_tokens=max_response_length, temperature=temperature, seed=seed * 1_000_003 + i * n + j
+                ),
+            )
+            for i in range(len(examples))
+            for j in range(n)
+        ]
+        outs = await asyncio.gather(*(engine.generate(r) for r in reqs))
+    finally:
+        await engine.shutdown()
+    groups = []
+    for i, e in enumerate(examples):
+        samples = []
+        for out in outs[i * n : (i + 1) * n]:
+            text = str(tok.decode(out.token_ids, skip_special_tokens=True))  # one sequence: one string
+            verdict = score_pair(e.ground_truth, text)
+            samples.append(Sample(len(out.token_ids), out.finish is Finish.LENGTH, bool(verdict.acc)))
+        groups.append(GroupSample(str(e.extra_info.get("difficulty", "")), tuple(samples)))
+    return groups

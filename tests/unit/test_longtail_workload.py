@@ -1,0 +1,135 @@
+"""The long-tail workload (asyncdapo.data.longtail) and its statistics (asyncdapo.data.longtail_stats)."""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+
+import pytest
+
+from asyncdapo.data.longtail import (
+    CLASS_VALID_RATE,
+    DESIGN_VALID_RATE,
+    Difficulty,
+    LongTailSpec,
+    dataset,
+    demonstration,
+    difficulty,
+    medium_fraction,
+    problems,
+)
+from asyncdapo.data.longtail_stats import GroupSample, Sample, percentile, summarize
+from asyncdapo.data.verl_format import DatasetError
+
+
+def _problem(a: int, op: str, b: int):
+    return next(
+        p for p in problems() if (p.extra_info["a"], p.extra_info["op"], p.extra_info["b"]) == (a, op, b)
+    )
+
+
+def _boxed(text: str) -> int:
+    m = re.search(r"\\boxed\{(-?\d+)\}$", text)
+    assert m, text
+    return int(m.group(1))
+
+
+def test_problems_cover_every_operand_pair_once_with_the_right_answer() -> None:
+    ps = problems()
+    assert len(ps) == 200 and len({p.prompt[0]["content"] for p in ps}) == 200
+    for p in ps:
+        a, op, b = p.extra_info["a"], p.extra_info["op"], p.extra_info["b"]
+        assert int(p.ground_truth) == (a + b if op == "+" else a - b)
+        assert p.extra_info["difficulty"] == difficulty(b).value
+
+
+def test_demonstrations_are_right_or_wrong_by_difficulty_and_hold_no_digit_before_the_answer() -> None:
+    spec = LongTailSpec(max_response_length=512)
+    rng = random.Random(0)
+    for (a, b), wrong_share in {(4, 1): 0.0, (4, 5): 0.5, (4, 8): 1.0}.items():
+        p = _problem(a, "+", b)
+        demos = [demonstration(p, rng, spec) for _ in range(400)]
+        wrong = sum(_boxed(d) != a + b for d in demos) / len(demos)
+        assert abs(wrong - wrong_share) < 0.08, (a, b, wrong)
+        # a response cut before its \boxed{} has no number for math-verify to find
+        assert all(not re.search(r"\d", d[: d.index("\\boxed")]) for d in demos)
+        # a wrong answer is off by one and takes one more block (Step E)
+        assert all((_boxed(d) == a + b + 1) == ("Step E:" in d) for d in demos)
+
+
+def test_length_scale_grows_with_the_first_operand_and_spreads_within_a_problem() -> None:
+    spec = LongTailSpec(max_response_length=512)
+    rng = random.Random(1)
+    means = []
+    for a in (0, 3, 6, 9):
+        lengths = [len(demonstration(_problem(a, "+", 1), rng, spec)) for _ in range(300)]
+        means.append(statistics.fmean(lengths))
+        if a == 9:
+            assert statistics.pstdev(lengths) / statistics.fmean(lengths) > 0.3  # a within-group spread
+    assert means == sorted(means) and means[-1] > 5 * means[0]
+    assert spec.mean_restatements(0) == pytest.approx(spec.min_mean)
+    assert spec.mean_restatements(9) == pytest.approx(spec.max_mean)
+
+
+def test_spec_rejects_a_cap_too_small_for_the_format() -> None:
+    with pytest.raises(ValueError, match="max_response_length"):
+        LongTailSpec(max_response_length=32)
+    with pytest.raises(ValueError, match="steps"):
+        LongTailSpec(steps=0)
+
+
+def test_datasets_mix_classes_for_the_target_valid_rate() -> None:
+    for rates, per_class in (((0.3, 0.5, 0.7), DESIGN_VALID_RATE), ((0.3, 0.35), CLASS_VALID_RATE)):
+        for rate in rates:
+            rows = dataset(rate, size=112, seed=0, class_valid=per_class)
+            assert len(rows) == 112 and [e.index for e in rows] == list(range(112))
+            assert len({e.prompt[0]["content"] for e in rows}) == 112
+            share = {d: sum(e.extra_info["difficulty"] == d.value for e in rows) / 112 for d in Difficulty}
+            expected = sum(share[d] * per_class[d] for d in Difficulty)
+            assert expected == pytest.approx(rate, abs=0.02)
+            assert medium_fraction(rate, per_class) == pytest.approx(share[Difficulty.MEDIUM], abs=0.01)
+    assert dataset(0.3, seed=3) == dataset(0.3, seed=3)
+
+
+def test_an_unreachable_valid_rate_is_a_clear_error() -> None:
+    with pytest.raises(DatasetError, match="out of this workload's reach"):
+        dataset(0.99)
+    with pytest.raises(DatasetError, match="use a smaller size"):
+        dataset(0.7, size=190, class_valid=DESIGN_VALID_RATE)
+
+
+def test_summarize_measures_what_the_groups_hold() -> None:
+    def g(klass: str, *rs: tuple[int, bool, bool]) -> GroupSample:
+        return GroupSample(klass, tuple(Sample(n, t, a) for n, t, a in rs))
+
+    groups = [
+        g("easy", (10, False, True), (12, False, True)),  # all right: filtered
+        g("medium", (40, False, True), (80, False, False)),  # valid
+        g("hard", (100, False, False), (128, True, False)),  # all wrong: filtered
+        g("medium", (20, False, False), (30, False, True)),  # valid
+        g("easy", (128, True, False), (14, False, True)),  # valid (the truncated one is wrong)
+    ]
+    s = summarize(groups, max_response_length=128, overlong_buffer=32)
+    assert s.groups == 5 and s.responses == 10
+    assert s.valid_rate == pytest.approx(3 / 5)
+    assert s.truncated_rate == pytest.approx(2 / 10)
+    assert s.overlong_penalised_rate == pytest.approx(3 / 10)  # > 96 tokens
+    assert s.accuracy == pytest.approx(5 / 10)
+    assert s.length["max"] == 128 and s.length["p50"] == percentile(
+        [g.length for x in groups for g in x.responses], 50
+    )
+    assert s.wrong_right_length_ratio > 1 and s.length_acc_corr < 0
+    assert s.by_class["medium"]["valid_rate"] == 1.0 and s.by_class["hard"]["valid_rate"] == 0.0
+    with pytest.raises(ValueError):
+        summarize([], 128, 32)
+
+
+def test_sft_refuses_slips_with_drawn_demonstrations(tmp_path) -> None:
+    from asyncdapo.sft import supervised_warm_start
+
+    with pytest.raises(ValueError, match="slip_fraction"):
+        supervised_warm_start(
+            tmp_path / "none", problems()[:2], tmp_path / "out", steps=1, slip_fraction=0.5,
+            demonstrate=lambda e, rng: "x",
+        )  # fmt: skip
