@@ -16,9 +16,11 @@ Prints one line per fault, a table per fault kind (count, outage, recovery p50/p
 row is the same measure taken without a fault), every violation with the prompt's history and the
 faults around it, and last:
 `RESULT faults=… prompts_lost=… groups_duplicated=… groups_lost=… stalls=… recovery_p99_s=…
-redis_mem_slope=… violations=… crashes=… unready=… seed=… wall_s=…`
+redis_mem_slope=… redis_mem_slope_with_audit=… violations=… crashes=… unready=… seed=… wall_s=…`
 (`redis_mem_slope`: bytes of Redis used_memory per trained version over the second half of the
-faults). Exit status 1 when anything was lost, duplicated, stalled or violated.
+faults, less the outcomes audit stream — capped at 4,096 entries, it is still filling in a run of
+this length (~6.6 outcomes per version) — whose growth `…_with_audit` includes). Exit status 1
+when anything was lost, duplicated, stalled or violated.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def main() -> int:
     ap.add_argument("--gateways-engine", choices=("sim", "vllm"), default="sim")
     ap.add_argument("--model", type=Path, help="model directory (default: a tiny model built for the run)")
     ap.add_argument("--kinds", default="all", help="fault kinds or services, comma-separated (default: all)")
+    ap.add_argument(
+        "--burst-fraction",
+        type=float,
+        default=0.0,
+        help="share of faults injected right after the previous one cleared, without waiting for recovery",
+    )
     ap.add_argument("--stall-after-s", type=float, default=120.0)
     ap.add_argument("--dir", type=Path, help="work directory, kept (default: runs/chaos/seed-SEED)")
     args = ap.parse_args()
@@ -56,6 +64,7 @@ def main() -> int:
         model_dir=args.model,
         kinds=parse_kinds(args.kinds),
         stall_after_s=args.stall_after_s,
+        burst_fraction=args.burst_fraction,
     )
     report = ChaosRun(opts, log=lambda line: print(line, flush=True)).run()
     print(f"logs, faults.jsonl and the trainer's ledger: {Path(opts.workdir).resolve() / 'stack'}")

@@ -63,6 +63,7 @@ class ChaosOptions:
     model_dir: Path | None = None  # default: a tiny model built in the workdir
     kinds: tuple[FaultKind, ...] = DEFAULT_KINDS
     max_gap_s: float = 2.0
+    burst_fraction: float = 0.0  # share of faults injected right after the previous one (chaos_plan)
     stall_after_s: float = 120.0
     ready_timeout_s: float = 120.0  # every service ready again before the next fault
     controls_every: int = 10  # a no-fault measurement of the progress time every this many faults
@@ -78,12 +79,15 @@ class FaultResult:
     fault: PlannedFault
     t_fault: float = 0.0
     t_clear: float = 0.0
-    step_at_clear: int = 0
+    step_at_fault: int = 0
+    step_at_clear: int = 0  # steps_during = step_at_clear - step_at_fault: progress through the fault
     first_step_t: float | None = None
     full_loop_t: float | None = None
     skipped: str = ""  # why it was not injected (a lost-reply rule that matched nothing)
     stalled: bool = False
     unready: list[str] = field(default_factory=list)  # services not ready before the next fault
+    measured: bool = True  # recovery measured (False: a burst went on at once after it)
+    burst_size: int = 0  # in a burst: its position (1, 2, …); the measured last one: the burst's size
 
     @property
     def outage_s(self) -> float:
@@ -157,6 +161,8 @@ class ChaosReport:
         return (
             not self.violations
             and self.prompts_lost == 0
+            and self.groups_lost == 0
+            and self.groups_duplicated == 0
             and self.stalls == 0
             and self.unready == 0
             and not self.orphans
@@ -176,11 +182,17 @@ class ChaosReport:
             rs = [r for r in self.injected if r.fault.kind is kind]
             if not rs:
                 continue
-            rec = [r.recovery_s for r in rs if r.recovery_s is not None]
+            rec = [r.recovery_s for r in rs if r.recovery_s is not None and not r.burst_size]
             first = [r.first_step_s for r in rs if r.first_step_s is not None]
             rows.append((kind.value, str(len(rs)), fmt(percentile([r.outage_s for r in rs], 50)),
                          fmt(percentile(first, 50)), fmt(percentile(rec, 50)), fmt(percentile(rec, 99)),
                          fmt(max(rec, default=math.nan))))  # fmt: skip
+        bursts = [r for r in self.injected if r.burst_size and r.measured]
+        if bursts:
+            rec = [r.recovery_s for r in bursts if r.recovery_s is not None]
+            n = sum(1 for r in self.injected if r.burst_size)
+            rows.append((f"bursts ({n} faults)", str(len(bursts)), "-", "-", fmt(percentile(rec, 50)),
+                         fmt(percentile(rec, 99)), fmt(max(rec, default=math.nan))))  # fmt: skip
         allrec = [r.recovery_s for r in self.injected if r.recovery_s is not None]
         rows.append(("all faults", str(len(self.injected)), "-", "-", fmt(percentile(allrec, 50)),
                      fmt(percentile(allrec, 99)), fmt(max(allrec, default=math.nan))))  # fmt: skip
@@ -194,7 +206,8 @@ class ChaosReport:
         return (
             f"RESULT faults={len(self.injected)} prompts_lost={self.prompts_lost} "
             f"groups_duplicated={self.groups_duplicated} groups_lost={self.groups_lost} stalls={self.stalls} "
-            f"recovery_p99_s={self.recovery_p99_s:.1f} redis_mem_slope={self.mem['slope_bytes_per_version']:.0f} "
+            f"recovery_p99_s={self.recovery_p99_s:.1f} redis_mem_slope={self.mem['slope_without_audit']:.0f} "
+            f"redis_mem_slope_with_audit={self.mem['slope_bytes_per_version']:.0f} "
             f"violations={len(self.violations)} crashes={len(self.crashes)} unready={self.unready} "
             f"seed={self.opts.seed} wall_s={self.wall_s:.0f}"
         )
@@ -206,13 +219,16 @@ class ChaosReport:
             f"({len(self.results) - len(self.injected)} skipped), {o.gateways} {o.gateway_engine} gateways, "
             f"{self.wall_s:.0f} s; load average {_load(self.load[0])} at the start, {_load(self.load[1])} at the end",
             "recovery = seconds from the fault's clearance until a trained step made only of groups committed "
-            f"after it; stall = none within {o.stall_after_s:.0f} s",
+            f"after it; stall = none within {o.stall_after_s:.0f} s; a kind's row counts every fault of "
+            "the kind and times those alone (a burst is timed from its last fault's clearance)",
             self.table(),
             f"trained steps {self.summary.get('steps')}; groups {json.dumps(self.groups)}; "
             f"outcomes {json.dumps(self.summary.get('outcomes', {}), sort_keys=True)}",
             f"Redis used_memory {self.mem['first'] / 1e6:.2f} MB at the first fault, {self.mem['last'] / 1e6:.2f} MB "
             f"at the end (max {self.mem['max'] / 1e6:.2f} MB); slope over the second half "
-            f"{self.mem['slope_bytes_per_version']:+.0f} B/version; AOF {self.mem['aof_last'] / 1e6:.2f} MB",
+            f"{self.mem['slope_bytes_per_version']:+.0f} B/version, without the capped outcomes audit stream "
+            f"(4,096 entries, {self.mem['audit_last'] / 1e3:.0f} kB now) {self.mem['slope_without_audit']:+.0f} "
+            f"B/version; AOF {self.mem['aof_last'] / 1e6:.2f} MB",
         ]
         if self.drops:
             out.append(f"prompts dropped for an error of ours (counted lost): {self.drops}")
@@ -283,7 +299,7 @@ class ChaosRun:
         o = self.opts
         t0 = time.time()
         load0 = os.getloadavg()
-        faults = plan(o.seed, o.faults, o.gateways, o.kinds, o.max_gap_s)
+        faults = plan(o.seed, o.faults, o.gateways, o.kinds, o.max_gap_s, o.burst_fraction)
         stack = self.stack = self._build()
         results: list[FaultResult] = []
         controls: list[float] = []
@@ -303,11 +319,15 @@ class ChaosRun:
             controls.append(self._control(progress))
             t_first = time.time()
             mem_from = len(checker.memory)
-            for f in faults:
-                if time.time() - t_first > o.time_budget_s:
+            burst = 0  # position of the fault in its burst
+            for i, f in enumerate(faults):
+                if time.time() - t_first > o.time_budget_s and not f.follows:
                     self.log(f"time budget of {o.time_budget_s:.0f} s spent: no more faults")
                     break
-                res = self._one(f, progress)
+                followed = i + 1 < len(faults) and faults[i + 1].follows
+                res = self._one(f, progress, measure=not followed)
+                burst = burst + 1 if f.follows else 1
+                res.burst_size = burst if (f.follows or followed) else 0
                 results.append(res)
                 self._print(res)
                 if res.stalled:
@@ -315,7 +335,8 @@ class ChaosRun:
                         f"STALL: no progress {o.stall_after_s:.0f} s after {f.describe()}\n{stack.describe()}"
                     )
                     break
-                if o.controls_every and len([r for r in results if not r.skipped]) % o.controls_every == 0:
+                injected = len([r for r in results if not r.skipped])
+                if res.measured and o.controls_every and injected % o.controls_every == 0:
                     controls.append(self._control(progress))
             if not any(r.stalled for r in results):
                 time.sleep(o.settle_s)  # no fault: every claim settles under the lease + 10 s rules
@@ -340,21 +361,27 @@ class ChaosRun:
         self.log("   control (no fault): NO progress")
         return math.inf
 
-    def _one(self, f: PlannedFault, progress: ProgressMonitor) -> FaultResult:
+    def _one(self, f: PlannedFault, progress: ProgressMonitor, measure: bool = True) -> FaultResult:
+        """Inject `f`; with `measure`, wait for the run's progress (or a stall) afterwards."""
         stack = self.stack
         assert stack is not None
-        res = FaultResult(f)
+        res = FaultResult(f, measured=measure)
         time.sleep(f.gap_s)
-        res.unready = self._wait_ready()
+        res.unready = [] if f.follows else self._wait_ready()
         if res.unready:
             self.log(f"   services not ready before {f.describe()}: {res.unready}\n{stack.describe()}")
         stack.record("chaos", "fault", f.describe())
         res.t_fault = time.time()
+        res.step_at_fault = progress.max_step()
         if not self._inject(f, res):
             stack.record("chaos", "skipped", f"{f.describe()}: {res.skipped}")
             return res
         res.step_at_clear = progress.max_step()
+        if f.kind is FaultKind.REDIS_LOST_REPLY:  # armed long before: the fault is the moment it fired
+            res.step_at_fault = res.step_at_clear
         stack.record("chaos", "cleared", f.describe())
+        if not measure:
+            return res
         deadline = res.t_clear + self.opts.stall_after_s
         while time.time() < deadline:
             seen = progress.full_loop_after(res.t_clear)
@@ -428,8 +455,16 @@ class ChaosRun:
             return "-" if x is None else f"{x:5.1f} s"
 
         self.log(
-            f"{r.fault.describe():52s} outage {s(r.outage_s)}  first step {s(r.first_step_s)}  "
+            f"{r.fault.describe():52s} outage {s(r.outage_s)} ({r.step_at_clear - r.step_at_fault} steps)  "
+            f"first step {s(r.first_step_s)}  "
             f"recovery {s(r.recovery_s)}{'  STALL' if r.stalled else ''}"
+            + (
+                "  (burst goes on)"
+                if not r.measured
+                else f"  (burst of {r.burst_size})"
+                if r.burst_size
+                else ""
+            )
         )
 
     # ------------------------------------------------------------------ results
@@ -472,7 +507,12 @@ class ChaosRun:
         crashes = [f"{e.service}: {e.detail}" for e in stack.unplanned_restarts()]
         samples = checker.memory[mem_from:] or checker.memory
         second = samples[len(samples) // 2 :]
+        known = [s for s in second if s.t in watch.audit_bytes]
         mem = {
+            "slope_without_audit": slope(
+                [float(s.version) for s in known], [float(s.used_memory - watch.audit_bytes[s.t]) for s in known]
+            ),
+            "audit_last": float(watch.audit_bytes[known[-1].t]) if known else 0.0,
             "first": float(samples[0].used_memory) if samples else 0.0,
             "last": float(samples[-1].used_memory) if samples else 0.0,
             "max": float(max((s.used_memory for s in samples), default=0)),

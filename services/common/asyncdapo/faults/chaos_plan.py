@@ -58,8 +58,8 @@ class FaultKind(StrEnum):
 DEFAULT_KINDS: tuple[FaultKind, ...] = tuple(FaultKind)
 
 # Lost replies: (client, command) pairs. The scheduler's Lua scripts by name (asyncdapo.scheduler.lua);
-# the trainer's scripts (stream read, settle, commit, fence renewal: any EVALSHA), its XACK and the
-# prompt feed's RPUSH (inside MULTI: lost at EXEC).
+# the trainer's scripts (stream read, drop, commit with its XACK and trim, fence renewal: any
+# EVALSHA) and the prompt feed's RPUSH (inside MULTI: lost at EXEC).
 LOST_REPLY_TARGETS: tuple[tuple[str, str], ...] = (
     ("scheduler", "claim"),
     ("scheduler", "record"),
@@ -67,7 +67,6 @@ LOST_REPLY_TARGETS: tuple[tuple[str, str], ...] = (
     ("scheduler", "count"),
     ("scheduler", "lease"),
     ("trainer", "EVALSHA"),
-    ("trainer", "XACK"),
     ("trainer", "RPUSH"),
 )
 
@@ -82,11 +81,15 @@ class PlannedFault:
     duration_s: float  # how long the fault lasts before it is cleared (0: instantaneous)
     gap_s: float  # quiet time after the previous fault's recovery, before this one
     nth: int = 1  # lost reply: the nth matching command after arming
+    # part of a burst: injected right after the previous fault cleared (gap_s after it), without
+    # waiting for the run to recover or for every service to be ready again
+    follows: bool = False
 
     def describe(self) -> str:
         extra = f" for {self.duration_s:.1f} s" if self.duration_s else ""
         nth = f" (#{self.nth})" if self.kind is FaultKind.REDIS_LOST_REPLY else ""
-        return f"#{self.index} {self.kind.value} {self.target}{nth}{extra}"
+        burst = " (burst)" if self.follows else ""
+        return f"#{self.index} {self.kind.value} {self.target}{nth}{extra}{burst}"
 
 
 def plan(
@@ -95,9 +98,13 @@ def plan(
     gateways: int,
     kinds: tuple[FaultKind, ...] = DEFAULT_KINDS,
     max_gap_s: float = 2.0,
+    burst_fraction: float = 0.0,
+    max_burst: int = 3,
 ) -> list[PlannedFault]:
     """`count` faults drawn uniformly over `kinds` (the fault's timing within the step cycle comes
-    from `gap_s`, uniform in [0, max_gap_s])."""
+    from `gap_s`, uniform in [0, max_gap_s]). With `burst_fraction` > 0, each fault joins the
+    previous one's burst with that probability (at most `max_burst` faults a burst): faults that
+    overlap, e.g. the scheduler killed while Redis is still reloading."""
     if gateways < 1:
         raise ValueError(f"gateways must be >= 1, got {gateways}")
     if not kinds:
@@ -125,7 +132,15 @@ def plan(
             # half of the cuts also refuse reconnection for a while (a peer's port unreachable)
             duration = round(rng.uniform(1.0, 5.0), 1) if rng.random() < 0.5 else 0.0
         gap = round(rng.uniform(0.0, max_gap_s), 2)
-        out.append(PlannedFault(i, kind, target, duration, gap, nth))
+        follows = False
+        # a lost reply waits for its command to come by: it neither joins nor starts a burst
+        lost = FaultKind.REDIS_LOST_REPLY
+        if burst_fraction > 0 and rng.random() < burst_fraction and out and lost not in (kind, out[-1].kind):
+            run = 1
+            while run < len(out) and out[-run].follows:
+                run += 1
+            follows = run < max_burst
+        out.append(PlannedFault(i, kind, target, duration, gap, nth, follows))
     return out
 
 

@@ -126,6 +126,9 @@ class Watch:
         self.errors = 0
         self.last_error = ""
         self.unreachable = 0
+        # MEMORY USAGE of the capped outcomes audit stream, by the time of the checker's memory
+        # sample taken in the same poll: a bounded window that fills over the first ~600 versions
+        self.audit_bytes: dict[float, int] = {}
         self._prev: Snapshot | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -159,6 +162,9 @@ class Watch:
                 self.last_error = repr(err)
                 return []
             t = time.time()
+            if self.checker.memory:
+                usage = self.checker.r.memory_usage(self.checker.keys.outcomes, samples=0)
+                self.audit_bytes[self.checker.memory[-1].t] = int(usage or 0)
             if self.checker.last is not None:
                 self._observe(self.checker.last, t)
             self.found += [SeenViolation(t, v) for v in new]
