@@ -5,13 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/asyncdapo/v1/*.proto)
-STUB_DIR := services/common
+STUB_DIR := services/common/src
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 # vLLM on CPU: keep the KV cache small so tests and the demo fit next to each other.
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
+.PHONY: src-path install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
         bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
 
 install: $(STAMP) redis prometheus
@@ -23,9 +23,19 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[cpu,dev]'
+	# compat: the project root on the path, no import hook; src-path puts every service's source root there
+	$(BIN)/pip install -q -e '.[cpu,dev]' --config-settings editable_mode=compat
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(MAKE) --no-print-directory src-path
 	touch $@
+
+# Every service's source root on the venv's path, as plain directories (folder path = import path):
+# `asyncdapo` is a namespace shared by services/*/src, so Python, mypy and any static tool resolve
+# asyncdapo.<service>.<module> to services/<service>/src/asyncdapo/<service>/<module>.py without
+# the editable install's import hook.
+SRC_ROOTS := $(wildcard $(CURDIR)/services/*/src)
+src-path:
+	@$(BIN)/python -c "import site, sys; open(site.getsitepackages()[0] + '/asyncdapo-src.pth', 'w').write('\n'.join(sys.argv[1:]) + '\n')" $(SRC_ROOTS)
 
 redis:
 	@command -v redis-server >/dev/null || { \
@@ -38,7 +48,7 @@ prometheus:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null; }
 
 test: install proto-check lint
-	$(BIN)/pytest -q -ra tests
+	$(BIN)/pytest -q -ra --durations=30 tests
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit

@@ -95,7 +95,10 @@ def main() -> None:
             checker = InvariantChecker(stack.redis_url, stack.run, stack.trainer_dir)
             watch = CheckerThread(checker, interval_s=2.0).start()
             last_print = 0
+            mid_breakdown: dict[str, tuple[int, int]] = {}
             while stack.trained_steps() < args.versions:
+                if not mid_breakdown and stack.trained_steps() >= args.versions // 2:
+                    mid_breakdown = key_breakdown(stack.redis_url, stack.run)
                 if time.monotonic() - t0 > args.timeout_s:
                     raise SystemExit(f"timeout: {stack.trained_steps()} versions in {args.timeout_s:.0f} s")
                 time.sleep(2.0)
@@ -121,9 +124,13 @@ def main() -> None:
     aof_max = max(s.aof_bytes for s in checker.memory)
     stream_max = max(s.stream_len for s in checker.memory)
     print(checker.report())
-    print("keys at the end (pattern: count, bytes):")
+    print("the run's keys at half-time and at the end (pattern: count, bytes by MEMORY USAGE):")
     for pattern, (n, b) in sorted(breakdown.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {pattern:28s} {n:6d} {b / 1e3:9.1f} kB")
+        n0, b0 = mid_breakdown.get(pattern, (0, 0))
+        print(f"  {pattern:28s} {n0:6d} {b0 / 1e3:9.1f} kB  ->  {n:6d} {b / 1e3:9.1f} kB")
+    total0 = sum(b for _, b in mid_breakdown.values())
+    total1 = sum(b for _, b in breakdown.values())
+    print(f"  {'all keys':28s} {total0 / 1e3:16.1f} kB  ->  {total1 / 1e3:16.1f} kB")
     print(
         f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {wall:.0f} s for {last.version} versions"
     )
@@ -139,7 +146,8 @@ def main() -> None:
     print(
         f"RESULT versions={last.version} redis_mem_slope_bytes_per_version={steady:.0f} "
         f"warmup_slope_bytes_per_version={warm:.0f} aof_bytes={last.aof_bytes} aof_bytes_max={aof_max} "
-        f"stream_len_max={stream_max} violations={len(checker.violations)}"
+        f"stream_len_max={stream_max} keys_bytes_half={total0} keys_bytes_end={total1} "
+        f"violations={len(checker.violations)}"
     )
 
 

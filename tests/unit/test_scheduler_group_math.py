@@ -53,3 +53,6 @@ def test_version_range_and_seed() -> None:
     assert version_range(gateway_pb2.GenerateResponse(), 9) == (9, 9)
     assert request_seed(None, "p", 0) is None
     assert request_seed(1, "p", 0) == request_seed(1, "p", 0) != request_seed(1, "p", 1)
+    # a requeued attempt draws new samples; the first attempt keeps the seeds it always had
+    assert request_seed(1, "p", 0, attempt=1) == request_seed(1, "p", 0)
+    assert len({request_seed(1, "p", 0, attempt=a) for a in range(1, 6)}) == 5

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
-from math_verify import parse
 
 from asyncdapo.verifier.schemas import ItemStatus
 from asyncdapo.verifier.scoring import score_pair
@@ -38,8 +39,17 @@ def test_unparsable_ground_truth_is_an_error_not_a_wrong_answer() -> None:
 
 
 def test_math_verify_hides_its_own_timeout_as_an_empty_parse() -> None:
-    """The hazard this service exists to avoid: with its defaults, a timed-out parse looks like no answer."""
-    assert parse(NESTED_FRAC, parsing_timeout=1) == []
+    """The hazard this service exists to avoid: with its defaults, a timed-out parse looks like no answer.
+
+    Run in a fresh interpreter: math-verify's timeout is a process-global SIGALRM, and the state other
+    tests leave behind in this process (signal handlers, recursion limit) changes what it does."""
+    code = (
+        "from math_verify import parse\n"
+        f"print(repr(parse({NESTED_FRAC!r}, parsing_timeout=1)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.fixture()

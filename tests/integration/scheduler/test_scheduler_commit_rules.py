@@ -50,7 +50,7 @@ async def test_sync_batch_is_committed_only_when_all_of_it_is_done(redis_url: st
             assert not ro.tasks, f"seed {seed}: committed while {len(ro.tasks)} prompts of the batch ran"
             assert ro.valid_produced == 4
         c = counters(redis_url, run)
-        assert c["admitted"] == 12 and c["outcome:valid"] == 4 and c["requeued:over_bound"] == 8
+        assert c["admitted"] == 12 and c["outcome:valid"] == 4 and c["outcome:dropped:surplus"] == 8
 
 
 async def test_a_group_older_than_the_staleness_bound_is_requeued(redis_url: str, tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from asyncdapo import __version__
+    from asyncdapo.version import __version__
 
     return f"asyncdapo {__version__}"
 

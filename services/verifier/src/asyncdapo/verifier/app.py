@@ -22,13 +22,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from asyncdapo import __version__
 from asyncdapo.verifier.config import VerifierSettings
 from asyncdapo.verifier.limits import ItemLimits, LimitViolation, check_body_size, check_items, check_request
 from asyncdapo.verifier.metrics import VerifierMetrics
 from asyncdapo.verifier.pool import PoolClosed, WorkerPool
 from asyncdapo.verifier.protocol import Verdict, result_fields
 from asyncdapo.verifier.schemas import ItemStatus, ScoreRequest, ScoreResponse
+from asyncdapo.version import __version__
 
 SCORE_PATH = "/v1/score"
 

@@ -127,10 +127,15 @@ class OverlongBufferConfig(_Strict):
 class LongTailConfig(_Strict):
     policy: LongTailPolicy = Field(
         LongTailPolicy.NONE,
-        description="none, or pdsr: probe, offload the longest prompts to the heavy pool.",
+        description="none, or pdsr: every response starts on the fast pool, capped at cap_factor x L_cut; "
+        "one that reaches the cap continues on the heavy pool from its partial tokens.",
     )
     offload_fraction: float = Field(
-        0.2, gt=0.0, lt=1.0, description="Fraction of prompts (longest probes) sent to the heavy pool."
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="L_cut is the (1 - offload_fraction) quantile of recent response lengths: about this "
+        "fraction of responses (the longest) ends on the heavy pool.",
     )
     cap_factor: float = Field(
         1.5, ge=1.0, le=100.0, description="Fast-pool responses are capped at cap_factor x L_cut tokens."
@@ -185,6 +190,13 @@ class RolloutConfig(_Strict):
     )
     requeue_aborted: bool = Field(
         True, description="Put prompts aborted by early stop back at the queue head."
+    )
+    max_num_gen_batches: int = Field(
+        0,
+        ge=0,
+        le=1 << 16,
+        description="sync mode (verl's algorithm.filter_groups.max_num_gen_batches): generation batches "
+        "per step before giving up for lack of valid groups (0: no limit).",
     )
     early_stop_order: EarlyStopOrder = Field(
         EarlyStopOrder.ANY,

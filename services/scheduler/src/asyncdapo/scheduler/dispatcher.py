@@ -28,6 +28,7 @@ from dataclasses import replace
 import grpc
 
 from asyncdapo.scheduler.dispatch import DispatchPolicy, pick
+from asyncdapo.scheduler.eligible import EligibleIndex
 from asyncdapo.scheduler.gateway_stream import GatewayStream
 from asyncdapo.scheduler.metrics import SchedulerMetrics
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
@@ -71,19 +72,15 @@ class Dispatcher:
         self._pumping = False
         self._t_capacity = 0.0
         self._streams: dict[Gateway, GatewayStream] = {}
-        self._pools: dict[str, DispatchPolicy] = {}
+        # which gateways can take a request now: placing a prompt costs O(n), not O(gateways)
+        self.index = EligibleIndex(policy, seed=seed_base)
+        pool.on_change = self.index.update
+        for gw in pool.members:
+            self.index.update(gw)
 
     def set_min_weight_version(self, version: int) -> None:
         self.policy = replace(self.policy, min_weight_version=version)
-        self._pools.clear()
-
-    def _policy(self, pool: str) -> DispatchPolicy:
-        if not pool:
-            return self.policy
-        p = self._pools.get(pool)
-        if p is None:
-            p = self._pools[pool] = replace(self.policy, pool=pool)
-        return p
+        self.index.set_policy(self.policy)
 
     def resubmit(self, req: Request) -> None:
         """Dispatch a request again at the head of the queue (a long-tail continuation)."""
@@ -107,7 +104,6 @@ class Dispatcher:
             return
         self._pumping = True
         try:
-            members = self.pool.members
             pending = self.pending
             while pending:
                 head = pending[0]
@@ -123,7 +119,10 @@ class Dispatcher:
                     and pending[count].pool == head.pool
                 ):
                     count += 1
-                decision = pick(members, self._policy(head.pool), count, frozenset(task.gateways))
+                if not self.index.count(head.pool):
+                    break  # every gateway is full, down, paused or behind: O(1) at saturation
+                candidates = self.index.candidates(head.pool, task.gateways)
+                decision = pick(candidates, self.index.policy_for(head.pool), count, frozenset(task.gateways))
                 if not decision.addresses:
                     break
                 for addr in decision.addresses:
@@ -150,7 +149,7 @@ class Dispatcher:
         msg.request_id = req.make_rid()
         if req.max_tokens:
             msg.sampling.max_tokens = req.max_tokens
-        seed = request_seed(self.seed_base, task.pid, req.idx)
+        seed = request_seed(self.seed_base, task.pid, req.idx, task.attempt)
         if seed is not None:
             msg.sampling.seed = seed
         if req.continuation is not None:
@@ -161,6 +160,7 @@ class Dispatcher:
         req.gateway, req.call = gw, stream
         gw.calls[req.rid] = req
         gw.in_flight += 1
+        self.index.update(gw)
         task.gateways.add(gw.address)
         # added latency counts from when the request could go somewhere: ready, and a slot free
         if self._t_capacity > req.t_ready:
@@ -183,6 +183,7 @@ class Dispatcher:
             if req is None:  # not ours any more (the stream broke and it was re-dispatched)
                 continue
             gw.in_flight -= 1
+            self.index.update(gw)
             if not self.closed:
                 self._on_result(req, gw, resp, None)
         for e in msg.errors:
@@ -190,6 +191,7 @@ class Dispatcher:
             if req is None:
                 continue
             gw.in_flight -= 1
+            self.index.update(gw)
             code = _CODES.get(e.code, grpc.StatusCode.UNKNOWN)
             log.warning("gateway %s rejected %s: %s: %s", gw.address, e.request_id, code.name, e.message)
             if self.closed:
@@ -220,6 +222,7 @@ class Dispatcher:
         for r in reqs:
             del gw.calls[r.rid]
         gw.in_flight -= len(reqs)
+        self.index.update(gw)
         self._t_capacity = time.perf_counter()
         return reqs
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[5]  # services/operator/src/asyncdapo/operator/chart.py
 CHART_DIR = REPO / "deploy" / "helm" / "asyncdapo"
 PLAIN_MANIFESTS = REPO / "deploy" / "k8s" / "asyncdapo.yaml"
 RELEASE = "asyncdapo"

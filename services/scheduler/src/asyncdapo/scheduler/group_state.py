@@ -42,6 +42,7 @@ class DropReason(StrEnum):
     PROMPT_TOO_LONG = "prompt_too_long"  # longer than data.max_prompt_length
     GATEWAY_ERROR = "gateway_error"  # a request failed on every gateway it was tried on
     EARLY_STOP = "early_stop"  # aborted by early stop with requeue_aborted off
+    SURPLUS = "surplus"  # sync mode: a valid group beyond B, consumed for the epoch (as verl does)
 
 
 class RequeueReason(StrEnum):

@@ -80,7 +80,7 @@ class SchedulerMetrics:
         )
         self.long_tail = Counter(
             p + "long_tail_total",
-            "pdsr actions: prompts offloaded, capped responses continued.",
+            "pdsr actions: cap_continue = a fast-pool response reached its cap and continues on the heavy pool.",
             ["action"],
             registry=r,
         )

@@ -1,18 +1,19 @@
-"""The run loop: admit prompts, dispatch their requests, score, record, commit or filter, early-stop.
+"""The rollout driver: the asyncio, Redis and gRPC around the rollout core.
 
-Flow of one prompt attempt:
-  claim (Lua) → `PromptTask` with n `Request`s at the tail of the dispatch queue → the
-  `Dispatcher` places them (prompt-level FIFO) → Generate → each finished response is batched to
-  the verifier → reward = score + overlong penalty → `record` (Lua, one round trip per batch) →
-  the response completing the group hands the task on: filtered, or ready in the commit ledger →
-  `finish` (Lua: XADD the whole group, or requeue past the bound).
+`RolloutCore` (core.py) decides; `Rollout` carries out what it decides and feeds it what happened:
+- admission loop: asks the core how many prompts it admits, CLAIMs them (Lua, with a client
+  token), loads their records, hands both to the core, dispatches what it answers;
+- the dispatcher's callbacks (a finished response, a request given up) → the core → the verifier
+  batcher (`ScoreJob`s), the dispatcher (`Dispatch`, `Redispatch`) or an abort fan-out (`Abort`);
+- the batcher's callbacks (scored, failed) → RECORD (Lua) → the core;
+- finisher loop (the only writer of outcomes): takes the core's finish batch, writes it (FINISH,
+  one round trip), gives the answers back to the core, and acts on what it answers (abort the
+  rest at the bound);
+- housekeeping: lease (or learn that we were fenced), the state re-read after a Redis outage, the
+  trainer's credits, counters, reconciliation of our claims; weight sync (weights.py).
 
-Concurrency model: one asyncio loop. The finisher is the only coroutine that plans commits and
-records outcomes, so the ledger and the bound accounting have a single writer. Invariants:
-- every claimed attempt gets exactly one outcome (Lua `finish` sets it once; a task leaves
-  `self.tasks` only through the finisher);
-- at most `bound` valid groups exist (checked again inside `finish`);
-- a cancelled task's late replies only count aborted tokens.
+Concurrency model: one asyncio loop; every core call is synchronous, so the core's state has a
+single writer at any time. Redis calls wait through outages (`RedisLink`).
 """
 
 from __future__ import annotations
@@ -21,57 +22,70 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from asyncdapo.config import EarlyStopOrder, FilterMetric, LongTailPolicy, RolloutMode, RunConfig
-from asyncdapo.prompts import PromptRecord, PromptRecordError
+from asyncdapo.config import RunConfig
 from asyncdapo.redis_keys import ADMITTED, VALID_CREDITED, VALID_PRODUCED, RunKeys
-from asyncdapo.scheduler.admission import AdmissionState, make_policy
+from asyncdapo.scheduler.core import (
+    Abort,
+    Command,
+    Dispatch,
+    Phase,
+    Redispatch,
+    RolloutCore,
+    ScoreResponse,
+)
 from asyncdapo.scheduler.dispatch import DispatchPolicy
 from asyncdapo.scheduler.dispatcher import Dispatcher
 from asyncdapo.scheduler.group_state import (
     REDIS_WAIT_ERRORS,
     DropReason,
-    FinishItem,
     GroupStore,
-    Outcome,
-    RecordStatus,
     RedisLink,
     RequeueReason,
-    ResponseScore,
     RoundTrips,
     ScriptRunner,
-    is_valid,
     redis_retry,
 )
-from asyncdapo.scheduler.ledger import CommitLedger
+from asyncdapo.scheduler.longtail import LongTailAction
 from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.pdsr import PdsrRouter
 from asyncdapo.scheduler.pool import Gateway, GatewayPool
-from asyncdapo.scheduler.queue import Claim, Fenced, PromptQueue
+from asyncdapo.scheduler.queue import Fenced, PromptQueue
 from asyncdapo.scheduler.scoring import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
-from asyncdapo.scheduler.tasks import (
-    Kind,
-    LengthStats,
-    PromptTask,
-    Request,
-    Score,
-    version_range,
-)
+from asyncdapo.scheduler.tasks import Kind, LengthStats, PromptTask, Request, Score
 from asyncdapo.scheduler.weights import sync_loop
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
+
+__all__ = ["Phase", "Rollout"]
 
 log = logging.getLogger(__name__)
 
 
-class Phase:
-    IDLE = scheduler_pb2.RUN_PHASE_IDLE
-    ROLLING = scheduler_pb2.RUN_PHASE_ROLLING
-    BOUND = scheduler_pb2.RUN_PHASE_BOUND
-    STOPPING = scheduler_pb2.RUN_PHASE_STOPPING
-    STOPPED = scheduler_pb2.RUN_PHASE_STOPPED
+class MetricsObserver:
+    """The core's observations as the scheduler's Prometheus metrics."""
+
+    def __init__(self, metrics: SchedulerMetrics) -> None:
+        self.m = metrics
+
+    def outcome(self, outcome: str, reason: str, attempt: int) -> None:
+        self.m.outcomes.labels(outcome, reason).inc()
+        if outcome != "requeued":
+            self.m.prompt_attempts.labels(outcome).observe(attempt)
+
+    def committed(self, staleness: int) -> None:
+        self.m.groups.inc()
+        self.m.staleness.observe(staleness)
+
+    def completions(self, count: int, tokens: int) -> None:
+        self.m.completions.inc(count)
+        self.m.generated_tokens.inc(tokens)
+
+    def early_stop(self) -> None:
+        self.m.early_stops.inc()
+
+    def long_tail(self, action: LongTailAction) -> None:
+        self.m.long_tail.labels(action.value).inc()
 
 
 class Rollout:
@@ -100,12 +114,8 @@ class Rollout:
         self.claim_chunk = claim_chunk
         self.queue_poll_s = queue_poll_s
         self.reconcile_every_s = reconcile_every_s
+        self.core = RolloutCore(cfg, MetricsObserver(self.metrics), pool_exists=self._pool_exists)
         ro = cfg.rollout
-        self.sync = ro.mode is RolloutMode.SYNC
-        self.policy = make_policy(cfg)
-        # sync mode (verl's loop) commits in batch order and never aborts the running batch
-        order = EarlyStopOrder.FIFO if self.sync else ro.early_stop_order
-        self.ledger = CommitLedger(order, abort_beyond_cutoff=not self.sync)
         self.dispatcher = Dispatcher(
             pool,
             DispatchPolicy(max_in_flight=ro.max_concurrent_per_gateway),
@@ -117,43 +127,16 @@ class Rollout:
         self.batcher = ScoreBatcher(
             scorer,
             BatcherConfig(
-                batch_size=cfg.reward.verifier_batch_size,
-                concurrency=cfg.reward.verifier_concurrency,
+                batch_size=cfg.reward.verifier_batch_size, concurrency=cfg.reward.verifier_concurrency
             ),
             on_scored=self._on_scored,
             on_failed=self._on_score_failed,
             on_call=self._on_verifier_call,
         )
-        self.pdsr = (
-            PdsrRouter(cfg, pool, self.dispatcher, self.metrics)
-            if ro.long_tail.policy is LongTailPolicy.PDSR
-            else None
-        )
         pool.on_down = self.dispatcher.cancel_calls
         pool.on_up = self._on_gateway_up
         pool.on_load = self._on_gateway_load
 
-        self.phase = Phase.IDLE
-        self.version = 0
-        self.uri = ""
-        self.bound = cfg.valid_group_bound(0)
-        # valid groups XADDed and groups the trainer credited back (dropped): both only grow, and
-        # the bound applies to their difference (`valid_produced`)
-        self.produced = 0
-        self.credited = 0
-        self.admitted_seen = 0  # the highest `counters.admitted` a claim returned (rollback check)
-        self.fenced = False  # another scheduler took the run over: this one does nothing more
-        self.tasks: dict[tuple[str, int], PromptTask] = {}  # train attempts without an outcome
-        self.seq = 0
-        self.finished_groups = 0  # complete groups judged, for the running valid rate
-        self.valid_groups = 0
-        self.batch_admitted = 0  # sync mode: prompts in the current generation batch
-        self.early_stops = 0
-        self.lengths = LengthStats()
-        self._to_finish: list[tuple[PromptTask, Outcome, DropReason | RequeueReason | None]] = []
-        # a finisher batch sent to Redis but not yet applied: resent as is until it is (every
-        # item is idempotent), so an error or an outage never loses an outcome
-        self._unwritten: list[tuple[PromptTask, FinishItem]] = []
         self._wake_admission = asyncio.Event()
         self._wake_finisher = asyncio.Event()
         self._wake_sync = asyncio.Event()
@@ -169,24 +152,92 @@ class Rollout:
         self._rtt_reported = 0
         self._flush_lock = asyncio.Lock()
         self._claiming = False
-        self._stop_reason = RequeueReason.STOPPED
         self._resync_needed = False
         self._last_reconcile = 0.0
         self.redis_link.listen(self._on_redis_link)
 
+    # ------------------------------------------------------------------ the core's state
+    @property
+    def phase(self) -> int:
+        return self.core.phase
+
+    @property
+    def version(self) -> int:
+        return self.core.version
+
+    @property
+    def uri(self) -> str:
+        return self.core.uri
+
+    @property
+    def bound(self) -> int:
+        return self.core.bound
+
+    @property
+    def produced(self) -> int:
+        return self.core.produced
+
+    @property
+    def credited(self) -> int:
+        return self.core.credited
+
     @property
     def valid_produced(self) -> int:
         """Valid groups that count toward the bound: produced minus credited back."""
-        return self.produced - self.credited
+        return self.core.valid_produced
+
+    @property
+    def tasks(self) -> dict[tuple[str, int], PromptTask]:
+        return self.core.tasks
+
+    @property
+    def lengths(self) -> LengthStats:
+        return self.core.lengths
+
+    @property
+    def fenced(self) -> bool:
+        return self.core.fenced
+
+    @property
+    def pdsr(self) -> RolloutCore | None:
+        """The core when the long-tail policy is pdsr (its probe window: `pdsr.probes`)."""
+        return self.core if self.core.pdsr else None
 
     @property
     def serving(self) -> bool:
         """Health: Redis answers and this scheduler still owns its run."""
-        return self.redis_link.up and not self.fenced
+        return self.redis_link.up and not self.core.fenced
+
+    def sampling(self, temperature: float | None = None) -> common_pb2.SamplingParams:
+        return self.core.sampling(temperature)
+
+    def admissible(self, limit: int | None = None) -> int:
+        return self.core.admissible(limit)
+
+    def _pool_exists(self, label: str) -> bool:
+        return any(g.pool == label for g in self.pool.members)
 
     def _r(self, fn: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
         """A Redis operation that waits through an outage (and reports it through `redis_link`)."""
         return redis_retry(fn, link=self.redis_link)
+
+    # ------------------------------------------------------------------ commands
+    def _run(self, commands: Iterable[Command]) -> None:
+        """Carry out what the core decided."""
+        for c in commands:
+            if isinstance(c, Dispatch):
+                self.dispatcher.submit(c.requests)
+            elif isinstance(c, Redispatch):
+                self.dispatcher.resubmit(c.request)
+            elif isinstance(c, Abort):
+                self._spawn(self.dispatcher.abort(c.tasks))
+            elif isinstance(c, ScoreResponse):
+                self.batcher.submit(ScoreJob(c.request_id, c.token_ids, c.ground_truth, (c.task, c.idx)))
+        self._wake_finisher_if_needed()
+
+    def _wake_finisher_if_needed(self) -> None:
+        if self.core.wants_finish or self.core.unwritten:
+            self._wake_finisher.set()
 
     # ------------------------------------------------------------------ lifecycle
     async def open(self) -> None:
@@ -213,66 +264,49 @@ class Rollout:
         """What this process keeps in memory about the run, from Redis: version, uri, counts."""
         w = _text_map(await self._r(lambda: self.redis.hgetall(self.keys.weights)))
         version = int(w.get("version", "0") or 0)
-        if version < self.version and self.uri:
+        if version < self.core.version and self.core.uri:
             # Redis lost the last publish (restored from an older state): the gateways run ours
             log.warning("redis holds weights v%d, we published v%d: writing it back", version, self.version)
-            await self._r(
-                lambda: self.redis.hset(self.keys.weights, mapping={"version": self.version, "uri": self.uri})
-            )
+            v, uri = self.core.version, self.core.uri
+            await self._r(lambda: self.redis.hset(self.keys.weights, mapping={"version": v, "uri": uri}))
         else:
-            self.uri = w.get("uri", "")
-            self._set_version(version)
+            self._set_version(version, w.get("uri", ""))
         c = await self._r(
             lambda: self.redis.hmget(self.keys.counters, [VALID_PRODUCED, VALID_CREDITED, ADMITTED])
         )
         produced, credited, admitted = (int(x or 0) for x in c)
-        if admitted < self.admitted_seen:
-            await self._rolled_back(admitted)
-        self.produced, self.credited = produced, credited
-        self.admitted_seen = admitted
+        seen = self.core.admitted_seen
+        if self.core.reset_counts(produced, credited, admitted):
+            # Redis lost acknowledged writes (a restart under `appendfsync everysec`, a failover):
+            # our tasks may hold attempts it never recorded. Drop them without writing anything;
+            # reconciliation requeues whatever claims of ours Redis still has.
+            log.error(
+                "redis rolled back (admitted %d < %d seen): dropping %d prompts in flight, requeueing claims",
+                admitted,
+                seen,
+                len(self.tasks),
+            )
+            self._run(self.core.drop_in_memory())
+            self._last_reconcile = 0.0
 
-    async def _rolled_back(self, admitted: int) -> None:
-        """Redis came back with an older state than we saw (it lost acknowledged writes: a
-        restart under `appendfsync everysec`, a failover). Our tasks may hold attempts Redis never
-        recorded: drop them all without writing anything and let reconciliation requeue whatever
-        claims of ours Redis still has."""
-        log.error(
-            "redis rolled back (admitted %d < %d seen): dropping %d prompts in flight, requeueing claims",
-            admitted,
-            self.admitted_seen,
-            len(self.tasks),
-        )
-        self._drop_in_memory()
-        if self.phase == Phase.BOUND:
-            self.phase = Phase.ROLLING
-        self._last_reconcile = 0.0  # at once
-
-    def _drop_in_memory(self) -> None:
-        """Forget every train task without recording an outcome (abort what runs on gateways)."""
-        tasks = list(self.tasks.values())
-        for t in tasks:
-            t.cancelled = True
-            t.closed = True
-        self._spawn(self.dispatcher.abort(tasks))
-        self.tasks.clear()
-        self._to_finish.clear()
-        self._unwritten.clear()
-        order = EarlyStopOrder.FIFO if self.sync else self.cfg.rollout.early_stop_order
-        self.ledger = CommitLedger(order, abort_beyond_cutoff=not self.sync)
-        self.batch_admitted = 0
+    def _set_version(self, version: int, uri: str | None = None) -> None:
+        self.core.set_version(version, uri)
+        self.store.version = version  # FINISH's staleness rule never judges older than this
+        # a gateway that missed a weight update must not serve this run until it caught up
+        self.dispatcher.set_min_weight_version(version if self.core.uri else 0)
+        self.metrics.policy_version.set(version)
+        self.metrics.valid_bound.set(self.core.bound)
 
     def _on_fenced(self, where: str) -> None:
         """A successor took the run over: stop for good, write nothing (it requeued our claims)."""
-        if self.fenced:
+        if self.core.fenced:
             return
-        self.fenced = True
         log.error(
             "fenced (%s): another scheduler took run %s over; this one stops (health NOT_SERVING)",
             where,
             self.cfg.name,
         )
-        self.phase = Phase.STOPPED
-        self._drop_in_memory()
+        self._run(self.core.fence())
         self._notify_health()
 
     def _on_redis_link(self, up: bool) -> None:
@@ -286,36 +320,24 @@ class Rollout:
             fn(self.serving)
 
     def start_run(self) -> None:
-        if self.fenced:
-            return
-        if self.phase in (Phase.IDLE, Phase.STOPPED, Phase.STOPPING):
-            self.phase = Phase.ROLLING if self.valid_produced < self.bound else Phase.BOUND
-            self._wake_admission.set()
+        self.core.start()
+        self._wake_admission.set()
 
     def stop_run(self, abort_in_flight: bool, reason: RequeueReason = RequeueReason.STOPPED) -> None:
-        if self.phase in (Phase.IDLE, Phase.STOPPED):
-            self.phase = Phase.STOPPED
-            return
-        self.phase = Phase.STOPPING
-        self._stop_reason = reason
-        if abort_in_flight:
-            self._cancel([t for t in self.tasks.values() if not t.closed], Outcome.REQUEUED, reason)
-        self._maybe_stopped()
+        self._run(self.core.stop(abort_in_flight, reason))
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Graceful stop (SIGTERM): admit nothing more, abort what runs, requeue every claim at
         once (`requeued(shutdown)`), write the counters and give the lease up, so a successor
         starts from a clean queue. If Redis is away it gives up after `timeout_s`: the successor's
         take-over requeues what is left."""
-        if self.fenced:
+        if self.core.fenced:
             return
         self.stop_run(abort_in_flight=True, reason=RequeueReason.SHUTDOWN)
         deadline = time.monotonic() + timeout_s
         while (self.tasks or self._claiming) and time.monotonic() < deadline:
-            if self._claiming:
-                await asyncio.sleep(0.01)
-                continue
-            self.stop_run(abort_in_flight=True, reason=RequeueReason.SHUTDOWN)  # late claims
+            if not self._claiming:
+                self.stop_run(abort_in_flight=True, reason=RequeueReason.SHUTDOWN)  # late claims
             await asyncio.sleep(0.01)
         if self.tasks:
             log.warning(
@@ -352,8 +374,7 @@ class Rollout:
     def _busy(self) -> bool:
         return bool(
             self.tasks
-            or self._to_finish
-            or self._unwritten
+            or self.core.has_outcomes_to_write()
             or self.batcher.pending()
             or self._claiming
             or self._spawned
@@ -361,14 +382,6 @@ class Rollout:
         )
 
     # ------------------------------------------------------------------ weights
-    def _set_version(self, version: int) -> None:
-        self.version = self.store.version = version
-        self.bound = self.cfg.valid_group_bound(version)
-        # a gateway that missed a weight update must not serve this run until it caught up
-        self.dispatcher.set_min_weight_version(version if self.uri else 0)
-        self.metrics.policy_version.set(version)
-        self.metrics.valid_bound.set(self.bound)
-
     async def publish_weights(
         self, version: int, uri: str, mode: int, trainer_epoch: int = 0
     ) -> scheduler_pb2.PublishWeightsResponse:
@@ -378,10 +391,8 @@ class Rollout:
 
     def weights_published(self, version: int, uri: str) -> None:
         """The gateways were told: raise the bound and resume rolling out."""
-        self.uri = uri
-        self._set_version(version)
-        if self.phase == Phase.BOUND and self.valid_produced < self.bound:
-            self.phase = Phase.ROLLING
+        self._set_version(version, uri)
+        self.core.weights_published(version, uri)
         self._wake_admission.set()
         self.dispatcher.pump()
 
@@ -400,33 +411,6 @@ class Rollout:
             self.dispatcher.pump()
 
     # ------------------------------------------------------------------ admission
-    def admission_state(self) -> AdmissionState:
-        return AdmissionState(
-            valid_produced=self.valid_produced,
-            bound=self.bound,
-            in_flight_prompts=len(self.tasks),
-            max_in_flight=self.cfg.rollout.max_concurrent_prompts,
-            finished_groups=self.finished_groups,
-            valid_groups=self.valid_groups,
-            batch_admitted=self.batch_admitted,
-            ready_valid=self.ledger.ready,
-        )
-
-    def admissible(self, limit: int | None = None) -> int:
-        """How many prompts the policy admits right now (at most `limit`)."""
-        if self.phase != Phase.ROLLING:
-            return 0
-        s = self.admission_state()
-        k = 0
-        while k < (s.max_in_flight if limit is None else min(limit, s.max_in_flight)):
-            d = self.policy.decide(
-                replace(s, in_flight_prompts=s.in_flight_prompts + k, batch_admitted=s.batch_admitted + k)
-            )
-            if not d.ok:
-                break
-            k += 1
-        return k
-
     async def _admission_loop(self) -> None:
         poll = self.queue_poll_s
         while True:
@@ -448,9 +432,9 @@ class Rollout:
             poll = self.queue_poll_s if got else min(poll * 2, 0.25)  # queue empty: poll, backing off
 
     async def _admit_some(self) -> int | None:
-        """Claim what the policy admits now and hand it to the dispatcher. Returns the number of
-        prompts claimed, or None when the policy admits nothing."""
-        k = self.admissible(self.claim_chunk)
+        """Claim what the core admits now and hand it over. Returns the number of prompts claimed,
+        or None when the core admits nothing."""
+        k = self.core.admissible(self.claim_chunk)
         if k == 0:
             return None
         n = self.cfg.rollout.n
@@ -458,76 +442,35 @@ class Rollout:
         self._claiming = True
         try:
             batch = await self._r(lambda: self.queue.claim(k, n, token))
-            self.admitted_seen = max(self.admitted_seen, batch.admitted_total)
+            self.core.admitted_seen = max(self.core.admitted_seen, batch.admitted_total)
             claims = batch.claims
             if not claims:
                 return 0
             records = await self._r(lambda: self.queue.load([x.pid for x in claims]))
-            reqs: list[Request] = []
-            for claim, rec in zip(claims, records, strict=True):
-                reqs += self._admit(claim, rec)
+            commands = self.core.claimed(claims, records)
         finally:
             self._claiming = False
-        if self.phase != Phase.ROLLING:
-            # the bound was reached (or the run stopped) while these were being claimed
-            late = list({r.task.key: r.task for r in reqs}.values())
-            why = self._stop_reason if self.phase == Phase.STOPPING else RequeueReason.EARLY_STOP
-            self._cancel(late, Outcome.REQUEUED, why)
-            return len(claims)
-        self.dispatcher.submit(reqs)
+        self._run(commands)
         self._wake_admission.set()  # more may be admissible
         return len(claims)
 
-    def _admit(self, claim: Claim, rec: PromptRecord | PromptRecordError) -> list[Request]:
-        ro = self.cfg.rollout
-        ok = isinstance(rec, PromptRecord)
-        task = PromptTask(
-            kind=Kind.TRAIN,
-            pid=claim.pid,
-            attempt=claim.attempt,
-            seq=self.seq,
-            n=ro.n,
-            prompt_token_ids=rec.prompt_token_ids if ok else [],
-            ground_truth=rec.ground_truth if ok else "",
-            data_source=rec.data_source if ok else "",
-            sampling=self.sampling(),
-            version_admitted=self.version,
-        )
-        self.seq += 1
-        self.tasks[task.key] = task
-        self.batch_admitted += 1
-        if not ok or not task.ground_truth:
-            log.warning("dropping prompt %s: %s", claim.pid, rec if not ok else "empty ground_truth")
-            self._finish(task, Outcome.DROPPED, DropReason.BAD_PROMPT)
-            return []
-        if not task.prompt_token_ids or len(task.prompt_token_ids) > self.cfg.data.max_prompt_length:
-            self._finish(task, Outcome.DROPPED, DropReason.PROMPT_TOO_LONG)
-            return []
-        self.ledger.admit(task.key)
-        if self.pdsr is not None:
-            return self.pdsr.first_requests(task)
-        return task.make_requests()
-
-    def sampling(self, temperature: float | None = None) -> common_pb2.SamplingParams:
-        ro = self.cfg.rollout
-        return common_pb2.SamplingParams(
-            max_tokens=self.cfg.data.max_response_length,
-            temperature=ro.temperature if temperature is None else temperature,
-            top_p=ro.top_p,
-            top_k=ro.top_k,
-        )
-
     # ------------------------------------------------------------------ responses and scores
     def _on_response(self, req: Request, gw: Gateway, resp: gateway_pb2.GenerateResponse) -> None:
-        task = req.task
-        if self.pdsr is not None and task.kind is Kind.TRAIN and self.pdsr.continues(req, resp):
+        if req.task.kind is Kind.EVAL:
+            task = req.task
+            task.responses[req.idx] = resp
+            task.response_gateway[req.idx] = gw.address
+            self.batcher.submit(ScoreJob(req.rid, resp.token_ids, task.ground_truth, (task, req.idx)))
             return
-        task.responses[req.idx] = resp
-        task.response_gateway[req.idx] = gw.address
-        self.batcher.submit(ScoreJob(req.rid, resp.token_ids, task.ground_truth, (task, req.idx)))
+        self._run(self.core.response(req, gw.address, resp))
 
     def _on_give_up(self, req: Request, detail: str) -> None:
-        self._fail_task(req.task, DropReason.GATEWAY_ERROR, detail)
+        task = req.task
+        if task.kind is Kind.EVAL:
+            if task.future is not None and not task.future.done():
+                task.future.set_exception(RuntimeError(f"{DropReason.GATEWAY_ERROR}: {detail}"))
+            return
+        self._run(self.core.fail(task, DropReason.GATEWAY_ERROR, detail))
 
     def _on_verifier_call(self, seconds: float, ok: bool) -> None:
         self.metrics.verifier_latency.observe(seconds)
@@ -535,52 +478,34 @@ class Rollout:
             self.metrics.verifier_errors.labels("call").inc()
 
     async def _on_scored(self, jobs: list[ScoreJob]) -> None:
-        cfg = self.cfg
-        use_acc = cfg.reward.filter_metric is FilterMetric.ACC
-        scores: list[ResponseScore] = []
+        train: list[tuple[PromptTask, int, float, float, str]] = []
         owners: list[PromptTask] = []
         for job in jobs:
             task, idx = job.ctx
-            if task.closed:
-                continue
-            resp = task.responses[idx]
             res = job.result
-            length = len(resp.token_ids)
-            pen = cfg.overlong_penalty(length)
-            task.scores[idx] = Score(res.score, res.acc, res.pred, res.score + pen, pen)
+            assert res is not None
             if task.kind is Kind.EVAL:
-                if all(s is not None for s in task.scores) and not task.future.done():
-                    task.future.set_result(task)
+                self._eval_scored(task, idx, res.score, res.acc, res.pred)
                 continue
-            vmin, vmax = version_range(resp, self.version)
-            metric = res.acc if use_acc else res.score
-            scores.append(
-                ResponseScore(task.pid, task.attempt, idx, metric, res.score + pen, vmin, vmax, length)
-            )
-            owners.append(task)
+            train.append((task, idx, res.score, res.acc, res.pred))
+        scores = self.core.scores_to_record(train)
         if not scores:
             return
+        owners = [self.tasks[(s.pid, s.attempt)] for s in scores]
         # idempotent (response markers; the counters move inside the script): safe to retry
         progress = await self._r(lambda: self.store.record(scores))
-        counted = tokens = 0
-        for task, sc, p in zip(owners, scores, progress, strict=True):
-            if p.status is RecordStatus.FENCED:
-                self._on_fenced("record")
-                return
-            # a `dup` whose first answer never reached us (a lost reply, a retried batch) was
-            # counted by Redis all the same: memory counts each response once, as Redis does
-            if p.status is not RecordStatus.STALE and sc.idx not in task.recorded:
-                task.recorded.add(sc.idx)
-                counted += 1
-                tokens += sc.length
-            if p.complete and not task.group_complete and not task.closed:
-                task.group_complete = True
-                task.progress = p
-                self._on_group_complete(task)
-        self.lengths.completed += counted
-        self.lengths.completed_tokens += tokens
-        self.metrics.completions.inc(counted)
-        self.metrics.generated_tokens.inc(tokens)
+        if not self.core.recorded(owners, scores, progress):
+            self._on_fenced("record")
+            return
+        self._wake_finisher_if_needed()
+
+    def _eval_scored(self, task: PromptTask, idx: int, score: float, acc: float, pred: str) -> None:
+        resp = task.responses[idx]
+        assert resp is not None
+        pen = self.cfg.overlong_penalty(len(resp.token_ids))
+        task.scores[idx] = Score(score, acc, pred, score + pen, pen)
+        if all(s is not None for s in task.scores) and task.future is not None and not task.future.done():
+            task.future.set_result(task)
 
     async def _on_score_failed(self, jobs: list[ScoreJob], why: ScoreFailure) -> None:
         """Items the verifier judged unscorable for good (each alone: an invalid response, a
@@ -591,50 +516,14 @@ class Rollout:
             DropReason.VERIFIER_ERROR if why is ScoreFailure.VERIFIER_UNAVAILABLE else DropReason.UNSCORABLE
         )
         for job in jobs:
-            self._fail_task(job.ctx[0], reason, str(why))
-
-    def _on_group_complete(self, task: PromptTask) -> None:
-        r = self.cfg.reward
-        valid = is_valid(task.progress.metric_std, r.filter_eps) if r.filter_groups else True
-        self.finished_groups += 1
-        if valid:
-            self.valid_groups += 1
-            self.ledger.set_ready(task.key)
-            self._wake_finisher.set()
-        else:
-            self._finish(task, Outcome.FILTERED)
+            task = job.ctx[0]
+            if task.kind is Kind.EVAL:
+                if task.future is not None and not task.future.done():
+                    task.future.set_exception(RuntimeError(f"{reason}: {why}"))
+                continue
+            self._run(self.core.fail(task, reason, str(why)))
 
     # ------------------------------------------------------------------ outcomes
-    def _finish(
-        self, task: PromptTask, outcome: Outcome, reason: DropReason | RequeueReason | None = None
-    ) -> None:
-        """Queue an outcome for the finisher (the only writer of outcomes)."""
-        if task.closed:
-            return
-        task.closed = True
-        self.ledger.finish(task.key)
-        self._to_finish.append((task, outcome, reason))
-        self._wake_finisher.set()
-
-    def _fail_task(self, task: PromptTask, reason: DropReason, detail: str) -> None:
-        if task.kind is Kind.EVAL:
-            if task.future is not None and not task.future.done():
-                task.future.set_exception(RuntimeError(f"{reason}: {detail}"))
-            return
-        if task.closed:
-            return
-        log.warning("dropping prompt %s attempt %d: %s (%s)", task.pid, task.attempt, reason, detail)
-        self._cancel([task], Outcome.DROPPED, reason)
-
-    def _cancel(self, tasks: list[PromptTask], outcome: Outcome, reason: DropReason | RequeueReason) -> None:
-        """Abort the requests of `tasks` everywhere (queued ones are skipped by the dispatcher)
-        and give each the outcome; requeues are queued latest-admitted first, so that after the
-        LPUSHes the earliest-admitted prompt is at the head."""
-        for t in sorted(tasks, key=lambda t: t.seq, reverse=True):
-            t.cancelled = True
-            self._finish(t, outcome, reason)
-        self._spawn(self.dispatcher.abort(tasks))
-
     async def _finisher_loop(self) -> None:
         while True:
             await self._wake_finisher.wait()
@@ -647,13 +536,27 @@ class Rollout:
                 self._wake_finisher.set()
 
     async def _finish_round(self) -> None:
-        from asyncdapo.scheduler.finisher import finish_round
-
-        await finish_round(self)
-
-    def _maybe_stopped(self) -> None:
-        if self.phase == Phase.STOPPING and not self.tasks:
-            self.phase = Phase.STOPPED
+        """One round of the finisher (the only writer of outcomes): write the core's batch in one
+        Redis round trip (outcome, counters and group entry atomically per prompt), give the
+        answers back. A failed write leaves the batch with the core, which hands it out again."""
+        if self.core.fenced:
+            return
+        batch, commands = self.core.next_finish_batch(self.store.finish_call)
+        self._run(commands)
+        if not batch:
+            self._wake_admission.set()  # a plan may have freed room (fifo aborts)
+            return
+        async with self.outcome_lock:  # status() never sees Redis and memory disagree
+            results = await self._r(lambda: self.store.finish_many([item for _, item in batch]))
+            fenced, commands = self.core.finish_applied(batch, results)
+        if fenced:
+            self._on_fenced("finish")
+            return
+        if self.core.counts.early_stops != self._flushed["early_stops"]:
+            self._spawn(self.flush_counters())
+        self._run(commands)
+        self._update_gauges()
+        self._wake_admission.set()
 
     async def status(self) -> scheduler_pb2.RunStatus:
         from asyncdapo.scheduler.status import run_status
@@ -668,7 +571,7 @@ class Rollout:
             now = {
                 "aborted_tokens": d.aborted_tokens,
                 "aborted_requests": d.aborted_requests,
-                "early_stops": self.early_stops,
+                "early_stops": self.core.counts.early_stops,
             }
             deltas = {k: v - self._flushed[k] for k, v in now.items() if v != self._flushed[k]}
             if not deltas:
@@ -690,7 +593,7 @@ class Rollout:
         loop."""
         while True:
             await asyncio.sleep(1.0)
-            if self.fenced:
+            if self.core.fenced:
                 continue
             try:
                 await self._housekeeping_round()
@@ -699,6 +602,7 @@ class Rollout:
             except Exception:
                 log.exception("housekeeping round failed; retrying")
             self._update_gauges()
+            self._update_gateway_gauges()
 
     async def _housekeeping_round(self) -> None:
         lease = await self._r(self.queue.refresh_lease)
@@ -716,12 +620,8 @@ class Rollout:
             self._last_reconcile = 0.0
         await self.flush_counters()
         c = await self._r(lambda: self.redis.hmget(self.keys.counters, [VALID_PRODUCED, VALID_CREDITED]))
-        self.produced = max(self.produced, int(c[0] or 0))
-        self.credited = max(self.credited, int(c[1] or 0))
-        if self.phase == Phase.BOUND and self.valid_produced < self.bound:
-            # the trainer credited dropped groups back: there is room again
-            self.phase = Phase.ROLLING
-            self._wake_admission.set()
+        if self.core.credits_read(int(c[0] or 0), int(c[1] or 0)):
+            self._wake_admission.set()  # the trainer credited dropped groups back: room again
         self.metrics.queue_depth.set(await self._r(self.queue.depth))
         if time.monotonic() - self._last_reconcile >= self.reconcile_every_s:
             await self.reconcile()
@@ -750,12 +650,16 @@ class Rollout:
     def _update_gauges(self) -> None:
         m = self.metrics
         m.in_flight_prompts.set(len(self.tasks))
-        m.valid_credited.set(self.credited)
-        m.valid_produced.set(self.produced)
+        m.valid_credited.set(self.core.credited)
+        m.valid_produced.set(self.core.produced)
         m.redis_round_trips.inc(self.rtt.count - self._rtt_reported)
         self._rtt_reported = self.rtt.count
+
+    def _update_gateway_gauges(self) -> None:
+        """Per-gateway gauges: once a second (housekeeping), never per finisher round — that would
+        cost O(gateways) per outcome batch."""
         for gw in self.pool.members:
-            m.in_flight.labels(gw.address).set(gw.in_flight)
+            self.metrics.in_flight.labels(gw.address).set(gw.in_flight)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         t = asyncio.ensure_future(coro)

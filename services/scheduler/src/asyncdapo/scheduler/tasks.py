@@ -71,7 +71,7 @@ class PromptTask:
     cancelled: bool = False  # aborted (early stop, stop): replies are only counted
     closed: bool = False  # an outcome is being or has been recorded
     group_complete: bool = False
-    routed: bool = False  # pdsr: the probe came back and the other responses were placed
+    routed: bool = False  # pdsr: a response of this group continues on the heavy pool
     recorded: set[int] = field(default_factory=set)  # responses counted into the group state
     progress: Any = None  # group_state.GroupProgress of the completing response
     admitted_at: float = field(default_factory=time.monotonic)
@@ -99,11 +99,14 @@ class PromptTask:
         return gateway_pb2.GenerateRequest(prompt=self.prompt_text, sampling=self.sampling)
 
 
-def request_seed(base: int | None, pid: str, idx: int) -> int | None:
-    """A reproducible per-response sampling seed when the run sets `rollout.seed`."""
+def request_seed(base: int | None, pid: str, idx: int, attempt: int = 1) -> int | None:
+    """A reproducible per-response sampling seed when the run sets `rollout.seed`. It depends on the
+    attempt: a prompt aborted for being long and requeued draws new samples, instead of the same
+    long ones again (a re-dispatch of the same attempt keeps its seed)."""
     if base is None:
         return None
-    return zlib.crc32(f"{base}:{pid}:{idx}".encode()) & 0x7FFFFFFF
+    key = f"{base}:{pid}:{idx}" if attempt <= 1 else f"{base}:{pid}:{idx}:{attempt}"
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
 def version_range(resp: gateway_pb2.GenerateResponse, default: int) -> tuple[int, int]:

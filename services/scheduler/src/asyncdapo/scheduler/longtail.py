@@ -1,13 +1,15 @@
-"""The long-tail policy `pdsr` (P-DSR), pure: probe, route, cap.
+"""The long-tail policy `pdsr`, pure: the window, the cap, the capped test.
 
-Each prompt first sends one probe response to the fast pool, uncapped. Its length feeds a sliding
-window of recent probe lengths; L_cut is the window's (1 − offload_fraction) quantile. A prompt
-whose probe is longer than L_cut is offloaded: its other n − 1 responses go to the heavy pool,
-uncapped. The rest stay on the fast pool with max_tokens capped at cap_factor · L_cut; a response
-that hits the cap is not finished — it continues on the heavy pool from its partial tokens. Probe
-and rest form one group, recorded and filtered like any other.
+Design (cap and migrate; the seed P-DSR's probe-then-rest serialised every group behind its probe,
+1.2–1.8× plain async under s = 0 by a model): all n responses of a prompt start at once on the fast
+pool, with max_tokens capped at cap_factor · L_cut; a response that reaches the cap is not finished
+— it continues on the heavy pool from its partial tokens, uncapped. L_cut is the
+(1 − offload_fraction) quantile of a sliding window of recent final response lengths, so about
+offload_fraction of the responses (the long tail) end on the heavy pool, and the fast pool's
+lengths — its KV use and batch sizes — are bounded by the cap. The group is recorded and filtered
+like any other.
 
-Until `min_probes` probes were seen there is no L_cut: nothing is offloaded or capped.
+Until `min_probes` lengths were seen there is no L_cut: nothing is capped.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ HEAVY = "heavy"
 
 
 class LongTailAction(StrEnum):
-    OFFLOAD = "offload"  # a long probe: the prompt's other responses go to the heavy pool
     CAP_CONTINUE = "cap_continue"  # a fast response hit the cap and continues on the heavy pool
 
 

@@ -1,0 +1,627 @@
+"""The rollout core: the scheduler's decisions and the run state they need, without I/O.
+
+`RolloutCore` takes events — prompts claimed, a response finished, scores recorded, outcomes
+written, weights published, credits read, the run fenced or rolled back — and answers with
+commands (`Dispatch`, `Redispatch`, `Abort`, `ScoreResponse`) and with the batches the driver must write
+(`scores_to_record`, `next_finish_batch`). It never awaits, never touches Redis, gRPC or a clock;
+`asyncdapo.scheduler.rollout.Rollout` drives it with asyncio, Redis and the gateways, and the
+simulator (`asyncdapo simulate`) drives the same object on a virtual clock.
+
+Flow of one prompt attempt:
+  claimed → `PromptTask` with n `Request`s (pdsr: the probe first) → Dispatch → each finished
+  response → ScoreResponse → reward = score + overlong penalty → record (one batch per verifier batch) →
+  the response completing the group hands the task on: filtered, or ready in the commit ledger →
+  the finish batch (commit the ready ones in ledger order, requeue beyond the bound, abort what the
+  plan cuts) → outcomes applied.
+
+Invariants (each checked by tests/unit/test_scheduler_core.py):
+- every admitted attempt gets exactly one outcome: it enters `tasks` when admitted and leaves only
+  when a written outcome for it is applied (`finish_applied`), or when the run is fenced or rolled
+  back (then Redis, not this process, owns its outcome);
+- an attempt is queued for an outcome at most once (`closed`), and a finish batch is replaced only
+  after it was applied (`unwritten`), so a failed write is resent as is;
+- at most `bound` valid groups count toward the bound (`valid_produced`, checked again by the
+  store's FINISH);
+- a cancelled task's late responses are never scored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from asyncdapo.config import EarlyStopOrder, FilterMetric, LongTailPolicy, RolloutMode, RunConfig
+from asyncdapo.prompts import PromptRecord, PromptRecordError
+from asyncdapo.scheduler.admission import AdmissionPolicy, AdmissionState, make_policy
+from asyncdapo.scheduler.group_state import (
+    DropReason,
+    FinishItem,
+    FinishResult,
+    GroupProgress,
+    Outcome,
+    RecordStatus,
+    RequeueReason,
+    ResponseScore,
+    is_valid,
+)
+from asyncdapo.scheduler.ledger import CommitLedger, Plan
+from asyncdapo.scheduler.longtail import FAST, HEAVY, LongTailAction, ProbeWindow, capped, route
+from asyncdapo.scheduler.queue import Claim
+from asyncdapo.scheduler.tasks import (
+    Kind,
+    LengthStats,
+    PromptTask,
+    Request,
+    Score,
+    build_group,
+    version_range,
+)
+from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
+
+log = logging.getLogger(__name__)
+
+Reason = DropReason | RequeueReason
+
+
+class Phase:
+    IDLE = scheduler_pb2.RUN_PHASE_IDLE
+    ROLLING = scheduler_pb2.RUN_PHASE_ROLLING
+    BOUND = scheduler_pb2.RUN_PHASE_BOUND
+    STOPPING = scheduler_pb2.RUN_PHASE_STOPPING
+    STOPPED = scheduler_pb2.RUN_PHASE_STOPPED
+
+
+# --------------------------------------------------------------------------- commands
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Place these new requests (tail of the dispatch queue)."""
+
+    requests: list[Request]
+
+
+@dataclass(frozen=True, slots=True)
+class Redispatch:
+    """Place this request again at the head (a capped response continuing on the heavy pool)."""
+
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Abort whatever these (already cancelled) tasks still run on gateways."""
+
+    tasks: list[PromptTask]
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreResponse:
+    """Send one finished response to the verifier."""
+
+    request_id: str
+    token_ids: Sequence[int]
+    ground_truth: str
+    task: PromptTask
+    idx: int
+
+
+Command = Dispatch | Redispatch | Abort | ScoreResponse
+
+
+class CoreObserver(Protocol):
+    """What the core reports as it goes (metrics live outside it: Prometheus in the service,
+    counters in the simulator)."""
+
+    def outcome(self, outcome: str, reason: str, attempt: int) -> None: ...
+    def committed(self, staleness: int) -> None: ...
+    def completions(self, count: int, tokens: int) -> None: ...
+    def early_stop(self) -> None: ...
+    def long_tail(self, action: LongTailAction) -> None: ...
+
+
+class NullObserver:
+    def outcome(self, outcome: str, reason: str, attempt: int) -> None:
+        pass
+
+    def committed(self, staleness: int) -> None:
+        pass
+
+    def completions(self, count: int, tokens: int) -> None:
+        pass
+
+    def early_stop(self) -> None:
+        pass
+
+    def long_tail(self, action: LongTailAction) -> None:
+        pass
+
+
+@dataclass
+class RunCounts:
+    """Complete groups judged so far (for the running valid rate) and the sync batch."""
+
+    seq: int = 0  # admission order of the next attempt
+    finished_groups: int = 0
+    valid_groups: int = 0
+    batch_admitted: int = 0  # sync mode: prompts in the current generation batch
+    early_stops: int = 0
+    gen_batches: int = 0  # sync mode: generation batches of the current step (max_num_gen_batches)
+    # pdsr: final responses, those that hit the fast pool's cap and continued on the heavy pool,
+    # the groups with at least one, and the partial tokens the heavy pool prefilled again
+    long_tail_responses: int = 0
+    capped_responses: int = 0
+    capped_groups: int = 0
+    continued_tokens: int = 0
+    lengths: LengthStats = field(default_factory=LengthStats)
+
+
+class RolloutCore:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        observer: CoreObserver | None = None,
+        pool_exists: Callable[[str], bool] = lambda label: False,
+        policy: AdmissionPolicy | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.observer: CoreObserver = observer or NullObserver()
+        self.pool_exists = pool_exists  # does some gateway carry this pool label (pdsr)
+        ro = cfg.rollout
+        self.sync = ro.mode is RolloutMode.SYNC
+        self.policy = policy or make_policy(cfg)
+        self.ledger = self._new_ledger()
+        self.pdsr = ro.long_tail.policy is LongTailPolicy.PDSR
+        self.probes = ProbeWindow()
+        self.phase = Phase.IDLE
+        self.stop_reason: RequeueReason = RequeueReason.STOPPED
+        self.version = 0
+        self.uri = ""
+        self.bound = cfg.valid_group_bound(0)
+        # valid groups XADDed and groups the trainer credited back (dropped): both only grow, and
+        # the bound applies to their difference (`valid_produced`)
+        self.produced = 0
+        self.credited = 0
+        self.admitted_seen = 0  # the highest `counters.admitted` a claim returned (rollback check)
+        self.fenced = False  # another scheduler owns the run: this one decides nothing more
+        self.failure = ""  # why the run stopped by itself (sync: max_num_gen_batches), "" if it did not
+        self.tasks: dict[tuple[str, int], PromptTask] = {}  # train attempts without an outcome
+        self.counts = RunCounts()
+        self._to_finish: list[tuple[PromptTask, Outcome, Reason | None]] = []
+        # a finish batch handed out and not yet applied: handed out again until it is
+        self.unwritten: list[tuple[PromptTask, FinishItem]] = []
+        # something for the finisher since its last batch (an outcome queued, a group judged)
+        self.wants_finish = False
+
+    def _new_ledger(self) -> CommitLedger:
+        # sync mode (verl's loop) commits in batch order and never aborts the running batch
+        order = EarlyStopOrder.FIFO if self.sync else self.cfg.rollout.early_stop_order
+        return CommitLedger(order, abort_beyond_cutoff=not self.sync)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def valid_produced(self) -> int:
+        """Valid groups that count toward the bound: produced minus credited back."""
+        return self.produced - self.credited
+
+    @property
+    def lengths(self) -> LengthStats:
+        return self.counts.lengths
+
+    def has_outcomes_to_write(self) -> bool:
+        """Outcomes queued or a batch not yet applied (ready groups waiting for their fifo turn
+        are in `tasks`)."""
+        return bool(self._to_finish or self.unwritten)
+
+    def admission_state(self) -> AdmissionState:
+        c = self.counts
+        return AdmissionState(
+            valid_produced=self.valid_produced,
+            bound=self.bound,
+            in_flight_prompts=len(self.tasks),
+            max_in_flight=self.cfg.rollout.max_concurrent_prompts,
+            finished_groups=c.finished_groups,
+            valid_groups=c.valid_groups,
+            batch_admitted=c.batch_admitted,
+            ready_valid=self.ledger.ready,
+        )
+
+    def admissible(self, limit: int | None = None) -> int:
+        """How many prompts the policy admits right now (at most `limit`)."""
+        if self.phase != Phase.ROLLING or self.fenced:
+            return 0
+        s = self.admission_state()
+        k = 0
+        cap = s.max_in_flight if limit is None else min(limit, s.max_in_flight)
+        while k < cap:
+            d = self.policy.decide(
+                replace(s, in_flight_prompts=s.in_flight_prompts + k, batch_admitted=s.batch_admitted + k)
+            )
+            if not d.ok:
+                break
+            k += 1
+        return k
+
+    def sampling(self, temperature: float | None = None) -> common_pb2.SamplingParams:
+        ro = self.cfg.rollout
+        return common_pb2.SamplingParams(
+            max_tokens=self.cfg.data.max_response_length,
+            temperature=ro.temperature if temperature is None else temperature,
+            top_p=ro.top_p,
+            top_k=ro.top_k,
+        )
+
+    # ------------------------------------------------------------------ run control
+    def start(self) -> None:
+        if self.fenced:
+            return
+        if self.phase in (Phase.IDLE, Phase.STOPPED, Phase.STOPPING):
+            self.phase = Phase.ROLLING if self.valid_produced < self.bound else Phase.BOUND
+
+    def stop(self, abort_in_flight: bool, reason: RequeueReason = RequeueReason.STOPPED) -> list[Command]:
+        if self.phase in (Phase.IDLE, Phase.STOPPED):
+            self.phase = Phase.STOPPED
+            return []
+        self.phase = Phase.STOPPING
+        self.stop_reason = reason
+        out: list[Command] = []
+        if abort_in_flight:
+            out = self.cancel([t for t in self.tasks.values() if not t.closed], Outcome.REQUEUED, reason)
+        self._maybe_stopped()
+        return out
+
+    def _maybe_stopped(self) -> None:
+        if self.phase == Phase.STOPPING and not self.tasks:
+            self.phase = Phase.STOPPED
+
+    def set_version(self, version: int, uri: str | None = None) -> None:
+        self.version = version
+        if uri is not None:
+            self.uri = uri
+        self.bound = self.cfg.valid_group_bound(version)
+
+    def weights_published(self, version: int, uri: str) -> None:
+        """The gateways serve `version`: raise the bound, resume rolling out."""
+        self.set_version(version, uri)
+        self.counts.gen_batches = 0  # a new step
+        self._reopen_if_room()
+
+    def credits_read(self, produced: int, credited: int) -> bool:
+        """The counters as Redis has them now (both only grow); True when there is room again."""
+        self.produced = max(self.produced, produced)
+        self.credited = max(self.credited, credited)
+        return self._reopen_if_room()
+
+    def _reopen_if_room(self) -> bool:
+        if self.phase == Phase.BOUND and self.valid_produced < self.bound:
+            self.phase = Phase.ROLLING
+            return True
+        return False
+
+    def reset_counts(self, produced: int, credited: int, admitted: int) -> bool:
+        """Redis' counts after an outage. Returns True when Redis lost writes we saw (a rollback):
+        the caller then drops what it has in flight (`drop_in_memory`)."""
+        rolled_back = admitted < self.admitted_seen
+        self.produced, self.credited, self.admitted_seen = produced, credited, admitted
+        return rolled_back
+
+    def drop_in_memory(self) -> list[Command]:
+        """Forget every train task without recording an outcome (Redis owns them now: a successor
+        requeued them, or a rollback lost their claims); abort what they run."""
+        tasks = list(self.tasks.values())
+        for t in tasks:
+            t.cancelled = True
+            t.closed = True
+        self.tasks.clear()
+        self._to_finish.clear()
+        self.unwritten.clear()
+        self.ledger = self._new_ledger()
+        self.counts.batch_admitted = 0
+        if self.phase == Phase.BOUND:
+            self.phase = Phase.ROLLING
+        return [Abort(tasks)] if tasks else []
+
+    def fence(self) -> list[Command]:
+        """A successor took the run over: stop for good, write nothing more."""
+        if self.fenced:
+            return []
+        self.fenced = True
+        out = self.drop_in_memory()
+        self.phase = Phase.STOPPED
+        return out
+
+    # ------------------------------------------------------------------ admission
+    def claimed(
+        self, claims: Sequence[Claim], records: Sequence[PromptRecord | PromptRecordError]
+    ) -> list[Command]:
+        """Claimed prompts become tasks: their first requests to dispatch, or, when the bound was
+        reached (or the run stopped) while they were being claimed, at once requeued."""
+        reqs: list[Request] = []
+        for claim, rec in zip(claims, records, strict=True):
+            reqs += self._admit(claim, rec)
+        if self.phase != Phase.ROLLING:
+            late = list({r.task.key: r.task for r in reqs}.values())
+            why = self.stop_reason if self.phase == Phase.STOPPING else RequeueReason.EARLY_STOP
+            return self.cancel(late, Outcome.REQUEUED, why)
+        return [Dispatch(reqs)] if reqs else []
+
+    def _admit(self, claim: Claim, rec: PromptRecord | PromptRecordError) -> list[Request]:
+        ro = self.cfg.rollout
+        ok = isinstance(rec, PromptRecord)
+        task = PromptTask(
+            kind=Kind.TRAIN,
+            pid=claim.pid,
+            attempt=claim.attempt,
+            seq=self.counts.seq,
+            n=ro.n,
+            prompt_token_ids=rec.prompt_token_ids if isinstance(rec, PromptRecord) else [],
+            ground_truth=rec.ground_truth if isinstance(rec, PromptRecord) else "",
+            data_source=rec.data_source if isinstance(rec, PromptRecord) else "",
+            sampling=self.sampling(),
+            version_admitted=self.version,
+        )
+        self.counts.seq += 1
+        self.tasks[task.key] = task
+        if self.sync and self.counts.batch_admitted == 0:
+            self.counts.gen_batches += 1  # a new generation batch starts
+        self.counts.batch_admitted += 1
+        if not ok or not task.ground_truth:
+            log.warning("dropping prompt %s: %s", claim.pid, rec if not ok else "empty ground_truth")
+            self._queue_outcome(task, Outcome.DROPPED, DropReason.BAD_PROMPT)
+            return []
+        if not task.prompt_token_ids or len(task.prompt_token_ids) > self.cfg.data.max_prompt_length:
+            self._queue_outcome(task, Outcome.DROPPED, DropReason.PROMPT_TOO_LONG)
+            return []
+        self.ledger.admit(task.key)
+        reqs = task.make_requests()
+        if self.pdsr:
+            # every response starts at once on the fast pool, capped once the window knows L_cut
+            cap = self._fast_cap()
+            for r in reqs:
+                r.pool, r.max_tokens = self._pool(FAST), cap
+        return reqs
+
+    def _fast_cap(self) -> int:
+        """max_tokens on the fast pool: cap_factor · L_cut (0: no cap yet, or not below the run's)."""
+        lt, full = self.cfg.rollout.long_tail, self.cfg.data.max_response_length
+        r = route(0, self.probes.l_cut(lt.offload_fraction), lt.cap_factor, full)
+        return r.max_tokens if r.max_tokens < full else 0
+
+    def _pool(self, label: str) -> str:
+        """`label` when some gateway carries it, else "" (any gateway): a missing pool never stalls."""
+        return label if self.pool_exists(label) else ""
+
+    # ------------------------------------------------------------------ responses and scores
+    def response(self, req: Request, gateway: str, resp: gateway_pb2.GenerateResponse) -> list[Command]:
+        """A finished (stop/length) response of a live request: score it — unless pdsr continues it
+        on the heavy pool — and after a pdsr probe place the prompt's other responses too."""
+        task = req.task
+        out: list[Command] = []
+        if self.pdsr and task.kind is Kind.TRAIN:
+            more, final = self._long_tail(req, resp)
+            out += more
+            if not final:
+                return out
+        task.responses[req.idx] = resp
+        task.response_gateway[req.idx] = gateway
+        out.append(ScoreResponse(req.rid, resp.token_ids, task.ground_truth, task, req.idx))
+        return out
+
+    def _long_tail(self, req: Request, resp: gateway_pb2.GenerateResponse) -> tuple[list[Command], bool]:
+        """pdsr (cap and migrate): a fast-pool response that reached its cap is not final — it
+        continues on the heavy pool from its partial tokens, uncapped; every final response's
+        length feeds the window that sets L_cut. Returns (commands, final)."""
+        full = self.cfg.data.max_response_length
+        length = len(resp.token_ids)
+        if req.max_tokens and capped(length, req.max_tokens, full):
+            self.observer.long_tail(LongTailAction.CAP_CONTINUE)
+            self.counts.capped_responses += 1
+            self.counts.continued_tokens += length
+            if not req.task.routed:
+                req.task.routed = True  # this group has a response on the heavy pool
+                self.counts.capped_groups += 1
+            req.continuation = resp
+            req.pool = self._pool(HEAVY)
+            req.max_tokens = 0
+            req.task.live[req.idx] = req
+            return [Redispatch(req)], False
+        self.probes.add(length)
+        self.counts.long_tail_responses += 1
+        return [], True
+
+    def scores_to_record(
+        self, scored: Sequence[tuple[PromptTask, int, float, float, str]]
+    ) -> list[ResponseScore]:
+        """(task, idx, score, acc, pred) of train responses the verifier judged → what to record.
+        Responses of tasks closed meanwhile are left out."""
+        cfg = self.cfg
+        use_acc = cfg.reward.filter_metric is FilterMetric.ACC
+        out: list[ResponseScore] = []
+        for task, idx, score, acc, pred in scored:
+            if task.closed:
+                continue
+            resp = task.responses[idx]
+            assert resp is not None, "a scored response is stored"
+            length = len(resp.token_ids)
+            pen = cfg.overlong_penalty(length)
+            task.scores[idx] = Score(score, acc, pred, score + pen, pen)  # type: ignore[call-arg]
+            vmin, vmax = version_range(resp, self.version)
+            metric = acc if use_acc else score
+            out.append(ResponseScore(task.pid, task.attempt, idx, metric, score + pen, vmin, vmax, length))
+        return out
+
+    def recorded(
+        self, owners: Sequence[PromptTask], scores: Sequence[ResponseScore], progress: Sequence[GroupProgress]
+    ) -> bool:
+        """The store counted these responses. Returns False when it refused them (fenced: the
+        caller then calls `fence`). Memory counts each response once, as the store does — a `dup`
+        whose first answer never arrived included."""
+        counted = tokens = 0
+        for task, sc, p in zip(owners, scores, progress, strict=True):
+            if p.status is RecordStatus.FENCED:
+                return False
+            if p.status is not RecordStatus.STALE and sc.idx not in task.recorded:
+                task.recorded.add(sc.idx)
+                counted += 1
+                tokens += sc.length
+            if p.complete and not task.group_complete and not task.closed:
+                task.group_complete = True
+                task.progress = p
+                self._group_complete(task)
+        self.counts.lengths.completed += counted
+        self.counts.lengths.completed_tokens += tokens
+        self.observer.completions(counted, tokens)
+        return True
+
+    def _group_complete(self, task: PromptTask) -> None:
+        r = self.cfg.reward
+        valid = is_valid(task.progress.metric_std, r.filter_eps) if r.filter_groups else True
+        self.counts.finished_groups += 1
+        if valid:
+            self.counts.valid_groups += 1
+            self.ledger.set_ready(task.key)
+            self.wants_finish = True
+        else:
+            self._queue_outcome(task, Outcome.FILTERED)
+
+    # ------------------------------------------------------------------ failures and cancels
+    def fail(self, task: PromptTask, reason: DropReason, detail: str) -> list[Command]:
+        """A train task cannot complete (a request failed everywhere, a response unscorable)."""
+        if task.closed or task.kind is not Kind.TRAIN:
+            return []
+        log.warning("dropping prompt %s attempt %d: %s (%s)", task.pid, task.attempt, reason, detail)
+        return self.cancel([task], Outcome.DROPPED, reason)
+
+    def cancel(self, tasks: list[PromptTask], outcome: Outcome, reason: Reason) -> list[Command]:
+        """Give each task the outcome and abort its requests everywhere (queued ones are skipped by
+        the dispatcher); requeues are queued latest-admitted first, so that after the pushes to the
+        queue head the earliest-admitted prompt is first."""
+        if not tasks:
+            return []
+        for t in sorted(tasks, key=lambda t: t.seq, reverse=True):
+            t.cancelled = True
+            self._queue_outcome(t, outcome, reason)
+        return [Abort(tasks)]
+
+    def _queue_outcome(self, task: PromptTask, outcome: Outcome, reason: Reason | None = None) -> None:
+        if task.closed:
+            return
+        task.closed = True
+        self.ledger.finish(task.key)
+        self._to_finish.append((task, outcome, reason))
+        self.wants_finish = True
+
+    # ------------------------------------------------------------------ outcomes
+    def next_finish_batch(
+        self, finish_call: Callable[..., FinishItem]
+    ) -> tuple[list[tuple[PromptTask, FinishItem]], list[Command]]:
+        """The batch to write now: the unwritten one again, or a new one planned from the ledger
+        (commits, requeues past the bound, aborts beyond a fifo cut-off) and every queued outcome.
+        `finish_call` builds a store item (GroupStore.finish_call's signature)."""
+        if self.fenced:
+            return [], []
+        if self.unwritten:
+            return self.unwritten, []
+        self.wants_finish = False
+        cmds: list[Command] = []
+        # sync (verl's loop): filter and commit only once every prompt of the generation batch is done
+        batch_running = self.sync and len(self.ledger) > self.ledger.ready
+        plan = (
+            self.ledger.plan(self.bound - self.valid_produced)
+            if len(self.ledger) and not batch_running
+            else Plan()
+        )
+        if plan.abort:
+            aborted = [self.tasks[k] for k in plan.abort]
+            if self.cfg.rollout.requeue_aborted:
+                cmds += self.cancel(aborted, Outcome.REQUEUED, RequeueReason.EARLY_STOP)
+            else:
+                cmds += self.cancel(aborted, Outcome.DROPPED, DropReason.EARLY_STOP)
+        items, self._to_finish = self._to_finish, []
+        batch = [(t, finish_call(t.pid, t.attempt, o, r or "")) for t, o, r in items]
+        for key in plan.commit:
+            task = self.tasks[key]
+            task.closed = True
+            group = build_group(self.cfg.name, task).SerializeToString()
+            item = finish_call(
+                task.pid,
+                task.attempt,
+                Outcome.VALID,
+                bound=self.bound,
+                group=group,
+                min_version=task.progress.min_version,
+            )
+            batch.append((task, item))
+        for key in reversed(plan.requeue):
+            task = self.tasks[key]
+            task.closed = True
+            if self.sync:  # verl keeps the first B valid groups of a batch: the rest is spent
+                item = finish_call(task.pid, task.attempt, Outcome.DROPPED, DropReason.SURPLUS)
+            else:
+                item = finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
+            batch.append((task, item))
+        self.unwritten = batch
+        return batch, cmds
+
+    def finish_applied(
+        self, batch: Sequence[tuple[PromptTask, FinishItem]], results: Sequence[FinishResult]
+    ) -> tuple[bool, list[Command]]:
+        """The store's answers for `batch`. Returns (fenced, commands): on reaching the bound the
+        rollout stops admitting and (async) cancels what is still in flight."""
+        self.unwritten = []
+        fenced = False
+        for (task, _), res in zip(batch, results, strict=True):
+            self._apply(task, res)
+            fenced = fenced or res.fenced
+        if fenced:
+            return True, self.fence()
+        cmds: list[Command] = []
+        if self.valid_produced >= self.bound and self.phase == Phase.ROLLING:
+            self.phase = Phase.BOUND
+            self.counts.early_stops += 1
+            self.observer.early_stop()
+            rest = [t for t in self.tasks.values() if not t.closed]
+            if rest and not self.sync:
+                cmds = self.cancel(rest, Outcome.REQUEUED, RequeueReason.EARLY_STOP)
+        self._check_gen_batches()
+        self._maybe_stopped()
+        return False, cmds
+
+    def _check_gen_batches(self) -> None:
+        """sync: after `max_num_gen_batches` whole generation batches without B valid groups, the
+        run stops, as verl's loop does (it raises): the data is too hard or too easy for the model."""
+        limit = self.cfg.rollout.max_num_gen_batches
+        c = self.counts
+        if not (self.sync and limit and self.phase == Phase.ROLLING and not self.tasks):
+            return
+        if c.gen_batches >= limit and self.valid_produced < self.bound:
+            self.failure = (
+                f"{c.gen_batches} generation batches gave {self.valid_produced - self.version * self.cfg.data.train_batch_size}"
+                f" of {self.cfg.data.train_batch_size} valid groups (rollout.max_num_gen_batches={limit}): "
+                "almost every group is all-right or all-wrong; the data does not suit the model"
+            )
+            log.error("sync rollout stops: %s", self.failure)
+            self.phase = Phase.STOPPED
+
+    def _apply(self, task: PromptTask, res: FinishResult) -> None:
+        """Mirror one written outcome in memory: the task leaves the rollout; counts and lengths.
+        A repeat (`dup:`) is applied like a first answer: the first one was lost on the way."""
+        self.tasks.pop(task.key, None)
+        self.produced = max(self.produced, res.produced)
+        self.credited = max(self.credited, res.credited)
+        recorded = res.recorded
+        if recorded is None:
+            if not res.fenced:
+                log.warning("outcome of %s attempt %d: %s", task.pid, task.attempt, res.label)
+            return
+        outcome, reason = recorded
+        self.observer.outcome(outcome, reason, task.attempt)
+        if outcome == Outcome.VALID:
+            self.observer.committed(self.version - task.progress.min_version)
+            lengths = self.counts.lengths
+            for resp in task.responses:
+                if resp is not None:
+                    lengths.committed += 1
+                    lengths.committed_tokens += len(resp.token_ids)
+        if not self.tasks and self.sync:
+            self.counts.batch_admitted = 0  # the generation batch is done
