@@ -43,10 +43,7 @@ def test_math_verify_hides_its_own_timeout_as_an_empty_parse() -> None:
 
     Run in a fresh interpreter: math-verify's timeout is a process-global SIGALRM, and the state other
     tests leave behind in this process (signal handlers, recursion limit) changes what it does."""
-    code = (
-        "from math_verify import parse\n"
-        f"print(repr(parse({NESTED_FRAC!r}, parsing_timeout=1)))\n"
-    )
+    code = f"from math_verify import parse\nprint(repr(parse({NESTED_FRAC!r}, parsing_timeout=1)))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
