@@ -49,13 +49,15 @@ def main() -> int:
         help="share of faults injected right after the previous one cleared, without waiting for recovery",
     )
     ap.add_argument("--stall-after-s", type=float, default=120.0)
-    ap.add_argument("--dir", type=Path, help="work directory, kept (default: runs/chaos/seed-SEED)")
+    ap.add_argument("--dir", type=Path, help="work directory, kept (default: runs/chaos/[vllm-]seed-SEED)")
     args = ap.parse_args()
     if args.gateways_engine == "vllm" and args.model is None:
         ap.error("--gateways-engine vllm needs --model: a model whose answers have reward variance "
                  "(the demo's warm-started tiny model: make demo-assets, then runs/cache/tiny-model-sft)")  # fmt: skip
+    # apart per engine: a chaos-vllm run does not wipe the logs of a `make chaos` run of the same seed
+    prefix = "vllm-" if args.gateways_engine == "vllm" else ""
     opts = ChaosOptions(
-        workdir=args.dir or Path("runs/chaos") / f"seed-{args.seed}",
+        workdir=args.dir or Path("runs/chaos") / f"{prefix}seed-{args.seed}",
         seed=args.seed,
         faults=args.faults,
         time_budget_s=args.time_budget_s,
