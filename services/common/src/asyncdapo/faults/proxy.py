@@ -324,6 +324,12 @@ class FaultProxy:
         self.rules.append(rule)
         return rule
 
+    def disarm(self, rule: LostReplyRule) -> bool:
+        """Withdraw a `lose_reply` rule that has not fired; False if it already fired."""
+        if rule in self.rules:
+            self.rules.remove(rule)
+        return not rule.fired.is_set()
+
     async def stop(self) -> None:
         if self._reopen is not None:
             self._reopen.cancel()
@@ -368,6 +374,12 @@ class ProxyThread:
             return self.proxy.lose_reply(predicate, nth)
 
         return self._call(arm())
+
+    def disarm(self, rule: LostReplyRule) -> bool:
+        async def disarm() -> bool:
+            return self.proxy.disarm(rule)
+
+        return self._call(disarm())
 
     def stop(self) -> None:
         if not self._loop.is_running():
