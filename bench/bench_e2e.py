@@ -67,7 +67,7 @@ import yaml
 
 # bench/ is on sys.path: the script is run as `python bench/bench_e2e.py`
 from long_tail_workload import build_model
-from rollout_timeline import WeightsWatcher, generation_times, version_ends
+from rollout_timeline import WeightsWatcher, generation_times
 
 from asyncdapo.config import RunConfig
 from asyncdapo.local.report import read_metrics
@@ -226,7 +226,8 @@ def run_mode(
             loadavg = (load_start, os.getloadavg()[0])
             status = run_status(stub, cfg.name)
             prom = scrape_all(ep.metrics_ports)
-            ends = version_ends(ep.redis_url, cfg.name, cfg.data.train_batch_size)
+            # the stream is trimmed after each checkpoint: its commits are counted live
+            ends = watcher.version_ends(cfg.data.train_batch_size)
         finally:
             watcher.stop()
             channel.close()

@@ -29,15 +29,24 @@ class WeightsWatcher:
         self.keys = RunKeys(run)
         self.r = sync_client(redis_url)
         self.announced: dict[int, float] = {}
+        # wall time of each XADD to the groups stream, in commit order: read live because the
+        # trainer trims the stream after each durable checkpoint (groups_reader.py)
+        self.committed: list[float] = []
         self._pubsub: Any = None
         self._thread: Any = None
         self._lock = threading.Lock()
 
     def start(self) -> WeightsWatcher:
-        # K: keyspace channel, h: hash commands. The Redis is the benchmark's own (LocalStack's).
-        self.r.config_set("notify-keyspace-events", "Kh")
+        # K: keyspace channel, h: hash commands, t: stream commands. The Redis is the benchmark's
+        # own (LocalStack's).
+        self.r.config_set("notify-keyspace-events", "Kht")
         self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(**{f"__keyspace@0__:{self.keys.weights}": self._on_event})
+        self._pubsub.subscribe(
+            **{
+                f"__keyspace@0__:{self.keys.weights}": self._on_event,
+                f"__keyspace@0__:{self.keys.groups}": self._on_groups,
+            }
+        )
         self._thread = self._pubsub.run_in_thread(sleep_time=0.05, daemon=True)
         return self
 
@@ -46,6 +55,19 @@ class WeightsWatcher:
         version = int(self.r.hget(self.keys.weights, "version") or 0)
         with self._lock:
             self.announced.setdefault(version, t)
+
+    def _on_groups(self, message: dict[str, Any]) -> None:
+        if message.get("data") in (b"xadd", "xadd"):
+            t = time.time()
+            with self._lock:
+                self.committed.append(t)
+
+    def version_ends(self, batch: int) -> list[float]:
+        """Wall time of the B-th committed group of each complete version, index = version (as
+        `version_ends` below, from the live notifications: the stream itself is trimmed)."""
+        with self._lock:
+            ids = list(self.committed)
+        return [ids[(v + 1) * batch - 1] for v in range(len(ids) // batch)]
 
     def stop(self) -> None:
         if self._thread is not None:
