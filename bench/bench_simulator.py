@@ -160,8 +160,8 @@ def fit_cluster(cal: list[Run]) -> tuple[ClusterProfile, str]:
         verifier=VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s),
         redis_rtt_s=CPU_TINY.redis_rtt_s,
         abort_s=CPU_TINY.abort_s,
-        source=f"bench_simulator rep-1 runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
-        f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of rep 1)",
+        source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
+        f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of the calibration runs)",
     )
     return prof, fit.summary()
 
@@ -216,7 +216,10 @@ def simulate(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3, help="real runs per config (rep 1 calibrates)")
+    ap.add_argument("--reps", type=int, default=3, help="real runs per config (one calibrates)")
+    ap.add_argument(
+        "--cal-rep", type=int, default=1, help="the rep whose runs calibrate (the others validate)"
+    )
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
@@ -228,7 +231,9 @@ def main() -> int:
     args = ap.parse_args()
     args.configs = [c for c in args.configs.split(",") if c]
     if "sync" not in args.configs or args.reps < 2:
-        ap.error("--configs must include sync (the ratio's base) and --reps be >= 2 (rep 1 calibrates)")
+        ap.error("--configs must include sync (the ratio's base) and --reps be >= 2 (one calibrates)")
+    if not 1 <= args.cal_rep <= args.reps:
+        ap.error("--cal-rep must be one of the reps")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.monotonic()
     if not args.reuse:
@@ -257,22 +262,23 @@ def main() -> int:
         print(f"  rep {rep} {m:12s} rollout {r.rollout_s:6.3f}  period {r.period_s:6.3f}  steps {len(r.rollout_times):2d}  "
               f"valid {r.status['rollout/valid_group_ratio']:.2f}  tokens/version {r.tokens_per_version:6.0f}  "
               f"load {r.loadavg[0]:.1f} / {r.loadavg[1]:.1f}")  # fmt: skip
-    cal = [runs[(1, m)] for m in args.configs]
+    c = args.cal_rep
+    cal = [runs[(c, m)] for m in args.configs]
     cluster, fit_summary = fit_cluster(cal)
-    workload = fit_workload(args.workload, runs[(1, "sync")])
+    workload = fit_workload(args.workload, runs[(c, "sync")])
     valid_rate = workload["valid_rate"]
-    print(f"\ncalibration (rep 1 only): {fit_summary}")
+    print(f"\ncalibration (rep {c} only): {fit_summary}")
     print(f"  {cluster.source.split('; ', 1)[1]}")
-    print(f"  workload {args.workload} fitted to the rep-1 sync run: valid_rate {valid_rate:.3f}, "
+    print(f"  workload {args.workload} fitted to the rep-{c} sync run: valid_rate {valid_rate:.3f}, "
           f"length_median {workload['length_median']:.2f} (mean response {workload['target_mean_length']:.1f} tokens)")  # fmt: skip
     (args.out / "cpu-fitted.json").write_text(cluster.model_dump_json(indent=1))
 
-    val = range(2, args.reps + 1)
+    val = [r for r in range(1, args.reps + 1) if r != c]
     sim_runs = {m: simulate(m, cluster, workload, args) for m in args.configs}
     rel: dict[str, float] = {}
     rat: dict[str, float] = {}
     summary: dict[str, Any] = {"calibration": cluster.model_dump(), "workload": workload, "figures": {}}
-    print(f"\nvalidation (reps 2-{args.reps}: median of the runs; simulator: mean of {args.sim_seeds} seeds, "
+    print(f"\nvalidation (reps {','.join(map(str, val))}: median of the runs; simulator: mean of {args.sim_seeds} seeds, "
           f"workload {args.workload} at valid_rate {valid_rate:.2f}; ratio = config / sync):")  # fmt: skip
     for k, (name, get) in enumerate(
         [("rollout s/step", lambda r: r.rollout_s), ("step period s", lambda r: r.period_s),
@@ -281,7 +287,7 @@ def main() -> int:
         meas = {m: statistics.median(get(runs[(rep, m)]) for rep in val) for m in args.configs}
         sim = {m: statistics.fmean(x[k] for x in sim_runs[m]) for m in args.configs}
         print(f"\n{name:12s} {'measured':>9s} {'(runs)':>20s} {'simulated':>9s} {'(sd)':>7s} {'rel err':>8s} "
-              f"{'ratio meas':>10s} {'ratio sim':>9s} {'abs err':>8s} {'rep 1 (cal)':>11s}")  # fmt: skip
+              f"{'ratio meas':>10s} {'ratio sim':>9s} {'abs err':>8s} {f'rep {c} (cal)':>11s}")  # fmt: skip
         for m in args.configs:
             sims = [x[k] for x in sim_runs[m]]
             sd = statistics.stdev(sims) if len(sims) > 1 else 0.0
@@ -293,7 +299,7 @@ def main() -> int:
                     rat[m] = abs(rs - rm)
             spread = " ".join(f"{get(runs[(rep, m)]):.3g}" for rep in val)
             print(f"{m:12s} {meas[m]:9.4g} {spread:>20s} {sim[m]:9.4g} {sd:7.3g} {err:+8.1%} {rm:10.3f} {rs:9.3f} "
-                  f"{abs(rs - rm):8.3f} {get(runs[(1, m)]):11.4g}")  # fmt: skip
+                  f"{abs(rs - rm):8.3f} {get(runs[(c, m)]):11.4g}")  # fmt: skip
         summary["figures"][name] = {"measured": meas, "simulated": sim}
     print("\npdsr: not run (it needs two gateway pools; the local stack has no --pools yet)")
     summary.update(rel_err=rel, ratio_abs_err=rat, sim_runs=sim_runs)
@@ -304,7 +310,7 @@ def main() -> int:
     print(
         f"RESULT configs={','.join(args.configs)} max_rel_err={max_rel:.3f} ratio_abs_err={max_rat:.3f} "
         f"max_rel_err_s0={max(abs(rel[m]) for m in s0):.3f} "
-        f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} reps={args.reps} wall_s={time.monotonic() - t0:.0f}",
+        f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} cal_rep={c} reps={args.reps} wall_s={time.monotonic() - t0:.0f}",
         flush=True,
     )
     return 0
