@@ -48,17 +48,23 @@ def test_trainer_stretch_by_hand() -> None:
 
 
 def test_an_engine_step_takes_the_stretch_times_its_time() -> None:
-    prof = EngineProfile(base_s=0.01, per_seq_s=0.001, kv_capacity_tokens=100_000, max_num_batched_tokens=8192)
+    prof = EngineProfile(
+        base_s=0.01, per_seq_s=0.001, kv_capacity_tokens=100_000, max_num_batched_tokens=8192
+    )
     times = {}
-    for factor in (1.0, 1.5):
+
+    def finish_time(factor: float) -> float:
         clock = VirtualClock()
         done: list[float] = []
         eng = Engine(clock, prof, lambda s: done.append(clock.now))
         if factor != 1.0:
-            eng.stretch = lambda f=factor: f
+            eng.stretch = lambda: factor
         eng.submit(Seq("a", 10, 0, 20))
         clock.run(lambda: False)
-        times[factor] = done[0]
+        return done[0]
+
+    for factor in (1.0, 1.5):
+        times[factor] = finish_time(factor)
     # 20 steps (a prefill that samples the first token, 19 decodes) of 10 + 1 ms: 0.22 s, x 1.5
     assert times[1.0] == pytest.approx(20 * 0.011)
     assert times[1.5] == pytest.approx(1.5 * 20 * 0.011)
