@@ -153,6 +153,12 @@ class Run:
         return float(sum(1 for t in self.ends if t > w[0]["t"]))
 
     @property
+    def engine_stretch(self) -> float:
+        """The engines' measured slow-down over the measured versions (1 + run delay / CPU)."""
+        w = self.window()
+        return measured_stretch(w[0], w[1], _gateways(w[1])) if w is not None else float("nan")
+
+    @property
     def trainer_times(self) -> list[float]:
         """B-th group (or the announcement, whichever is later) of v to the announcement of v + 1,
         less the fan-out: read, train, checkpoint, snapshot, publish's own overhead."""
@@ -224,6 +230,7 @@ def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, A
             "control_cpu_per_completion_ms": 1e3 * ctl / max(completions, 1),
             "trainer_cpu_s": _delta(a, b, ("trainer",)), "gateways_cpu_s": _delta(a, b, _gateways(b)),
             "background_cores": ((b["host_busy_s"] - a["host_busy_s"]) - ours) / dt,
+            "engine_stretch": measured_stretch(a, b, _gateways(b)),
         }  # fmt: skip
     X, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
     coef = nnls(X, y)
@@ -237,26 +244,30 @@ def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, A
     return host, per_run
 
 
-def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
-    """stretch(step_log_path, t): the contention factor at unix time t of the run that wrote the
-    log, from its CPU samples: floating demand = the host's busy time less the gateways' in the
-    sample interval around t, busy engines = the gateways' CPU share there."""
+def measured_stretch(a: dict[str, Any], b: dict[str, Any], names: tuple[str, ...]) -> float:
+    """How much longer the groups' work took than with a core each, between two CPU samples:
+    1 + run delay (runnable, waiting for a core) / CPU time (cpu_sampler.group_stats)."""
+    cpu = _delta(a, b, names)
+    if "delay" not in a or cpu <= 0:
+        return 1.0
+    delay = sum(max(0.0, b["delay"].get(n, 0.0) - a["delay"].get(n, 0.0)) for n in names)
+    return 1.0 + delay / cpu
+
+
+def stretch_of(runs: list[Run]) -> Any:
+    """stretch(step_log_path, t): how much the engine that wrote the log was slowed at unix time t
+    by everything else on its core, measured from its gateway's run delay in the CPU sample
+    interval around t (not from the model: the fit must see the uncontended step)."""
     by_dir = {r.dir.resolve(): r for r in runs}
 
     def stretch(path: Path, t: float) -> float:
         r = by_dir[path.resolve().parent.parent]  # RUN/logs/gateway-N.steps.jsonl
+        name = path.name.split(".", 1)[0]
         xs = r.cpu
         i = bisect.bisect_right([x["t"] for x in xs], t)
         if i <= 0 or i >= len(xs):
             return 1.0
-        a, b = xs[i - 1], xs[i]
-        dt = b["t"] - a["t"]
-        if dt <= 0:
-            return 1.0
-        gws = _gateways(b)
-        engines = _delta(a, b, gws) / dt
-        floating = (b["host_busy_s"] - a["host_busy_s"]) / dt - engines
-        return host.stretch(max(0.0, floating), min(float(len(gws)), max(engines, 1.0)))
+        return measured_stretch(xs[i - 1], xs[i], (name,))
 
     return stretch
 
@@ -268,7 +279,7 @@ def fit_cluster(
     if not logs:
         raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
     host, per_run = fit_host(cal, cores) if contention else (None, {})
-    stretch = stretch_of(cal, host) if host is not None else None
+    stretch = stretch_of(cal) if host is not None else None
     fitted, fit = calibrate_files(logs, KV_CAPACITY, stretch=stretch)
     reload_s = statistics.median(r.fanout for r in cal)
     train_s = statistics.median(t for r in cal if r.dir.name != "fully-async" for t in r.trainer_times)
@@ -498,7 +509,7 @@ def main() -> int:
     for (rep, m), r in runs.items():
         print(f"  rep {rep} {m:12s} rollout {r.rollout_s:6.3f}  period {r.period_s:6.3f}  steps {len(r.rollout_times):2d}  "
               f"valid {r.status['rollout/valid_group_ratio']:.2f}  tokens/version {r.tokens_per_version:6.0f}  "
-              f"load {r.loadavg[0]:.1f} / {r.loadavg[1]:.1f}")  # fmt: skip
+              f"load {r.loadavg[0]:.1f} / {r.loadavg[1]:.1f}  engines slowed {r.engine_stretch:.2f}x")  # fmt: skip
     c = args.cal_rep
     cal = [runs[(c, m)] for m in args.configs]
     cores = len(os.sched_getaffinity(0))
@@ -514,7 +525,7 @@ def main() -> int:
         print(f"    {name:12s} control plane {x['control_cpu_s']:6.2f} CPU s for {x['completions']:5.0f} completions "
               f"({x['control_cpu_per_completion_ms']:.2f} ms each), {x['versions']:.0f} versions over {x['wall_s']:.1f} s; "
               f"trainer {x['trainer_cpu_s']:.2f} CPU s, gateways {x['gateways_cpu_s']:.2f} CPU s, "
-              f"background {x['background_cores']:.2f} cores")  # fmt: skip
+              f"background {x['background_cores']:.2f} cores; engines slowed {x['engine_stretch']:.2f}x (run delay)")  # fmt: skip
     shown = {k: round(v, 3) for k, v in workload.items()}
     print(f"  workload {args.workload} fitted to rep {c} (sync: valid_rate, mean length; sync + async-fifo "
           f"committed groups: length structure): {shown}")  # fmt: skip

@@ -11,6 +11,7 @@ on how many others share the cores (the per-unit CPU cost moves a little with ca
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -22,8 +23,17 @@ TICK = os.sysconf("SC_CLK_TCK")
 def group_cpu_s(pgids: dict[str, int]) -> dict[str, float]:
     """CPU seconds (user + system, reaped children included) of every live process in each named
     process group."""
+    return group_stats(pgids)[0]
+
+
+def group_stats(pgids: dict[str, int]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per named process group: (CPU seconds as `group_cpu_s`, run delay seconds: the time its
+    live threads were runnable but waiting for a core, /proc/PID/task/TID/schedstat's second
+    field). Run delay over CPU time is how much longer the group's work took than it would have
+    with a core to itself: a direct measure of contention."""
     want = {pg: name for name, pg in pgids.items()}
-    out = dict.fromkeys(pgids, 0.0)
+    cpu = dict.fromkeys(pgids, 0.0)
+    delay = dict.fromkeys(pgids, 0.0)
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -34,9 +44,16 @@ def group_cpu_s(pgids: dict[str, int]) -> dict[str, float]:
         # the command name (field 2) may hold spaces: split after its closing parenthesis
         f = raw[raw.rfind(")") + 2 :].split()
         name = want.get(int(f[2]))  # f[0] = state, f[1] = ppid, f[2] = pgrp
-        if name is not None:
-            out[name] += sum(int(x) for x in f[11:15]) / TICK  # utime stime cutime cstime
-    return out
+        if name is None:
+            continue
+        cpu[name] += sum(int(x) for x in f[11:15]) / TICK  # utime stime cutime cstime
+        try:
+            for task in os.scandir(Path(entry.path, "task")):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    delay[name] += int(Path(task.path, "schedstat").read_text().split()[1]) / 1e9
+        except OSError:
+            continue
+    return cpu, delay
 
 
 def host_cpu_s() -> tuple[float, float]:
@@ -66,15 +83,17 @@ class CpuSampler:
 
     def sample(self) -> None:
         busy, total = host_cpu_s()
-        cpu = group_cpu_s(self.pgids())
+        cpu, delay = group_stats(self.pgids())
         if self.samples:  # a service that exited keeps its last reading
             prev = self.samples[-1]["cpu"]
             cpu = {k: max(v, prev.get(k, 0.0)) for k, v in {**prev, **cpu}.items()}
+
         own = os.times()
         self.samples.append(
             {
                 "t": time.time(),
                 "cpu": cpu,
+                "delay": delay,  # raw: a thread's run delay leaves the sum when it exits
                 "host_busy_s": busy,
                 "host_total_s": total,
                 "bench_s": own.user + own.system,
