@@ -156,7 +156,7 @@ class Run:
     def engine_stretch(self) -> float:
         """The engines' measured slow-down over the measured versions (1 + run delay / CPU)."""
         w = self.window()
-        return measured_stretch(w[0], w[1], _gateways(w[1])) if w is not None else float("nan")
+        return measured_stretch(w[0], w[1], _engines(w[1])) if w is not None else float("nan")
 
     @property
     def trainer_times(self) -> list[float]:
@@ -196,8 +196,18 @@ def _delta(a: dict[str, Any], b: dict[str, Any], names: tuple[str, ...]) -> floa
     return sum(b["cpu"].get(n, 0.0) - a["cpu"].get(n, 0.0) for n in names)
 
 
+def _services(sample: dict[str, Any]) -> tuple[str, ...]:
+    """The process groups sampled (not the "NAME:engine" threads inside them)."""
+    return tuple(n for n in sample["cpu"] if ":" not in n)
+
+
 def _gateways(sample: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(sorted(n for n in sample["cpu"] if n.startswith("gateway-")))
+    return tuple(sorted(n for n in _services(sample) if n.startswith("gateway-")))
+
+
+def _engines(sample: dict[str, Any]) -> tuple[str, ...]:
+    """The gateways' engine-core threads (cpu_sampler.group_stats)."""
+    return tuple(f"{g}:engine" for g in _gateways(sample) if f"{g}:engine" in sample["cpu"])
 
 
 def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, Any]]:
@@ -219,7 +229,7 @@ def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, A
         rows.append([completions, versions])
         ys.append(ctl)
         dt = b["t"] - a["t"]
-        ours = _delta(a, b, tuple(b["cpu"]))
+        ours = _delta(a, b, _services(b))
         bg += (b["host_busy_s"] - a["host_busy_s"]) - ours
         wall += dt
         if r.dir.name != "fully-async":
@@ -230,7 +240,7 @@ def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, A
             "control_cpu_per_completion_ms": 1e3 * ctl / max(completions, 1),
             "trainer_cpu_s": _delta(a, b, ("trainer",)), "gateways_cpu_s": _delta(a, b, _gateways(b)),
             "background_cores": ((b["host_busy_s"] - a["host_busy_s"]) - ours) / dt,
-            "engine_stretch": measured_stretch(a, b, _gateways(b)),
+            "engine_stretch": measured_stretch(a, b, _engines(b)),
         }  # fmt: skip
     X, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
     coef = nnls(X, y)
@@ -262,7 +272,7 @@ def stretch_of(runs: list[Run]) -> Any:
 
     def stretch(path: Path, t: float) -> float:
         r = by_dir[path.resolve().parent.parent]  # RUN/logs/gateway-N.steps.jsonl
-        name = path.name.split(".", 1)[0]
+        name = path.name.split(".", 1)[0] + ":engine"
         xs = r.cpu
         i = bisect.bisect_right([x["t"] for x in xs], t)
         if i <= 0 or i >= len(xs):

@@ -26,11 +26,17 @@ def group_cpu_s(pgids: dict[str, int]) -> dict[str, float]:
     return group_stats(pgids)[0]
 
 
+ENGINE_THREAD = "VLLM::EngineCor"  # vLLM's engine-core process (its main thread runs the steps)
+
+
 def group_stats(pgids: dict[str, int]) -> tuple[dict[str, float], dict[str, float]]:
     """Per named process group: (CPU seconds as `group_cpu_s`, run delay seconds: the time its
     live threads were runnable but waiting for a core, /proc/PID/task/TID/schedstat's second
-    field). Run delay over CPU time is how much longer the group's work took than it would have
-    with a core to itself: a direct measure of contention."""
+    field). Also, under "NAME:engine", the CPU and run delay of a vLLM engine core's main thread
+    (the thread that runs the engine's steps) where the group has one: its run delay over its
+    CPU time is how much longer the engine's steps took than they would have with its core to
+    itself — a direct measure of contention (a group's total is not: vLLM's idle helper threads
+    pinned to one core wait on each other)."""
     want = {pg: name for name, pg in pgids.items()}
     cpu = dict.fromkeys(pgids, 0.0)
     delay = dict.fromkeys(pgids, 0.0)
@@ -47,10 +53,15 @@ def group_stats(pgids: dict[str, int]) -> tuple[dict[str, float], dict[str, floa
         if name is None:
             continue
         cpu[name] += sum(int(x) for x in f[11:15]) / TICK  # utime stime cutime cstime
+        engine = raw[raw.find("(") + 1 : raw.rfind(")")].startswith(ENGINE_THREAD)
         try:
             for task in os.scandir(Path(entry.path, "task")):
                 with contextlib.suppress(OSError, ValueError, IndexError):
-                    delay[name] += int(Path(task.path, "schedstat").read_text().split()[1]) / 1e9
+                    run_ns, wait_ns = (int(x) for x in Path(task.path, "schedstat").read_text().split()[:2])
+                    delay[name] += wait_ns / 1e9
+                    if engine and task.name == entry.name:
+                        cpu[f"{name}:engine"] = cpu.get(f"{name}:engine", 0.0) + run_ns / 1e9
+                        delay[f"{name}:engine"] = delay.get(f"{name}:engine", 0.0) + wait_ns / 1e9
         except OSError:
             continue
     return cpu, delay
