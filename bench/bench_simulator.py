@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import os
 import signal
@@ -251,6 +252,13 @@ def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, A
         trainer_cores=tr_cpu / tr_wall if tr_wall > 0 else 0.0,
         background_cores=max(0.0, bg / wall),
     )
+    for r in cal:  # the model's stretch over the run (intervals with an engine stepping), beside the measured
+        a, b = r.window()  # type: ignore[misc]
+        xs = [x for x in r.cpu if a["t"] <= x["t"] <= b["t"]]
+        pairs = [(x, y) for x, y in itertools.pairwise(xs) if _delta(x, y, _engines(y) or _gateways(y)) > 0]
+        per_run[r.dir.name]["model_stretch"] = (
+            statistics.fmean(model_stretch(x, y, host) for x, y in pairs) if pairs else 1.0
+        )
     return host, per_run
 
 
@@ -264,20 +272,41 @@ def measured_stretch(a: dict[str, Any], b: dict[str, Any], names: tuple[str, ...
     return 1.0 + delay / cpu
 
 
-def stretch_of(runs: list[Run]) -> Any:
-    """stretch(step_log_path, t): how much the engine that wrote the log was slowed at unix time t
-    by everything else on its core, measured from its gateway's run delay in the CPU sample
-    interval around t (not from the model: the fit must see the uncontended step)."""
+BUSY_CORES = 0.25  # an engine whose core thread used at least this share of a core was stepping
+
+
+def model_stretch(a: dict[str, Any], b: dict[str, Any], host: HostCpuContention) -> float:
+    """The contention model's engine stretch between two CPU samples, from what was measured
+    there: floating work = the host's busy time less the gateways' (control plane, trainer, this
+    bench, other users), per second; stepping engines = gateways whose engine thread was busy."""
+    dt = b["t"] - a["t"]
+    if dt <= 0:
+        return 1.0
+    gws = _gateways(b)
+    floating = ((b["host_busy_s"] - a["host_busy_s"]) - _delta(a, b, gws)) / dt
+    busy = sum(
+        1
+        for g in gws
+        if _delta(a, b, (f"{g}:engine",) if f"{g}:engine" in b["cpu"] else (g,)) / dt >= BUSY_CORES
+    )
+    return host.stretch(max(0.0, floating), max(busy, 1))
+
+
+def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
+    """stretch(step_log_path, t): the contention model's stretch at unix time t in the run that
+    wrote the log (`model_stretch` over the CPU sample interval around t). The engine costs are
+    fitted on step intervals divided by it: the simulator multiplies them by the same formula,
+    so the fit is of the step without the floating work the model accounts for (the gateway's own
+    frontend, pinned to its engine's core, stays in the step cost)."""
     by_dir = {r.dir.resolve(): r for r in runs}
 
     def stretch(path: Path, t: float) -> float:
         r = by_dir[path.resolve().parent.parent]  # RUN/logs/gateway-N.steps.jsonl
-        name = path.name.split(".", 1)[0] + ":engine"
         xs = r.cpu
         i = bisect.bisect_right([x["t"] for x in xs], t)
         if i <= 0 or i >= len(xs):
             return 1.0
-        return measured_stretch(xs[i - 1], xs[i], (name,))
+        return model_stretch(xs[i - 1], xs[i], host)
 
     return stretch
 
@@ -289,7 +318,7 @@ def fit_cluster(
     if not logs:
         raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
     host, per_run = fit_host(cal, cores) if contention else (None, {})
-    stretch = stretch_of(cal) if host is not None else None
+    stretch = stretch_of(cal, host) if host is not None else None
     fitted, fit = calibrate_files(logs, KV_CAPACITY, stretch=stretch)
     reload_s = statistics.median(r.fanout for r in cal)
     train_s = statistics.median(t for r in cal if r.dir.name != "fully-async" for t in r.trainer_times)
@@ -535,7 +564,7 @@ def main() -> int:
         print(f"    {name:12s} control plane {x['control_cpu_s']:6.2f} CPU s for {x['completions']:5.0f} completions "
               f"({x['control_cpu_per_completion_ms']:.2f} ms each), {x['versions']:.0f} versions over {x['wall_s']:.1f} s; "
               f"trainer {x['trainer_cpu_s']:.2f} CPU s, gateways {x['gateways_cpu_s']:.2f} CPU s, "
-              f"background {x['background_cores']:.2f} cores; engines slowed {x['engine_stretch']:.2f}x (run delay)")  # fmt: skip
+              f"background {x['background_cores']:.2f} cores; engines slowed {x['engine_stretch']:.2f}x (run delay), {x['model_stretch']:.2f}x (model)")  # fmt: skip
     shown = {k: round(v, 3) for k, v in workload.items()}
     print(f"  workload {args.workload} fitted to rep {c} (sync: valid_rate, mean length; sync + async-fifo "
           f"committed groups: length structure): {shown}")  # fmt: skip
