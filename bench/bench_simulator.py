@@ -211,7 +211,28 @@ def _engines(sample: dict[str, Any]) -> tuple[str, ...]:
     return tuple(f"{g}:engine" for g in _gateways(sample) if f"{g}:engine" in sample["cpu"])
 
 
-def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, Any]]:
+def _background(r: Run) -> tuple[float, float]:
+    """(CPU seconds of the host that were none of the stack's services, seconds), over the sample
+    intervals of the measured versions where an engine stepped (others take more of the cores
+    while ours idle: the whole window would overstate what the engines met)."""
+    w = r.window()
+    if w is None:
+        return 0.0, 0.0
+    xs = [x for x in r.cpu if w[0]["t"] <= x["t"] <= w[1]["t"]]
+    cpu = span = 0.0
+    for x, y in itertools.pairwise(xs):
+        if _stepping(x, y):
+            cpu += (y["host_busy_s"] - x["host_busy_s"]) - _delta(x, y, _services(y))
+            span += y["t"] - x["t"]
+    return cpu, span
+
+
+def background_cores(r: Run) -> float:
+    cpu, span = _background(r)
+    return max(0.0, cpu / span) if span > 0 else 0.0
+
+
+def fit_host(cal: list[Run], cores: int, max_share: float = 0.5) -> tuple[HostCpuContention, dict[str, Any]]:
     """The contention model's inputs from the calibration runs' CPU samples, over each run's
     measured versions: control-plane CPU = completion_cpu_s x completions + version_cpu_s x versions
     (non-negative least squares over the runs); the trainer's demand = its CPU / its compute time
@@ -231,8 +252,9 @@ def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, A
         ys.append(ctl)
         dt = b["t"] - a["t"]
         ours = _delta(a, b, _services(b))
-        bg += (b["host_busy_s"] - a["host_busy_s"]) - ours
-        wall += dt
+        got, span = _background(r)
+        bg += got
+        wall += span
         if r.dir.name != "fully-async":
             tr_cpu += _delta(a, b, ("trainer",))
             tr_wall += sum(r.trainer_times)
@@ -250,12 +272,13 @@ def fit_host(cal: list[Run], cores: int) -> tuple[HostCpuContention, dict[str, A
         completion_cpu_s=float(coef[0]),
         version_cpu_s=float(coef[1]),
         trainer_cores=tr_cpu / tr_wall if tr_wall > 0 else 0.0,
-        background_cores=max(0.0, bg / wall),
+        background_cores=max(0.0, bg / wall) if wall > 0 else 0.0,
+        max_share=max_share,
     )
     for r in cal:  # the model's stretch over the run (intervals with an engine stepping), beside the measured
         a, b = r.window()  # type: ignore[misc]
         xs = [x for x in r.cpu if a["t"] <= x["t"] <= b["t"]]
-        pairs = [(x, y) for x, y in itertools.pairwise(xs) if _delta(x, y, _engines(y) or _gateways(y)) > 0]
+        pairs = [(x, y) for x, y in itertools.pairwise(xs) if _stepping(x, y)]
         per_run[r.dir.name]["model_stretch"] = (
             statistics.fmean(model_stretch(x, y, host) for x, y in pairs) if pairs else 1.0
         )
@@ -275,6 +298,19 @@ def measured_stretch(a: dict[str, Any], b: dict[str, Any], names: tuple[str, ...
 BUSY_CORES = 0.25  # an engine whose core thread used at least this share of a core was stepping
 
 
+def _stepping(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """Gateways whose engine thread was busy between two samples (>= BUSY_CORES of a core)."""
+    dt = b["t"] - a["t"]
+    if dt <= 0:
+        return 0
+    gws = _gateways(b)
+    return sum(
+        1
+        for g in gws
+        if _delta(a, b, (f"{g}:engine",) if f"{g}:engine" in b["cpu"] else (g,)) / dt >= BUSY_CORES
+    )
+
+
 def model_stretch(a: dict[str, Any], b: dict[str, Any], host: HostCpuContention) -> float:
     """The contention model's engine stretch between two CPU samples, from what was measured
     there: floating work = the host's busy time less the gateways' (control plane, trainer, this
@@ -284,12 +320,7 @@ def model_stretch(a: dict[str, Any], b: dict[str, Any], host: HostCpuContention)
         return 1.0
     gws = _gateways(b)
     floating = ((b["host_busy_s"] - a["host_busy_s"]) - _delta(a, b, gws)) / dt
-    busy = sum(
-        1
-        for g in gws
-        if _delta(a, b, (f"{g}:engine",) if f"{g}:engine" in b["cpu"] else (g,)) / dt >= BUSY_CORES
-    )
-    return host.stretch(max(0.0, floating), max(busy, 1))
+    return host.stretch(max(0.0, floating), max(_stepping(a, b), 1))
 
 
 def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
@@ -312,12 +343,12 @@ def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
 
 
 def fit_cluster(
-    cal: list[Run], cores: int, contention: bool = True
+    cal: list[Run], cores: int, contention: bool = True, max_share: float = 0.5
 ) -> tuple[ClusterProfile, str, dict[str, Any]]:
     logs = [p for r in cal for p in r.step_logs]
     if not logs:
         raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
-    host, per_run = fit_host(cal, cores) if contention else (None, {})
+    host, per_run = fit_host(cal, cores, max_share) if contention else (None, {})
     stretch = stretch_of(cal, host) if host is not None else None
     fitted, fit = calibrate_files(logs, KV_CAPACITY, stretch=stretch)
     reload_s = statistics.median(r.fanout for r in cal)
@@ -374,7 +405,7 @@ def fit_length_structure(groups: list[dict[str, Any]], cap: int) -> dict[str, fl
     right and wrong answers), in runs whose commit order does not favour short groups (sync,
     async-fifo): whether responses split into brief answers and worked ones (two modes of log
     length, the lower one tight), the brief share and length, the worked answers' spread within a
-    group and the wrong/right length ratio within a group."""
+    group, across groups, and the wrong/right length ratio within a group."""
     L = np.array([x for g in groups for x in g["lengths"]], dtype=float)
     if len(L) < 64:
         raise SystemExit(f"only {len(L)} committed responses to fit the workload's lengths on")
@@ -393,7 +424,7 @@ def fit_length_structure(groups: list[dict[str, Any]], cap: int) -> dict[str, fl
         )
     # worked answers: residuals from their group's mean, right and wrong apart
     k = 0
-    ratios, resid = [], []
+    ratios, resid, means, counts = [], [], [], []
     for g in groups:
         n = len(g["lengths"])
         lg = logs[k : k + n]
@@ -409,10 +440,19 @@ def fit_length_structure(groups: list[dict[str, Any]], cap: int) -> dict[str, fl
         mr, mw = right & ~is_low & uncapped, ~right & ~is_low & uncapped
         if mr.any() and mw.any():
             ratios.append(float(lg[mw].mean() - lg[mr].mean()))
+        if (~is_low).any():
+            means.append(float(lg[~is_low].mean()))
+            counts.append(int((~is_low).sum()))
     if len(resid) >= 16:
         out["within_sigma"] = float(np.std(resid))
     if len(ratios) >= 8:
         out["wrong_length_ratio"] = float(np.exp(np.median(ratios)))
+    if len(means) >= 16 and "within_sigma" in out:
+        # the spread of the groups' mean log length, less what the within-group spread puts in
+        # a mean of k answers (valid groups: prompts of middling difficulty; the preset's
+        # difficulty_length_slope, which those cannot show, is kept)
+        within = out["within_sigma"] ** 2 / float(np.mean(counts))
+        out["between_sigma"] = float(np.sqrt(max(0.0, float(np.var(means)) - within)))
     out["fitted_on_responses"] = float(len(L))
     return out
 
@@ -450,6 +490,7 @@ def fit_workload(preset: str, sync_run: Run, structure_runs: list[Run] | None = 
 
 # ------------------------------------------------------------------------- simulated side
 NOT_WORKLOAD = ("target_mean_length", "fitted_on_responses")
+LOAD_SEEDS = 5
 
 
 def simulate(
@@ -602,8 +643,38 @@ def main() -> int:
             print(f"{m:22s} {meas[m]:9.4g} {runs_s:>20s} {sim[m]:9.4g} {sd:7.3g} {err:+8.1%} {rm:10.3f} {rs:9.3f} "
                   f"{abs(rs - rm):8.3f} {get(runs[(c, m)]):11.4g} {spr:11.1%}")  # fmt: skip
         summary["figures"][name] = {"measured": meas, "simulated": sim}
+    load_matched: dict[str, Any] = {}
+    if cluster.host is not None:
+        # the same model, calibrated on rep 1 only, with one input replaced: the background load
+        # (other users' CPU, an input from outside the stack) each validation run met
+        print(f"\nrollout s/step, load-matched (per validation run: the simulator with that run's measured "
+              f"background load; {LOAD_SEEDS} seeds each; everything else calibrated on rep {c}):")  # fmt: skip
+        print(f"{'':22s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s} {'ratio meas':>10s} {'ratio sim':>9s} "
+              f"{'abs err':>8s}   per run: background cores, measured / simulated")  # fmt: skip
+        per: dict[str, list[tuple[float, float, float]]] = {}
+        for m in args.configs:
+            for rep in val:
+                r = runs[(rep, m)]
+                bgc = background_cores(r)
+                host = cluster.host.model_copy(update={"background_cores": bgc})
+                one = argparse.Namespace(**{**vars(args), "sim_seeds": LOAD_SEEDS})
+                sims = simulate(m, cluster.model_copy(update={"host": host}), workload, one)
+                per.setdefault(m, []).append((bgc, r.rollout_s, statistics.fmean(x[0] for x in sims)))
+        lm_meas = {m: statistics.median(x[1] for x in per[m]) for m in args.configs}
+        lm_sim = {m: statistics.median(x[2] for x in per[m]) for m in args.configs}
+        lm_rel, lm_rat = {}, {}
+        for m in args.configs:
+            lm_rel[m] = lm_sim[m] / lm_meas[m] - 1
+            rm, rs = lm_meas[m] / lm_meas["sync"], lm_sim[m] / lm_sim["sync"]
+            if m != "sync":
+                lm_rat[m] = abs(rs - rm)
+            runs_s = "  ".join(f"{b:.2f}: {x:.3g} / {y:.3g}" for b, x, y in per[m])
+            print(f"{m:22s} {lm_meas[m]:9.4g} {lm_sim[m]:9.4g} {lm_rel[m]:+8.1%} {rm:10.3f} {rs:9.3f} {abs(rs - rm):8.3f}   {runs_s}")  # fmt: skip
+        load_matched = {"per_run": per, "rel_err": lm_rel, "ratio_abs_err": lm_rat}
     print("\npdsr: not run (this bench does not start two gateway pools yet)")
-    summary.update(rel_err=rel, ratio_abs_err=rat, real_spread=spread, sim_runs=sim_runs)
+    summary.update(
+        rel_err=rel, ratio_abs_err=rat, real_spread=spread, sim_runs=sim_runs, load_matched=load_matched
+    )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     max_rel = max(abs(x) for x in rel.values())
     max_rat = max(rat.values(), default=0.0)
@@ -612,7 +683,13 @@ def main() -> int:
         f"RESULT configs={','.join(args.configs)} max_rel_err={max_rel:.3f} ratio_abs_err={max_rat:.3f} "
         f"max_rel_err_s0={max(abs(rel[m]) for m in s0):.3f} real_spread_max={max(spread.values()):.3f} "
         f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} cal_rep={c} reps={args.reps} "
-        f"contention={int(not args.no_contention)} fitted_lengths={int(not args.preset_lengths)} "
+        + (
+            f"load_matched_max_rel_err={max(abs(x) for x in load_matched['rel_err'].values()):.3f} "
+            f"load_matched_ratio_abs_err={max(load_matched['ratio_abs_err'].values(), default=0.0):.3f} "
+            if load_matched
+            else ""
+        )
+        + f"contention={int(not args.no_contention)} fitted_lengths={int(not args.preset_lengths)} "
         f"wall_s={time.monotonic() - t0:.0f}",
         flush=True,
     )
