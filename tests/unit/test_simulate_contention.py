@@ -45,6 +45,10 @@ def test_trainer_stretch_by_hand() -> None:
     assert HOST.trainer_stretch(1.8, 2) == pytest.approx(1.8)
     # one stepping engine: 1 + 0.5 = 1.5 cores for 1.8
     assert HOST.trainer_stretch(1.8, 1) == pytest.approx(1.2)
+    # a trainer on the CPU 40 % of its step (the rest checkpoint and snapshot I/O): only that
+    # part stretches, 1 + 0.4 x (1.8 - 1)
+    io_bound = HOST.model_copy(update={"trainer_cores": 0.4})
+    assert io_bound.trainer_stretch(1.8, 2) == pytest.approx(1.32)
 
 
 def test_an_engine_step_takes_the_stretch_times_its_time() -> None:

@@ -108,8 +108,8 @@ class HostCpuContention(_Model):
     `f = min(max_share, spill / b)` of its time. An engine step then takes `1 / (1 - f)` times
     its uncontended time (`stretch`). `max_share` 0.5 is the kernel's fair share when one
     floating thread competes with an engine's. The trainer, when it computes beside stepping
-    engines, gets the floating capacity `(cores - b) + b * max_share` in proportion to its demand
-    (`trainer_stretch`). The inputs are calibrated from the real stack's per-process CPU time
+    engines, gets the floating capacity `(cores - b) + b * max_share` in proportion to its demand;
+    only its CPU share of the step stretches (`trainer_stretch`). The inputs are calibrated from the real stack's per-process CPU time
     (bench/bench_simulator.py); the engine costs they are used with must be fitted on step
     intervals divided by the stretch of their time (`calibrate_files(stretch=...)`), or the
     contention is counted twice."""
@@ -146,10 +146,12 @@ class HostCpuContention(_Model):
         return 1.0 / (1.0 - self.lost_share(floating_cores, busy_engines))
 
     def trainer_stretch(self, floating_cores: float, busy_engines: float) -> float:
-        """Factor on the trainer's time: floating demand (the trainer's included) over what the
-        floating work can get, when that is less."""
+        """Factor on the trainer's time: its CPU share (`trainer_cores`, at most all of its time;
+        the rest is I/O: checkpoint, snapshot, Redis) takes floating demand (the trainer's
+        included) over what floating work can get, when that is less."""
         capacity = (self.cores - busy_engines) + busy_engines * self.max_share
-        return max(1.0, floating_cores / capacity) if capacity > 0 else 1.0
+        slow = max(1.0, floating_cores / capacity) if capacity > 0 else 1.0
+        return 1.0 + min(1.0, self.trainer_cores) * (slow - 1.0)
 
 
 class ClusterProfile(_Model):
