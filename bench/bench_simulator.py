@@ -13,7 +13,15 @@ Protocol
    the trainer's time from the B-th group to the next announcement (trainer base_s), the verifier's
    mean call latency (call_s); the rep-1 sync run fits the workload (`fit_workload`: the share of
    valid groups among those judged, surplus included, as valid_rate; length_median scaled until
-   the preset's mean response length is the run's). The
+   the preset's mean response length is the run's), and the committed groups of the rep-1 sync
+   and async-fifo runs (orders that do not favour short groups) its length structure
+   (`fit_length_structure`: brief answers and their share, within- and between-group spread,
+   wrong/right length ratio; `--preset-lengths` keeps the preset's). Host-CPU contention
+   (`profile.HostCpuContention`; `--no-contention` leaves it out) from the per-service CPU time
+   `cpu_sampler` records during every run: control-plane CPU (scheduler + verifier + Redis) per
+   completion and per version, the trainer's CPU share, the background (host busy time that was
+   none of the stack's, where an engine stepped); the step costs are fitted on intervals divided
+   by the model's stretch at their time. The
    KV capacity is the stack's: VLLM_CPU_KVCACHE_SPACE = 1 GiB at 1,024 B per token (2 layers x
    2 KV heads x 32 dims x 2 (K, V) x 4 B) = 1,048,576 tokens. Nothing else is stated: the
    Redis round trip and the abort fan-out keep the `cpu-tiny` profile's values.
@@ -21,8 +29,12 @@ Protocol
    s/step against the simulator's (the mean over `--sim-seeds` seeds of the same number of steps,
    same warm-up) with the `tiny-longtail` workload preset (bench_e2e's workload, restated; its
    valid_rate and length scale fitted as above); the ratio config / sync likewise. Also compared,
-   as diagnostics: the step period (announcement to announcement) and the tokens generated per
-   version (aborted included) — a count, which the machine's load does not move.
+   as diagnostics: the step period (announcement to announcement), and counts the machine's load
+   does not move: tokens generated per version (aborted included), completions per version,
+   their mean length, tokens aborted per version. The real stack's own spread per config
+   ((max - min) / median over every rep) is printed beside the errors. "Load-matched" re-runs the
+   simulator per validation run with that run's own measured background load (other users' CPU:
+   an input from outside the stack), everything else still from rep 1.
 
 Rollout s/step, the same figure on both sides: per version v after warm-up, the weight fan-out
 that announced v + the time from v's announcement to the B-th group committed for step v + 1
