@@ -244,12 +244,35 @@ def background_cores(r: Run) -> float:
     return max(0.0, cpu / span) if span > 0 else 0.0
 
 
-def fit_host(cal: list[Run], cores: int, max_share: float = 0.5) -> tuple[HostCpuContention, dict[str, Any]]:
+OURS_FLOATING = (*CONTROL, "trainer")
+
+
+def background_threads(r: Run) -> float:
+    """Other processes' runnable threads during run `r`: its 1-min load average (mean of start and
+    end of training) less the stack's own runnable threads (its engines, and its floating CPU
+    rate: control plane and trainer). An input from outside the stack."""
+    w = r.window()
+    engines = len(_gateways(w[1])) if w is not None else 2
+    ours = _delta(w[0], w[1], OURS_FLOATING) / max(w[1]["t"] - w[0]["t"], 1e-9) if w is not None else 0.0
+    return max(0.0, statistics.fmean(r.loadavg) - engines - ours)
+
+
+def host_for(host: HostCpuContention, r: Run) -> HostCpuContention:
+    """`host` with run `r`'s own background (threads or cores, whichever `host` models)."""
+    if host.background_threads > 0 or host.background_cores == 0:
+        return host.model_copy(update={"background_threads": background_threads(r)})
+    return host.model_copy(update={"background_cores": background_cores(r)})
+
+
+def fit_host(
+    cal: list[Run], cores: int, max_share: float = 0.5, background: str = "threads"
+) -> tuple[HostCpuContention, dict[str, Any]]:
     """The contention model's inputs from the calibration runs' CPU samples, over each run's
     measured versions: control-plane CPU = completion_cpu_s x completions + version_cpu_s x versions
     (non-negative least squares over the runs); the trainer's demand = its CPU / its compute time
-    (s = 0 runs: the trainer computes while the engines idle); background = host busy time that is
-    none of the stack's services, per second (other users' load and this bench's own process)."""
+    (s = 0 runs: the trainer computes while the engines idle); background `threads` (default:
+    other processes' runnable threads, from the load average, `background_threads`) or `cores`
+    (host busy time that was none of the stack's services, per second, where an engine stepped)."""
     rows, ys, tr_cpu, tr_wall, bg, wall = [], [], 0.0, 0.0, 0.0, 0.0
     per_run = {}
     for r in cal:
@@ -275,6 +298,7 @@ def fit_host(cal: list[Run], cores: int, max_share: float = 0.5) -> tuple[HostCp
             "control_cpu_per_completion_ms": 1e3 * ctl / max(completions, 1),
             "trainer_cpu_s": _delta(a, b, ("trainer",)), "gateways_cpu_s": _delta(a, b, _gateways(b)),
             "background_cores": ((b["host_busy_s"] - a["host_busy_s"]) - ours) / dt,
+            "background_threads": background_threads(r),
             "engine_stretch": measured_stretch(a, b, _engines(b)),
         }  # fmt: skip
     X, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
@@ -284,7 +308,10 @@ def fit_host(cal: list[Run], cores: int, max_share: float = 0.5) -> tuple[HostCp
         completion_cpu_s=float(coef[0]),
         version_cpu_s=float(coef[1]),
         trainer_cores=tr_cpu / tr_wall if tr_wall > 0 else 0.0,
-        background_cores=max(0.0, bg / wall) if wall > 0 else 0.0,
+        background_cores=max(0.0, bg / wall) if wall > 0 and background == "cores" else 0.0,
+        background_threads=statistics.fmean(background_threads(r) for r in cal)
+        if background == "threads"
+        else 0.0,
         max_share=max_share,
     )
     for r in cal:  # the model's stretch over the run (intervals with an engine stepping), beside the measured
@@ -292,7 +319,7 @@ def fit_host(cal: list[Run], cores: int, max_share: float = 0.5) -> tuple[HostCp
         xs = [x for x in r.cpu if a["t"] <= x["t"] <= b["t"]]
         pairs = [(x, y) for x, y in itertools.pairwise(xs) if _stepping(x, y)]
         per_run[r.dir.name]["model_stretch"] = (
-            statistics.fmean(model_stretch(x, y, host) for x, y in pairs) if pairs else 1.0
+            statistics.fmean(model_stretch(x, y, host_for(host, r)) for x, y in pairs) if pairs else 1.0
         )
     return host, per_run
 
@@ -330,8 +357,10 @@ def model_stretch(a: dict[str, Any], b: dict[str, Any], host: HostCpuContention)
     dt = b["t"] - a["t"]
     if dt <= 0:
         return 1.0
-    gws = _gateways(b)
-    floating = ((b["host_busy_s"] - a["host_busy_s"]) - _delta(a, b, gws)) / dt
+    if host.background_cores > 0:  # everything but the gateways: ours and others' CPU
+        floating = ((b["host_busy_s"] - a["host_busy_s"]) - _delta(a, b, _gateways(b))) / dt
+    else:  # others are background_threads: only our own floating work
+        floating = _delta(a, b, OURS_FLOATING) / dt
     return host.stretch(max(0.0, floating), max(_stepping(a, b), 1))
 
 
@@ -342,6 +371,7 @@ def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
     so the fit is of the step without the floating work the model accounts for (the gateway's own
     frontend, pinned to its engine's core, stays in the step cost)."""
     by_dir = {r.dir.resolve(): r for r in runs}
+    hosts = {r.dir.name: host_for(host, r) for r in runs}
 
     def stretch(path: Path, t: float) -> float:
         r = by_dir[path.resolve().parent.parent]  # RUN/logs/gateway-N.steps.jsonl
@@ -349,30 +379,41 @@ def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
         i = bisect.bisect_right([x["t"] for x in xs], t)
         if i <= 0 or i >= len(xs):
             return 1.0
-        return model_stretch(xs[i - 1], xs[i], host)
+        return model_stretch(xs[i - 1], xs[i], hosts[r.dir.name])
 
     return stretch
 
 
 def fit_cluster(
-    cal: list[Run], cores: int, contention: bool = True, max_share: float = 0.5
+    cal: list[Run], cores: int, contention: bool = True, max_share: float = 0.5, background: str = "threads"
 ) -> tuple[ClusterProfile, str, dict[str, Any]]:
     logs = [p for r in cal for p in r.step_logs]
     if not logs:
         raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
-    host, per_run = fit_host(cal, cores, max_share) if contention else (None, {})
+    host, per_run = fit_host(cal, cores, max_share, background) if contention else (None, {})
     stretch = stretch_of(cal, host) if host is not None else None
     fitted, fit = calibrate_files(logs, KV_CAPACITY, stretch=stretch)
     reload_s = statistics.median(r.fanout for r in cal)
-    train_s = statistics.median(t for r in cal if r.dir.name != "fully-async" for t in r.trainer_times)
-    if host is not None:  # measured beside the control plane and other load: its uncontended time
-        train_s /= host.trainer_stretch(host.trainer_cores + host.background_cores, 0)
-    call_s = statistics.median(r.mean_of("asyncdapo_scheduler_verifier_latency_seconds") for r in cal)
+    s0 = [r for r in cal if r.dir.name != "fully-async"]
+    if host is not None:  # measured beside other load (engines idle): its uncontended time
+        train_s = statistics.median(
+            t / host_for(host, r).trainer_stretch(host.trainer_cores + host_for(host, r).background_cores, 0)
+            for r in s0
+            for t in r.trainer_times
+        )
+    else:
+        train_s = statistics.median(t for r in s0 for t in r.trainer_times)
+    # measured beside other load: the verifier call without it (the simulator slows it again)
+    call_s = statistics.median(
+        r.mean_of("asyncdapo_scheduler_verifier_latency_seconds")
+        / (host_for(host, r).others if host else 1.0)
+        for r in cal
+    )
     engine = fitted.engine.model_copy(update={"pause_s": 0.0, "reload_s": reload_s})
     hs = (
         f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
         f"completion + {host.version_cpu_s * 1e3:.1f} ms per version, trainer {host.trainer_cores:.2f} cores, "
-        f"background {host.background_cores:.2f} cores"
+        f"background {host.background_cores:.2f} cores / {host.background_threads:.2f} runnable threads"
         if host is not None
         else "; no host contention model"
     )
@@ -465,6 +506,8 @@ def fit_length_structure(groups: list[dict[str, Any]], cap: int) -> dict[str, fl
         # difficulty_length_slope, which those cannot show, is kept)
         within = out["within_sigma"] ** 2 / float(np.mean(counts))
         out["between_sigma"] = float(np.sqrt(max(0.0, float(np.var(means)) - within)))
+    if L.max() < cap:  # no answer reached the cap: the task bounds them, at least this long
+        out["length_max"] = int(L.max())
     out["fitted_on_responses"] = float(len(L))
     return out
 
@@ -564,6 +607,12 @@ def main() -> int:
         "--no-contention", action="store_true", help="leave out the host-CPU contention model (the old fit)"
     )
     ap.add_argument(
+        "--background",
+        choices=("threads", "cores"),
+        default="threads",
+        help="other users' load as runnable threads (load average) or as the CPU they used",
+    )
+    ap.add_argument(
         "--preset-lengths",
         action="store_true",
         help="keep the preset's within-group length structure (fit only valid_rate and the length scale)",
@@ -605,7 +654,9 @@ def main() -> int:
     c = args.cal_rep
     cal = [runs[(c, m)] for m in args.configs]
     cores = len(os.sched_getaffinity(0))
-    cluster, fit_summary, per_run = fit_cluster(cal, cores, contention=not args.no_contention)
+    cluster, fit_summary, per_run = fit_cluster(
+        cal, cores, contention=not args.no_contention, background=args.background
+    )
     structure = (
         None if args.preset_lengths else [runs[(c, m)] for m in ("sync", "async-fifo") if m in args.configs]
     )
@@ -617,7 +668,7 @@ def main() -> int:
         print(f"    {name:12s} control plane {x['control_cpu_s']:6.2f} CPU s for {x['completions']:5.0f} completions "
               f"({x['control_cpu_per_completion_ms']:.2f} ms each), {x['versions']:.0f} versions over {x['wall_s']:.1f} s; "
               f"trainer {x['trainer_cpu_s']:.2f} CPU s, gateways {x['gateways_cpu_s']:.2f} CPU s, "
-              f"background {x['background_cores']:.2f} cores; engines slowed {x['engine_stretch']:.2f}x (run delay), {x['model_stretch']:.2f}x (model)")  # fmt: skip
+              f"background {x['background_cores']:.2f} cores, {x['background_threads']:.1f} threads; engines slowed {x['engine_stretch']:.2f}x (run delay), {x['model_stretch']:.2f}x (model)")  # fmt: skip
     shown = {k: round(v, 3) for k, v in workload.items()}
     print(f"  workload {args.workload} fitted to rep {c} (sync: valid_rate, mean length; sync + async-fifo "
           f"committed groups: length structure): {shown}")  # fmt: skip
@@ -662,13 +713,13 @@ def main() -> int:
         print(f"\nrollout s/step, load-matched (per validation run: the simulator with that run's measured "
               f"background load; {LOAD_SEEDS} seeds each; everything else calibrated on rep {c}):")  # fmt: skip
         print(f"{'':22s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s} {'ratio meas':>10s} {'ratio sim':>9s} "
-              f"{'abs err':>8s}   per run: background cores, measured / simulated")  # fmt: skip
+              f"{'abs err':>8s}   per run: background, measured / simulated")  # fmt: skip
         per: dict[str, list[tuple[float, float, float]]] = {}
         for m in args.configs:
             for rep in val:
                 r = runs[(rep, m)]
-                bgc = background_cores(r)
-                host = cluster.host.model_copy(update={"background_cores": bgc})
+                host = host_for(cluster.host, r)
+                bgc = host.background_threads or host.background_cores
                 one = argparse.Namespace(**{**vars(args), "sim_seeds": LOAD_SEEDS})
                 sims = simulate(m, cluster.model_copy(update={"host": host}), workload, one)
                 per.setdefault(m, []).append((bgc, r.rollout_s, statistics.fmean(x[0] for x in sims)))
@@ -701,7 +752,7 @@ def main() -> int:
             if load_matched
             else ""
         )
-        + f"contention={int(not args.no_contention)} fitted_lengths={int(not args.preset_lengths)} "
+        + f"contention={int(not args.no_contention)} background={args.background} fitted_lengths={int(not args.preset_lengths)} "
         f"wall_s={time.monotonic() - t0:.0f}",
         flush=True,
     )

@@ -38,6 +38,16 @@ def test_lost_share_by_hand() -> None:
     assert HOST.stretch(0.0, 2) == 1.0 and HOST.stretch(5.0, 0) == 1.0
 
 
+def test_background_threads_share_every_core_by_hand() -> None:
+    # 3 other runnable threads on 2 cores: 1.5 per core, an engine gets 1 / 2.5 of its core
+    busy = HOST.model_copy(update={"background_threads": 3.0})
+    assert busy.stretch(0.0, 2) == pytest.approx(2.5)
+    # on top of the floating work's share: 0.5 cores spilled on 2 engines -> 4/3 x 2.5
+    assert busy.stretch(0.5, 2) == pytest.approx(2.5 * 4 / 3)
+    # the trainer (1.5 cores: all its step on the CPU) with idle engines: only the threads
+    assert busy.trainer_stretch(1.5, 0) == pytest.approx(2.5)
+
+
 def test_trainer_stretch_by_hand() -> None:
     # idle engines: the trainer's 1.5 cores + 0.3 of background fit in 2 cores
     assert HOST.trainer_stretch(1.8, 0) == 1.0
@@ -146,3 +156,18 @@ def test_the_driver_stretches_engines_by_the_floating_demand() -> None:
     # control-plane CPU per completion slows the engines, a little
     busy, _ = _cpu_run("sync", HostCpuContention(cores=2, completion_cpu_s=0.002, background_cores=0.5))
     assert plain[0] < busy < 2 * plain[0]
+
+
+def test_length_max_bounds_natural_lengths() -> None:
+    spec = WorkloadSpec(
+        name="m", length_median=60, between_sigma=1.0, max_response_length=160, length_max=113
+    )
+    lens = np.array([Workload(spec, seed=1).attempt(i, 1, 8).lengths for i in range(500)])
+    assert lens.max() == 113
+    unbounded = np.array(
+        [
+            Workload(spec.model_copy(update={"length_max": 0}), seed=1).attempt(i, 1, 8).lengths
+            for i in range(500)
+        ]
+    )
+    assert (np.minimum(unbounded, 113) == lens).all() and unbounded.max() > 160

@@ -165,7 +165,9 @@ class Simulation:
         self.n = ro.n
         self.cap = cfg.data.max_response_length
         self.clock = VirtualClock()
-        self.rtt = cluster.redis_rtt_s
+        # CPU profiles: other processes' runnable threads slow every thread of ours, round trips too
+        others = cluster.host.others if cluster.host is not None else 1.0
+        self.rtt = cluster.redis_rtt_s * others
         self.run = MemoryRun()
         self.store = MemoryGroupStore(self.run, self.B, self.s)
         self.queue = MemoryQueue(self.run, "sim", clock_ms=self.clock.ms)
@@ -421,7 +423,8 @@ class Simulation:
         while self.score_q and self.verifier_free:
             batch, self.score_q = self.score_q[:size], self.score_q[size:]
             self.verifier_free -= 1
-            self.clock.after(v.call_s + v.per_item_s * len(batch), self._scored, batch)
+            took = v.call_s + v.per_item_s * len(batch)
+            self.clock.after(took * self.host.others if self.host is not None else took, self._scored, batch)
 
     def _scored(self, jobs: list[ScoreResponse]) -> None:
         self.verifier_free += 1

@@ -103,7 +103,10 @@ class HostCpuContention(_Model):
         F = control-plane CPU rate (completion_cpu_s per completion and version_cpu_s per version,
             averaged over window_s) + trainer_cores while the trainer computes + background_cores,
 
-    runs first on the cores no busy engine holds; what spills over, `F - (cores - b)` with b
+    runs first on the cores no busy engine holds (other users' CPU-bound processes are better
+    counted as `background_threads`: the fair scheduler shares each core among runnable threads,
+    so k of them per core make every step of ours (1 + k) times longer, whatever CPU time they
+    end up with); what spills over, `F - (cores - b)` with b
     engines stepping, is shared by those b engine cores, each giving up a share
     `f = min(max_share, spill / b)` of its time. An engine step then takes `1 / (1 - f)` times
     its uncontended time (`stretch`). `max_share` 0.5 is the kernel's fair share when one
@@ -127,6 +130,13 @@ class HostCpuContention(_Model):
     background_cores: float = Field(
         0.0, ge=0.0, description="Other processes' CPU demand on the host (cores): other users' load."
     )
+    background_threads: float = Field(
+        0.0,
+        ge=0.0,
+        description="Other processes' runnable threads on the host (the load average less the stack's "
+        "own): the kernel's fair scheduler gives an engine 1 / (1 + background_threads / cores) of "
+        "what it would get without them.",
+    )
     max_share: float = Field(
         0.5, ge=0.0, lt=1.0, description="At most this share of a busy engine's core goes to floating work."
     )
@@ -141,16 +151,21 @@ class HostCpuContention(_Model):
         spill = floating_cores - (self.cores - busy_engines)
         return min(self.max_share, max(0.0, spill) / busy_engines)
 
+    @property
+    def others(self) -> float:
+        """Factor of other processes' runnable threads on every thread of ours (fair share)."""
+        return 1.0 + self.background_threads / self.cores
+
     def stretch(self, floating_cores: float, busy_engines: float) -> float:
         """Factor on an engine step's uncontended time."""
-        return 1.0 / (1.0 - self.lost_share(floating_cores, busy_engines))
+        return self.others / (1.0 - self.lost_share(floating_cores, busy_engines))
 
     def trainer_stretch(self, floating_cores: float, busy_engines: float) -> float:
         """Factor on the trainer's time: its CPU share (`trainer_cores`, at most all of its time;
         the rest is I/O: checkpoint, snapshot, Redis) takes floating demand (the trainer's
         included) over what floating work can get, when that is less."""
         capacity = (self.cores - busy_engines) + busy_engines * self.max_share
-        slow = max(1.0, floating_cores / capacity) if capacity > 0 else 1.0
+        slow = (max(1.0, floating_cores / capacity) if capacity > 0 else 1.0) * self.others
         return 1.0 + min(1.0, self.trainer_cores) * (slow - 1.0)
 
 

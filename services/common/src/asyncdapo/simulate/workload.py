@@ -62,6 +62,12 @@ class WorkloadSpec(BaseModel):
         "correctness; the others follow the prompt's scale. 0: no brief answers.",
     )
     brief_median: float = Field(6.0, ge=1.0, description="Median length of a brief answer (tokens).")
+    length_max: int = Field(
+        0,
+        ge=0,
+        description="Longest natural answer (tokens): lengths are clipped here, a task whose answers "
+        "are bounded (a worked count of at most 9 steps); 0: unbounded.",
+    )
     brief_sigma: float = Field(0.05, ge=0.0, description="SD of log length of brief answers.")
     difficulty_length_slope: float = Field(
         0.0, description="log length scale += slope * (mean_accuracy - p): harder prompts answer longer."
@@ -197,6 +203,8 @@ class Workload:
             brief = math.log(s.brief_median) + s.brief_sigma * zb[i]
             log_len = np.where(ub[i] < s.brief_fraction, brief, log_len)
         lengths = np.maximum(1, np.rint(np.exp(np.minimum(log_len, 30.0)))).astype(np.int64)
+        if s.length_max:
+            lengths = np.minimum(lengths, s.length_max)
         return Attempt(lengths.tolist(), right.tolist())
 
     def _brief(self, c: int, attempt: int, n: int) -> tuple[np.ndarray, np.ndarray]:
