@@ -245,6 +245,10 @@ def background_cores(r: Run) -> float:
 
 
 OURS_FLOATING = (*CONTROL, "trainer")
+# load average -> other processes' runnable threads on our cores: fitted on the calibration runs
+# (fit_host) so that the model's engine slow-down matches the one measured there (schedstat run
+# delay of the engine threads): not every thread the load average counts competes for our cores
+THREADS = {"scale": 1.0}
 
 
 def background_threads(r: Run) -> float:
@@ -254,7 +258,7 @@ def background_threads(r: Run) -> float:
     w = r.window()
     engines = len(_gateways(w[1])) if w is not None else 2
     ours = _delta(w[0], w[1], OURS_FLOATING) / max(w[1]["t"] - w[0]["t"], 1e-9) if w is not None else 0.0
-    return max(0.0, statistics.fmean(r.loadavg) - engines - ours)
+    return THREADS["scale"] * max(0.0, statistics.fmean(r.loadavg) - engines - ours)
 
 
 def host_for(host: HostCpuContention, r: Run) -> HostCpuContention:
@@ -314,13 +318,32 @@ def fit_host(
         else 0.0,
         max_share=max_share,
     )
-    for r in cal:  # the model's stretch over the run (intervals with an engine stepping), beside the measured
+    pairs = {}
+    for r in cal:  # the intervals of each run where an engine stepped
         a, b = r.window()  # type: ignore[misc]
         xs = [x for x in r.cpu if a["t"] <= x["t"] <= b["t"]]
-        pairs = [(x, y) for x, y in itertools.pairwise(xs) if _stepping(x, y)]
-        per_run[r.dir.name]["model_stretch"] = (
-            statistics.fmean(model_stretch(x, y, host_for(host, r)) for x, y in pairs) if pairs else 1.0
+        pairs[r.dir.name] = [(x, y) for x, y in itertools.pairwise(xs) if _stepping(x, y)]
+
+    def modelled(r: Run) -> float:
+        ps = pairs[r.dir.name]
+        return statistics.fmean(model_stretch(x, y, host_for(host, r)) for x, y in ps) if ps else 1.0
+
+    if background == "threads":  # the load average's scale: modelled slow-down = measured, on rep 1
+        measured = sum(per_run[r.dir.name]["engine_stretch"] for r in cal)
+        lo, hi = 0.0, 2.0
+        for _ in range(30):
+            THREADS["scale"] = (lo + hi) / 2
+            lo, hi = (
+                (lo, THREADS["scale"]) if sum(modelled(r) for r in cal) > measured else (THREADS["scale"], hi)
+            )
+        THREADS["scale"] = (lo + hi) / 2
+        host = host.model_copy(
+            update={"background_threads": statistics.fmean(background_threads(r) for r in cal)}
         )
+        for r in cal:
+            per_run[r.dir.name]["background_threads"] = background_threads(r)
+    for r in cal:
+        per_run[r.dir.name]["model_stretch"] = modelled(r)
     return host, per_run
 
 
@@ -413,7 +436,8 @@ def fit_cluster(
     hs = (
         f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
         f"completion + {host.version_cpu_s * 1e3:.1f} ms per version, trainer {host.trainer_cores:.2f} cores, "
-        f"background {host.background_cores:.2f} cores / {host.background_threads:.2f} runnable threads"
+        f"background {host.background_cores:.2f} cores / {host.background_threads:.2f} runnable threads "
+        f"(load average above ours x {THREADS['scale']:.2f})"
         if host is not None
         else "; no host contention model"
     )
