@@ -35,7 +35,7 @@ def simulate(
     tokens generated per version (aborted included), completions per version, their mean length,
     aborted tokens per version)."""
     cfg = mode_config(RunConfig.model_validate(real_config("async", Path("unused"), args.steps)), mode)
-    out = []
+    out: list[tuple[float, ...]] = []
     for seed in range(args.sim_seeds):
         over = {k: v for k, v in workload.items() if k not in NOT_WORKLOAD}
         wl = load_workload(args.workload, seed, **over)
@@ -127,8 +127,8 @@ def report(
                 host = host_for(cluster.host, r)
                 bgc = host.background_threads or host.background_cores
                 one = argparse.Namespace(**{**vars(args), "sim_seeds": LOAD_SEEDS})
-                sims = simulate(m, cluster.model_copy(update={"host": host}), workload, one)
-                per.setdefault(m, []).append((bgc, r.rollout_s, statistics.fmean(x[0] for x in sims)))
+                lm_sims = simulate(m, cluster.model_copy(update={"host": host}), workload, one)
+                per.setdefault(m, []).append((bgc, r.rollout_s, statistics.fmean(x[0] for x in lm_sims)))
         lm_meas = {m: statistics.median(x[1] for x in per[m]) for m in args.configs}
         lm_sim = {m: statistics.median(x[2] for x in per[m]) for m in args.configs}
         lm_rel, lm_rat = {}, {}
