@@ -1,0 +1,245 @@
+"""bench_simulator's calibration of the engines and the host: the host-CPU contention model's inputs
+(`profile.HostCpuContention`) fitted on the calibration runs' CPU samples, the engine step costs
+fitted on their gateway step logs (divided by the model's stretch at their time), and the
+`cpu-fitted` cluster profile built from both (weight fan-out, trainer and verifier times).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
+from simulator_real_runs import (
+    KV_CAPACITY,
+    Run,
+    cpu_delta,
+    engine_threads,
+    gateway_groups,
+    measured_stretch,
+    service_groups,
+    stepping_gateways,
+)
+
+from asyncdapo.simulate.calibrate import calibrate_files, nnls
+from asyncdapo.simulate.profile import (
+    CPU_TINY,
+    ClusterProfile,
+    HostCpuContention,
+    TrainerProfile,
+    VerifierProfile,
+)
+
+CONTROL = ("scheduler", "verifier", "redis")  # the control plane's process groups
+
+
+def _background(r: Run) -> tuple[float, float]:
+    """(CPU seconds of the host that were none of the stack's services, seconds), over the sample
+    intervals of the measured versions where an engine stepped (others take more of the cores
+    while ours idle: the whole window would overstate what the engines met)."""
+    w = r.window()
+    if w is None:
+        return 0.0, 0.0
+    xs = [x for x in r.cpu if w[0]["t"] <= x["t"] <= w[1]["t"]]
+    cpu = span = 0.0
+    for x, y in itertools.pairwise(xs):
+        if stepping_gateways(x, y):
+            cpu += (y["host_busy_s"] - x["host_busy_s"]) - cpu_delta(x, y, service_groups(y))
+            span += y["t"] - x["t"]
+    return cpu, span
+
+
+def background_cores(r: Run) -> float:
+    cpu, span = _background(r)
+    return max(0.0, cpu / span) if span > 0 else 0.0
+
+
+OURS_FLOATING = (*CONTROL, "trainer")
+# load average -> other processes' runnable threads on our cores: fitted on the calibration runs
+# (fit_host) so that the model's engine slow-down matches the one measured there (schedstat run
+# delay of the engine threads): not every thread the load average counts competes for our cores
+THREADS = {"scale": 1.0}
+
+
+def background_threads(r: Run) -> float:
+    """Other processes' runnable threads during run `r`: its 1-min load average (mean of start and
+    end of training) less the stack's own runnable threads (its engines, and its floating CPU
+    rate: control plane and trainer). An input from outside the stack."""
+    w = r.window()
+    engines = len(gateway_groups(w[1])) if w is not None else 2
+    ours = cpu_delta(w[0], w[1], OURS_FLOATING) / max(w[1]["t"] - w[0]["t"], 1e-9) if w is not None else 0.0
+    return THREADS["scale"] * max(0.0, statistics.fmean(r.loadavg) - engines - ours)
+
+
+def host_for(host: HostCpuContention, r: Run) -> HostCpuContention:
+    """`host` with run `r`'s own background (threads or cores, whichever `host` models)."""
+    if host.background_threads > 0 or host.background_cores == 0:
+        return host.model_copy(update={"background_threads": background_threads(r)})
+    return host.model_copy(update={"background_cores": background_cores(r)})
+
+
+def fit_host(
+    cal: list[Run], cores: int, max_share: float = 0.5, background: str = "threads"
+) -> tuple[HostCpuContention, dict[str, Any]]:
+    """The contention model's inputs from the calibration runs' CPU samples, over each run's
+    measured versions: control-plane CPU = completion_cpu_s x completions + version_cpu_s x versions
+    (non-negative least squares over the runs); the trainer's demand = its CPU / its compute time
+    (s = 0 runs: the trainer computes while the engines idle); background `threads` (default:
+    other processes' runnable threads, from the load average, `background_threads`) or `cores`
+    (host busy time that was none of the stack's services, per second, where an engine stepped)."""
+    rows, ys, tr_cpu, tr_wall, bg, wall = [], [], 0.0, 0.0, 0.0, 0.0
+    per_run = {}
+    for r in cal:
+        w = r.window()
+        if w is None:
+            raise SystemExit(f"{r.dir}: no CPU samples (bench.json from before cpu_sampler): rerun it")
+        a, b = w
+        versions = r.window_versions()
+        completions = r.status["rollout/completions"] * versions / max(len(r.ends), 1)
+        ctl = cpu_delta(a, b, CONTROL)
+        rows.append([completions, versions])
+        ys.append(ctl)
+        dt = b["t"] - a["t"]
+        ours = cpu_delta(a, b, service_groups(b))
+        got, span = _background(r)
+        bg += got
+        wall += span
+        if r.dir.name != "fully-async":
+            tr_cpu += cpu_delta(a, b, ("trainer",))
+            tr_wall += sum(r.trainer_times)
+        per_run[r.dir.name] = {
+            "control_cpu_s": ctl, "completions": completions, "versions": versions, "wall_s": dt,
+            "control_cpu_per_completion_ms": 1e3 * ctl / max(completions, 1),
+            "trainer_cpu_s": cpu_delta(a, b, ("trainer",)), "gateways_cpu_s": cpu_delta(a, b, gateway_groups(b)),
+            "background_cores": ((b["host_busy_s"] - a["host_busy_s"]) - ours) / dt,
+            "background_threads": background_threads(r),
+            "engine_stretch": measured_stretch(a, b, engine_threads(b)),
+        }  # fmt: skip
+    X, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
+    coef = nnls(X, y)
+    host = HostCpuContention(
+        cores=cores,
+        completion_cpu_s=float(coef[0]),
+        version_cpu_s=float(coef[1]),
+        trainer_cores=tr_cpu / tr_wall if tr_wall > 0 else 0.0,
+        background_cores=max(0.0, bg / wall) if wall > 0 and background == "cores" else 0.0,
+        background_threads=statistics.fmean(background_threads(r) for r in cal)
+        if background == "threads"
+        else 0.0,
+        max_share=max_share,
+    )
+    pairs = {}
+    for r in cal:  # the intervals of each run where an engine stepped
+        a, b = r.window()  # type: ignore[misc]
+        xs = [x for x in r.cpu if a["t"] <= x["t"] <= b["t"]]
+        pairs[r.dir.name] = [(x, y) for x, y in itertools.pairwise(xs) if stepping_gateways(x, y)]
+
+    def modelled(r: Run) -> float:
+        ps = pairs[r.dir.name]
+        return statistics.fmean(model_stretch(x, y, host_for(host, r)) for x, y in ps) if ps else 1.0
+
+    if background == "threads":  # the load average's scale: modelled slow-down = measured, on rep 1
+        measured = sum(per_run[r.dir.name]["engine_stretch"] for r in cal)
+        lo, hi = 0.0, 2.0
+        for _ in range(30):
+            THREADS["scale"] = (lo + hi) / 2
+            lo, hi = (
+                (lo, THREADS["scale"]) if sum(modelled(r) for r in cal) > measured else (THREADS["scale"], hi)
+            )
+        THREADS["scale"] = (lo + hi) / 2
+        host = host.model_copy(
+            update={"background_threads": statistics.fmean(background_threads(r) for r in cal)}
+        )
+        for r in cal:
+            per_run[r.dir.name]["background_threads"] = background_threads(r)
+    for r in cal:
+        per_run[r.dir.name]["model_stretch"] = modelled(r)
+    return host, per_run
+
+
+def model_stretch(a: dict[str, Any], b: dict[str, Any], host: HostCpuContention) -> float:
+    """The contention model's engine stretch between two CPU samples, from what was measured
+    there: floating work = the host's busy time less the gateways' (control plane, trainer, this
+    bench, other users), per second; stepping engines = gateways whose engine thread was busy."""
+    dt = b["t"] - a["t"]
+    if dt <= 0:
+        return 1.0
+    if host.background_cores > 0:  # everything but the gateways: ours and others' CPU
+        floating = ((b["host_busy_s"] - a["host_busy_s"]) - cpu_delta(a, b, gateway_groups(b))) / dt
+    else:  # others are background_threads: only our own floating work
+        floating = cpu_delta(a, b, OURS_FLOATING) / dt
+    return host.stretch(max(0.0, floating), max(stepping_gateways(a, b), 1))
+
+
+def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
+    """stretch(step_log_path, t): the contention model's stretch at unix time t in the run that
+    wrote the log (`model_stretch` over the CPU sample interval around t). The engine costs are
+    fitted on step intervals divided by it: the simulator multiplies them by the same formula,
+    so the fit is of the step without the floating work the model accounts for (the gateway's own
+    frontend, pinned to its engine's core, stays in the step cost)."""
+    by_dir = {r.dir.resolve(): r for r in runs}
+    hosts = {r.dir.name: host_for(host, r) for r in runs}
+
+    def stretch(path: Path, t: float) -> float:
+        r = by_dir[path.resolve().parent.parent]  # RUN/logs/gateway-N.steps.jsonl
+        xs = r.cpu
+        i = bisect.bisect_right([x["t"] for x in xs], t)
+        if i <= 0 or i >= len(xs):
+            return 1.0
+        return model_stretch(xs[i - 1], xs[i], hosts[r.dir.name])
+
+    return stretch
+
+
+def fit_cluster(
+    cal: list[Run], cores: int, contention: bool = True, max_share: float = 0.5, background: str = "threads"
+) -> tuple[ClusterProfile, str, dict[str, Any]]:
+    logs = [p for r in cal for p in r.step_logs]
+    if not logs:
+        raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
+    host, per_run = fit_host(cal, cores, max_share, background) if contention else (None, {})
+    stretch = stretch_of(cal, host) if host is not None else None
+    fitted, fit = calibrate_files(logs, KV_CAPACITY, stretch=stretch)
+    reload_s = statistics.median(r.fanout for r in cal)
+    s0 = [r for r in cal if r.dir.name != "fully-async"]
+    if host is not None:  # measured beside other load (engines idle): its uncontended time
+        train_s = statistics.median(
+            t / host_for(host, r).trainer_stretch(host.trainer_cores + host_for(host, r).background_cores, 0)
+            for r in s0
+            for t in r.trainer_times
+        )
+    else:
+        train_s = statistics.median(t for r in s0 for t in r.trainer_times)
+    # measured beside other load: the verifier call without it (the simulator slows it again)
+    call_s = statistics.median(
+        r.mean_of("asyncdapo_scheduler_verifier_latency_seconds")
+        / (host_for(host, r).others if host else 1.0)
+        for r in cal
+    )
+    engine = fitted.engine.model_copy(update={"pause_s": 0.0, "reload_s": reload_s})
+    hs = (
+        f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
+        f"completion + {host.version_cpu_s * 1e3:.1f} ms per version, trainer {host.trainer_cores:.2f} cores, "
+        f"background {host.background_cores:.2f} cores / {host.background_threads:.2f} runnable threads "
+        f"(load average above ours x {THREADS['scale']:.2f})"
+        if host is not None
+        else "; no host contention model"
+    )
+    prof = ClusterProfile(
+        name="cpu-fitted",
+        engines=2,
+        engine=engine,
+        trainer=TrainerProfile(base_s=train_s, publish_s=0.0),
+        verifier=VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s),
+        redis_rtt_s=CPU_TINY.redis_rtt_s,
+        abort_s=CPU_TINY.abort_s,
+        host=host,
+        source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
+        f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
+    )
+    return prof, fit.summary(), per_run

@@ -1,0 +1,183 @@
+"""bench_simulator's real side: the configs run on the real local stack (bench_e2e's stack, model,
+data and config, with `--step-logs`), each run read back from its bench.json and step logs, and the
+helpers that read cpu_sampler's per-service CPU samples (CPU time and run delay between two samples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+# bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
+from bench_e2e import bench_config, run_mode
+
+from asyncdapo.config import RunConfig
+from asyncdapo.simulate.modes import mode_config
+
+CONFIGS = ("sync", "async", "async-fifo", "fully-async")
+KV_CAPACITY = 1 << 20  # 1 GiB / 1,024 B per token (see the docstring)
+MAX_RESPONSE_LENGTH = 160
+LR = 1e-5
+
+
+def real_config(mode: str, model: Path, steps: int) -> dict[str, Any]:
+    """bench_e2e's config with the simulator's mode change (modes.py: the same function both sides use)."""
+    base = RunConfig.model_validate(
+        bench_config("async", model, steps, MAX_RESPONSE_LENGTH, LR, "expected-valid")
+    )
+    return mode_config(base, mode).model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------- CPU samples
+def cpu_delta(a: dict[str, Any], b: dict[str, Any], names: tuple[str, ...]) -> float:
+    return sum(b["cpu"].get(n, 0.0) - a["cpu"].get(n, 0.0) for n in names)
+
+
+def service_groups(sample: dict[str, Any]) -> tuple[str, ...]:
+    """The process groups sampled (not the "NAME:engine" threads inside them)."""
+    return tuple(n for n in sample["cpu"] if ":" not in n)
+
+
+def gateway_groups(sample: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted(n for n in service_groups(sample) if n.startswith("gateway-")))
+
+
+def engine_threads(sample: dict[str, Any]) -> tuple[str, ...]:
+    """The gateways' engine-core threads (cpu_sampler.group_stats)."""
+    return tuple(f"{g}:engine" for g in gateway_groups(sample) if f"{g}:engine" in sample["cpu"])
+
+
+def measured_stretch(a: dict[str, Any], b: dict[str, Any], names: tuple[str, ...]) -> float:
+    """How much longer the groups' work took than with a core each, between two CPU samples:
+    1 + run delay (runnable, waiting for a core) / CPU time (cpu_sampler.group_stats)."""
+    cpu = cpu_delta(a, b, names)
+    if "delay" not in a or cpu <= 0:
+        return 1.0
+    delay = sum(max(0.0, b["delay"].get(n, 0.0) - a["delay"].get(n, 0.0)) for n in names)
+    return 1.0 + delay / cpu
+
+
+BUSY_CORES = 0.25  # an engine whose core thread used at least this share of a core was stepping
+
+
+def stepping_gateways(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """Gateways whose engine thread was busy between two samples (>= BUSY_CORES of a core)."""
+    dt = b["t"] - a["t"]
+    if dt <= 0:
+        return 0
+    gws = gateway_groups(b)
+    return sum(
+        1
+        for g in gws
+        if cpu_delta(a, b, (f"{g}:engine",) if f"{g}:engine" in b["cpu"] else (g,)) / dt >= BUSY_CORES
+    )
+
+
+# ------------------------------------------------------------------------- measured side
+class Run:
+    """One real run, read back from the bench.json and step logs bench_e2e's run_mode wrote."""
+
+    def __init__(self, run_dir: Path, warmup: int) -> None:
+        self.dir = run_dir
+        d = json.loads((run_dir / "bench.json").read_text())
+        self.announced = {int(k): float(v) for k, v in d["announced"].items()}
+        self.ends: list[float] = d["version_ends"]
+        self.fanout: float = d["fanout_s"]
+        self.status: dict[str, Any] = d["status"]
+        self.prom: dict[str, float] = d["prometheus"]
+        self.loadavg: list[float] = d["loadavg"]
+        self.steps = len((run_dir / "trainer" / "metrics.jsonl").read_text().splitlines())
+        self.warmup = warmup
+        self.cpu: list[dict[str, Any]] = d.get("cpu", [])  # cpu_sampler.CpuSampler's samples
+        self.groups: list[dict[str, Any]] = d.get("groups", [])  # committed groups, in order
+
+    def versions(self) -> list[int]:
+        return [v for v in range(self.warmup, self.steps) if v in self.announced and v < len(self.ends)]
+
+    @property
+    def rollout_times(self) -> list[float]:
+        return [self.fanout + max(0.0, self.ends[v] - self.announced[v]) for v in self.versions()]
+
+    @property
+    def rollout_s(self) -> float:
+        return statistics.fmean(self.rollout_times)
+
+    @property
+    def period_s(self) -> float:
+        """Mean announcement of v to announcement of v + 1 (the whole step)."""
+        a = self.announced
+        return statistics.fmean(a[v + 1] - a[v] for v in self.versions() if v + 1 in a)
+
+    @property
+    def tokens_per_version(self) -> float:
+        """Tokens generated (aborted included) per version committed, warm-up included."""
+        st = self.status
+        return (st["rollout/generated_tokens"] + st["rollout/aborted_tokens"]) / max(len(self.ends), 1)
+
+    @property
+    def per_version(self) -> dict[str, float]:
+        """Counts per version committed (warm-up included), which the machine's load does not
+        move: responses completed (scored), their mean length, tokens aborted."""
+        st, v = self.status, max(len(self.ends), 1)
+        done = st["rollout/completions"]
+        return {
+            "completions": done / v,
+            "completed_mean": st["rollout/generated_tokens"] / max(done, 1),
+            "aborted_tokens": st["rollout/aborted_tokens"] / v,
+        }
+
+    def window(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The CPU samples around the measured versions: the first at or before the announcement
+        of the first measured version, the last sample (the run's end)."""
+        vs = self.versions()
+        if not self.cpu or not vs:
+            return None
+        t0 = self.announced[vs[0]]
+        before = [x for x in self.cpu if x["t"] <= t0] or self.cpu[:1]
+        return before[-1], self.cpu[-1]
+
+    def window_versions(self) -> float:
+        """Versions committed within `window()` (its start to the run's end)."""
+        w = self.window()
+        if w is None:
+            return 0.0
+        return float(sum(1 for t in self.ends if t > w[0]["t"]))
+
+    @property
+    def engine_stretch(self) -> float:
+        """The engines' measured slow-down over the measured versions (1 + run delay / CPU)."""
+        w = self.window()
+        return measured_stretch(w[0], w[1], engine_threads(w[1])) if w is not None else float("nan")
+
+    @property
+    def trainer_times(self) -> list[float]:
+        """B-th group (or the announcement, whichever is later) of v to the announcement of v + 1,
+        less the fan-out: read, train, checkpoint, snapshot, publish's own overhead."""
+        return [
+            self.announced[v + 1] - max(self.ends[v], self.announced[v]) - self.fanout
+            for v in self.versions()
+            if v + 1 in self.announced
+        ]
+
+    @property
+    def step_logs(self) -> list[Path]:
+        return sorted((self.dir / "logs").glob("gateway-*.steps.jsonl"))
+
+    def mean_of(self, hist: str) -> float:
+        n = self.prom.get(hist + "_count", 0.0)
+        return self.prom.get(hist + "_sum", 0.0) / n if n else float("nan")
+
+
+def run_all(args: argparse.Namespace, model: Path) -> None:
+    for rep in range(1, args.reps + 1):
+        for mode in args.configs:
+            cfg = real_config(mode, model, args.steps)
+            print(
+                f"== rep {rep}/{args.reps} {mode}: {args.steps} steps, load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            run_mode(mode, cfg, args.out / f"rep{rep}" / mode, args.warmup, args.timeout_s, step_logs=True)

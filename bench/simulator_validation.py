@@ -1,0 +1,164 @@
+"""bench_simulator's comparison: the simulator run on the fitted profile and workload over the same
+steps as the real runs, each figure's validation table (measured on the validation reps against
+simulated, the ratios to sync, the real stack's own spread), the load-matched re-run, summary.json
+and the `RESULT` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+# bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
+from simulator_host_fit import host_for
+from simulator_real_runs import Run, real_config
+
+from asyncdapo.config import RunConfig
+from asyncdapo.simulate.driver import Simulation
+from asyncdapo.simulate.modes import mode_config
+from asyncdapo.simulate.presets import load_workload
+from asyncdapo.simulate.profile import ClusterProfile
+
+# ------------------------------------------------------------------------- simulated side
+NOT_WORKLOAD = ("target_mean_length", "fitted_on_responses")
+LOAD_SEEDS = 5
+
+
+def simulate(
+    mode: str, cluster: ClusterProfile, workload: dict[str, float], args: argparse.Namespace
+) -> list[tuple[float, ...]]:
+    """Per seed, over the same steps as a real run: (mean rollout s/step, mean step period s,
+    tokens generated per version (aborted included), completions per version, their mean length,
+    aborted tokens per version)."""
+    cfg = mode_config(RunConfig.model_validate(real_config("async", Path("unused"), args.steps)), mode)
+    out: list[tuple[float, ...]] = []
+    for seed in range(args.sim_seeds):
+        over = {k: v for k, v in workload.items() if k not in NOT_WORKLOAD}
+        wl = load_workload(args.workload, seed, **over)
+        res = Simulation(cfg, cluster, wl, args.steps).simulate()
+        # StepRecord i is the step that trained version i's rollout: index i <-> the real version i
+        steps = res.steps[args.warmup : args.steps]
+        pub = [s.t_published for s in res.steps]
+        periods = [pub[i] - pub[i - 1] for i in range(args.warmup, len(pub))]
+        v = len(res.steps)
+        c = res.counts
+        out.append(
+            (
+                statistics.fmean(s.t_data - s.t_free + s.sync_s for s in steps),
+                statistics.fmean(periods),
+                (c.completed_tokens + res.aborted_tokens) / v,
+                c.completed / v,
+                c.completed_tokens / max(c.completed, 1),
+                res.aborted_tokens / v,
+            )
+        )
+    return out
+
+
+FIGURES: list[tuple[str, Any]] = [
+    ("rollout s/step", lambda r: r.rollout_s),
+    ("step period s", lambda r: r.period_s),
+    ("tokens/version", lambda r: r.tokens_per_version),
+    ("completions/version", lambda r: r.per_version["completions"]),
+    ("completed mean length", lambda r: r.per_version["completed_mean"]),
+    ("aborted tokens/version", lambda r: r.per_version["aborted_tokens"]),
+]
+
+
+def report(
+    args: argparse.Namespace,
+    runs: dict[tuple[int, str], Run],
+    cluster: ClusterProfile,
+    workload: dict[str, float],
+    per_run: dict[str, Any],
+    t0: float,
+) -> None:
+    """Validation on every rep but the calibration one: the tables, summary.json, the RESULT line."""
+    c = args.cal_rep
+    valid_rate = workload["valid_rate"]
+    val = [r for r in range(1, args.reps + 1) if r != c]
+    sim_runs = {m: simulate(m, cluster, workload, args) for m in args.configs}
+    rel: dict[str, float] = {}
+    rat: dict[str, float] = {}
+    spread: dict[str, float] = {}
+    summary: dict[str, Any] = {"calibration": cluster.model_dump(), "workload": workload, "figures": {},
+                               "host_calibration": per_run}  # fmt: skip
+    print(f"\nvalidation (reps {','.join(map(str, val))}: median of the runs; simulator: mean of {args.sim_seeds} seeds, "
+          f"workload {args.workload} at valid_rate {valid_rate:.2f}; ratio = config / sync; real spread = "
+          f"(max - min) / median of every rep, calibration included):")  # fmt: skip
+    for k, (name, get) in enumerate(FIGURES):
+        meas = {m: statistics.median(get(runs[(rep, m)]) for rep in val) for m in args.configs}
+        sim = {m: statistics.fmean(x[k] for x in sim_runs[m]) for m in args.configs}
+        print(f"\n{name:22s} {'measured':>9s} {'(runs)':>20s} {'simulated':>9s} {'(sd)':>7s} {'rel err':>8s} "
+              f"{'ratio meas':>10s} {'ratio sim':>9s} {'abs err':>8s} {f'rep {c} (cal)':>11s} {'real spread':>11s}")  # fmt: skip
+        for m in args.configs:
+            sims = [x[k] for x in sim_runs[m]]
+            sd = statistics.stdev(sims) if len(sims) > 1 else 0.0
+            err = sim[m] / meas[m] - 1 if meas[m] else float("nan")
+            rm = meas[m] / meas["sync"] if meas["sync"] else float("nan")
+            rs = sim[m] / sim["sync"] if sim["sync"] else float("nan")
+            every = [get(runs[(rep, m)]) for rep in range(1, args.reps + 1)]
+            spr = (max(every) - min(every)) / statistics.median(every) if statistics.median(every) else 0.0
+            if k == 0:
+                rel[m] = err
+                spread[m] = spr
+                if m != "sync":
+                    rat[m] = abs(rs - rm)
+            runs_s = " ".join(f"{get(runs[(rep, m)]):.3g}" for rep in val)
+            print(f"{m:22s} {meas[m]:9.4g} {runs_s:>20s} {sim[m]:9.4g} {sd:7.3g} {err:+8.1%} {rm:10.3f} {rs:9.3f} "
+                  f"{abs(rs - rm):8.3f} {get(runs[(c, m)]):11.4g} {spr:11.1%}")  # fmt: skip
+        summary["figures"][name] = {"measured": meas, "simulated": sim}
+    load_matched: dict[str, Any] = {}
+    if cluster.host is not None:
+        # the same model, calibrated on rep 1 only, with one input replaced: the background load
+        # (other users' CPU, an input from outside the stack) each validation run met
+        print(f"\nrollout s/step, load-matched (per validation run: the simulator with that run's measured "
+              f"background load; {LOAD_SEEDS} seeds each; everything else calibrated on rep {c}):")  # fmt: skip
+        print(f"{'':22s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s} {'ratio meas':>10s} {'ratio sim':>9s} "
+              f"{'abs err':>8s}   per run: background, measured / simulated")  # fmt: skip
+        per: dict[str, list[tuple[float, float, float]]] = {}
+        for m in args.configs:
+            for rep in val:
+                r = runs[(rep, m)]
+                host = host_for(cluster.host, r)
+                bgc = host.background_threads or host.background_cores
+                one = argparse.Namespace(**{**vars(args), "sim_seeds": LOAD_SEEDS})
+                lm_sims = simulate(m, cluster.model_copy(update={"host": host}), workload, one)
+                per.setdefault(m, []).append((bgc, r.rollout_s, statistics.fmean(x[0] for x in lm_sims)))
+        lm_meas = {m: statistics.median(x[1] for x in per[m]) for m in args.configs}
+        lm_sim = {m: statistics.median(x[2] for x in per[m]) for m in args.configs}
+        lm_rel, lm_rat = {}, {}
+        for m in args.configs:
+            lm_rel[m] = lm_sim[m] / lm_meas[m] - 1
+            rm, rs = lm_meas[m] / lm_meas["sync"], lm_sim[m] / lm_sim["sync"]
+            if m != "sync":
+                lm_rat[m] = abs(rs - rm)
+            runs_s = "  ".join(f"{b:.2f}: {x:.3g} / {y:.3g}" for b, x, y in per[m])
+            print(f"{m:22s} {lm_meas[m]:9.4g} {lm_sim[m]:9.4g} {lm_rel[m]:+8.1%} {rm:10.3f} {rs:9.3f} {abs(rs - rm):8.3f}   {runs_s}")  # fmt: skip
+        load_matched = {"per_run": per, "rel_err": lm_rel, "ratio_abs_err": lm_rat}
+    print("\npdsr: not run (this bench does not start two gateway pools yet)")
+    summary.update(
+        rel_err=rel, ratio_abs_err=rat, real_spread=spread, sim_runs=sim_runs, load_matched=load_matched
+    )
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    max_rel = max(abs(x) for x in rel.values())
+    max_rat = max(rat.values(), default=0.0)
+    s0 = [m for m in args.configs if m != "fully-async"]
+    print(
+        f"RESULT configs={','.join(args.configs)} max_rel_err={max_rel:.3f} ratio_abs_err={max_rat:.3f} "
+        f"max_rel_err_s0={max(abs(rel[m]) for m in s0):.3f} real_spread_max={max(spread.values()):.3f} "
+        f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} cal_rep={c} reps={args.reps} "
+        + (
+            f"load_matched_max_rel_err={max(abs(x) for x in load_matched['rel_err'].values()):.3f} "
+            f"load_matched_ratio_abs_err={max(load_matched['ratio_abs_err'].values(), default=0.0):.3f} "
+            if load_matched
+            else ""
+        )
+        + f"contention={int(not args.no_contention)} background={args.background} fitted_lengths={int(not args.preset_lengths)} "
+        f"wall_s={time.monotonic() - t0:.0f}",
+        flush=True,
+    )

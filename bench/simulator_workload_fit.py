@@ -1,0 +1,128 @@
+"""bench_simulator's workload fit: the workload preset's valid rate and length scale fitted to a
+real sync run, and its within-group length structure (brief answers, within- and between-group
+spread, wrong/right length ratio) to the committed groups of runs whose order does not favour short
+groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
+from simulator_real_runs import MAX_RESPONSE_LENGTH, Run
+
+from asyncdapo.simulate.presets import load_workload
+from asyncdapo.simulate.workload import sample_stats
+
+
+def _two_modes(logs: np.ndarray) -> np.ndarray:
+    """Which of `logs` (log lengths) belong to the lower of two Gaussian modes (EM, unequal
+    variances, started at the 10th and 90th percentiles)."""
+    mu = np.percentile(logs, [10, 90]).astype(float)
+    sd = np.full(2, max(float(logs.std()) / 2, 1e-3))
+    w = np.array([0.5, 0.5])
+    post = np.zeros((2, len(logs)))
+    for _ in range(200):
+        for j in range(2):
+            post[j] = w[j] * np.exp(-0.5 * ((logs - mu[j]) / sd[j]) ** 2) / sd[j]
+        post /= np.maximum(post.sum(axis=0), 1e-300)
+        nk = post.sum(axis=1)
+        if (nk < 1).any():
+            break
+        mu = (post @ logs) / nk
+        sd = np.maximum(np.sqrt((post * (logs - mu[:, None]) ** 2).sum(axis=1) / nk), 1e-3)
+        w = nk / len(logs)
+    lower = int(np.argmin(mu))
+    return np.asarray(post[lower] > 0.5)
+
+
+def fit_length_structure(groups: list[dict[str, Any]], cap: int) -> dict[str, float]:
+    """The workload's within-group length structure from committed groups (valid groups: both
+    right and wrong answers), in runs whose commit order does not favour short groups (sync,
+    async-fifo): whether responses split into brief answers and worked ones (two modes of log
+    length, the lower one tight), the brief share and length, the worked answers' spread within a
+    group, across groups, and the wrong/right length ratio within a group."""
+    L = np.array([x for g in groups for x in g["lengths"]], dtype=float)
+    if len(L) < 64:
+        raise SystemExit(f"only {len(L)} committed responses to fit the workload's lengths on")
+    logs = np.log(np.maximum(L, 1.0))
+    low = _two_modes(logs)
+    out: dict[str, float] = {}
+    # a brief mode: tight (SD < 0.15) and well below the other (> 3 SDs of the worked mode apart)
+    sd_low = float(logs[low].std()) if low.sum() > 1 else 0.0
+    sep = float(logs[~low].mean() - logs[low].mean()) if low.any() and (~low).any() else 0.0
+    brief = sd_low < 0.15 and sep > 3 * max(sd_low, 0.05)
+    if brief:
+        out.update(
+            brief_fraction=float(low.mean()),
+            brief_median=float(np.exp(np.median(logs[low]))),
+            brief_sigma=max(0.02, sd_low),
+        )
+    # worked answers: residuals from their group's mean, right and wrong apart
+    k = 0
+    ratios, resid, means, counts = [], [], [], []
+    for g in groups:
+        n = len(g["lengths"])
+        lg = logs[k : k + n]
+        is_low = low[k : k + n] if brief else np.zeros(n, dtype=bool)
+        k += n
+        uncapped = np.array(g["lengths"]) < cap
+        right = np.array(g["acc"]) > 0.5
+        for sel in (right, ~right):
+            m = sel & ~is_low & uncapped
+            if m.sum() >= 2:
+                x = lg[m]
+                resid.extend((x - x.mean()) * np.sqrt(m.sum() / (m.sum() - 1)))
+        mr, mw = right & ~is_low & uncapped, ~right & ~is_low & uncapped
+        if mr.any() and mw.any():
+            ratios.append(float(lg[mw].mean() - lg[mr].mean()))
+        if (~is_low).any():
+            means.append(float(lg[~is_low].mean()))
+            counts.append(int((~is_low).sum()))
+    if len(resid) >= 16:
+        out["within_sigma"] = float(np.std(resid))
+    if len(ratios) >= 8:
+        out["wrong_length_ratio"] = float(np.exp(np.median(ratios)))
+    if len(means) >= 16 and "within_sigma" in out:
+        # the spread of the groups' mean log length, less what the within-group spread puts in
+        # a mean of k answers (valid groups: prompts of middling difficulty; the preset's
+        # difficulty_length_slope, which those cannot show, is kept)
+        within = out["within_sigma"] ** 2 / float(np.mean(counts))
+        out["between_sigma"] = float(np.sqrt(max(0.0, float(np.var(means)) - within)))
+    if L.max() < cap:  # no answer reached the cap: the task bounds them, at least this long
+        out["length_max"] = int(L.max())
+    out["fitted_on_responses"] = float(len(L))
+    return out
+
+
+def fit_workload(preset: str, sync_run: Run, structure_runs: list[Run] | None = None) -> dict[str, float]:
+    """The preset fitted to the calibration runs: its within-group length structure on the
+    committed groups of `structure_runs` (`fit_length_structure`), its valid_rate and length scale
+    on one sync run (sync judges and completes every prompt it admits, so its valid share and mean
+    response length are the workload's, unbiased by early stop): length_median is scaled until the
+    preset's mean capped length is the run's mean completed length."""
+    st = sync_run.status
+    target = st["rollout/generated_tokens"] / max(st["rollout/completions"], 1)
+    # sync judges whole batches: the valid groups past B are "dropped:surplus", valid all the same
+    out = st["rollout/outcomes"]
+    valid = out.get("valid", 0) + out.get("dropped:surplus", 0)
+    over: dict[str, float] = {"valid_rate": valid / max(valid + out.get("filtered", 0), 1)}
+    info: dict[str, float] = {}
+    if structure_runs:
+        groups = [g for r in structure_runs for g in r.groups]
+        info = fit_length_structure(groups, MAX_RESPONSE_LENGTH)
+        over.update({k: v for k, v in info.items() if k != "fitted_on_responses"})
+    median = load_workload(preset).spec.length_median
+    for _ in range(6):
+        over["length_median"] = median
+        got = sample_stats(load_workload(preset, 0, **over), 8, MAX_RESPONSE_LENGTH, groups=1500).mean_length
+        brief = over.get("brief_fraction", 0.0) * over.get("brief_median", 0.0)
+        # scale the worked answers only: the brief ones keep their fitted length
+        median *= max(target - brief, 0.1) / max(got - brief, 0.1)
+    over["length_median"] = median
+    over["target_mean_length"] = target
+    if info:
+        over["fitted_on_responses"] = info["fitted_on_responses"]
+    return over
