@@ -196,9 +196,11 @@ class Simulation:
         for g in self.gws:
             self._update_view(g)
         self.pending: deque[Request] = deque()
-        self.attempts: dict[tuple[str, int], Attempt] = {}
+        # the answers of each attempt in flight, by task (a task is its attempt: identity, no key tuple)
+        self.attempts: dict[PromptTask, Attempt] = {}
         self.score_q: list[ScoreResponse] = []
-        self._placed: dict[int, tuple[Gw, Seq]] = {}  # id(request) -> where it runs (the core never reads it)
+        # id(request) -> where it runs and its natural length (the core never reads it)
+        self._placed: dict[int, tuple[Gw, Seq, int]] = {}
         self.verifier_free = cfg.reward.verifier_concurrency
         self._linger = False
         self.next_prompt = 0
@@ -277,7 +279,7 @@ class Simulation:
         for req in list(task.live.values()):
             placed = self._placed.pop(id(req), None)
             if placed is not None and placed[1].state != DONE:
-                g, seq = placed
+                g, seq, _ = placed
                 self.aborted_tokens += g.engine.abort(seq)
                 g.in_flight -= 1
                 self._view(g)
@@ -285,7 +287,7 @@ class Simulation:
         # finishes are dropped): without them the task and its requests form no reference cycle
         # and are freed as soon as the core lets go of the task
         task.live.clear()
-        self.attempts.pop(task.key, None)
+        self.attempts.pop(task, None)
 
     # ------------------------------------------------------------------ dispatch
     def _view(self, g: Gw) -> None:
@@ -339,9 +341,9 @@ class Simulation:
                 return
 
     def _attempt(self, task: PromptTask) -> Attempt:
-        a = self.attempts.get(task.key)
+        a = self.attempts.get(task)
         if a is None:
-            a = self.attempts[task.key] = self.workload.attempt(_index(task.pid), task.attempt, task.n)
+            a = self.attempts[task] = self.workload.attempt(_index(task.pid), task.attempt, task.n)
         return a
 
     def _start(self, req: Request, g: Gw) -> None:
@@ -352,7 +354,7 @@ class Simulation:
         gen = len(cont.token_ids) if cont is not None else 0
         runs = [[r.version, r.num_tokens] for r in cont.version_runs] if cont is not None else None
         seq = Seq(req, len(task.prompt_token_ids), gen, min(natural, limit), runs)
-        self._placed[id(req)] = (g, seq)
+        self._placed[id(req)] = (g, seq, natural)
         task.gateways.add(g.address)
         g.in_flight += 1
         g.engine.submit(seq)
@@ -360,13 +362,12 @@ class Simulation:
 
     def _on_finish(self, seq: Seq) -> None:
         req: Request = seq.owner
-        g, _ = self._placed.pop(id(req))
+        g, _, natural = self._placed.pop(id(req))
         g.in_flight -= 1
-        self._view(g)
+        self._dirty[g] = None  # _view(g)
         task = req.task
         if task.cancelled or task.closed or task.live.get(req.idx) is not req:
             return
-        natural = self._attempt(task).lengths[req.idx]
         reason = STOP if seq.gen >= natural else LENGTH
         del task.live[req.idx]
         self._do(self.core.response(req, g.address, SimResponse(seq.gen, seq.runs, reason)))  # type: ignore[arg-type]
@@ -399,18 +400,20 @@ class Simulation:
     def _scored(self, jobs: list[ScoreResponse]) -> None:
         self.verifier_free += 1
         scored = []
+        cap = self.cap
         for j in jobs:
             task = j.task
             if task.closed:
                 continue
             a = self._attempt(task)
-            right = a.right[j.idx] and len(j.token_ids) < self.cap and len(j.token_ids) >= a.lengths[j.idx]
-            acc = 1.0 if right else 0.0
-            scored.append((task, j.idx, 1.0 if right else -1.0, acc, "1" if right else "0"))
+            length = len(j.token_ids)
+            right = a.right[j.idx] and length < cap and length >= a.lengths[j.idx]
+            scored.append((task, j.idx, 1.0, 1.0, "1") if right else (task, j.idx, -1.0, 0.0, "0"))
         judged = self.core.counts.finished_groups
         if scored:
             scores = self.core.scores_to_record(scored)
-            owners = [self.core.tasks[(s.pid, s.attempt)] for s in scores]
+            # one score per open task, in order (scores_to_record leaves out only closed ones)
+            owners = [x[0] for x in scored]
             if not self.core.recorded(owners, scores, self.store.record(scores)):
                 raise SimulationError("the store refused scores (fenced): nothing else owns a simulated run")
         if self.core.wants_finish:
@@ -468,7 +471,7 @@ class Simulation:
                 break
             results = self.store.finish_many([item for _, item in batch])
             for (task, _item), res in zip(batch, results, strict=True):
-                self.attempts.pop(task.key, None)
+                self.attempts.pop(task, None)
                 if res.label == "valid":
                     self._commit(task)
                     committed = True

@@ -127,7 +127,9 @@ class MemoryQueue:
             if not run.queue:
                 break
             pid = run.queue.popleft()
-            st = run.prompts.setdefault(pid, PromptState())
+            st = run.prompts.get(pid)
+            if st is None:
+                st = run.prompts[pid] = PromptState()
             st.attempt += 1
             st.n, st.done, st.mean, st.m2, st.rmean, st.rm2 = n, 0, 0.0, 0.0, 0.0, 0.0
             st.vmin = st.vmax = None
@@ -170,6 +172,9 @@ class MemoryQueue:
         ]
 
 
+_STALE = GroupProgress(RecordStatus.STALE)  # immutable: one answer shared by every stale score
+
+
 class MemoryGroupStore:
     """`group_state.GroupStore` in memory (same methods, synchronous)."""
 
@@ -185,16 +190,18 @@ class MemoryGroupStore:
         if run.epoch != self.epoch:
             return [GroupProgress(RecordStatus.FENCED) for _ in scores]
         out: list[GroupProgress] = []
+        prompts = run.prompts
         for s in scores:
-            st = run.prompts.get(s.pid)
+            st = prompts.get(s.pid)
             if st is None or st.attempt != s.attempt or s.attempt in st.outcomes:
-                out.append(GroupProgress(RecordStatus.STALE))
+                out.append(_STALE)
                 continue
             status = RecordStatus.OK
-            if (s.attempt, s.idx) in st.counted:
+            marker = (s.attempt, s.idx)
+            if marker in st.counted:
                 status = RecordStatus.DUP
             else:
-                st.counted.add((s.attempt, s.idx))
+                st.counted.add(marker)
                 run.incr(rk.COMPLETIONS)
                 run.incr(rk.GENERATED_TOKENS, s.length)
                 st.done += 1
