@@ -7,6 +7,11 @@ commands (`Dispatch`, `Redispatch`, `Abort`, `ScoreResponse`) and with the batch
 `asyncdapo.scheduler.rollout.Rollout` drives it with asyncio, Redis and the gateways, and the
 simulator (`asyncdapo simulate`) drives the same object on a virtual clock.
 
+This module is the core's public entry. It holds admission, responses, scores and run control;
+the outcome half — the commit plan, the finish batch and how the store's answers are applied —
+is `core_outcomes.CoreOutcomes`, a base of `RolloutCore`; the commands, phases, observer and
+counts are in `core_commands`, and every one of those names is importable from here.
+
 Flow of one prompt attempt:
   claimed → `PromptTask` with n `Request`s (pdsr: the probe first) → Dispatch → each finished
   response → ScoreResponse → reward = score + overlong penalty → record (one batch per verifier batch) →
@@ -29,15 +34,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from dataclasses import replace
 
-from asyncdapo.config import EarlyStopOrder, FilterMetric, LongTailPolicy, RolloutMode, RunConfig
+from asyncdapo.config import FilterMetric, LongTailPolicy, RolloutMode, RunConfig
 from asyncdapo.prompts import PromptRecord, PromptRecordError
+
+# the core's vocabulary, re-exported: drivers and tests import every name from this module
+from asyncdapo.scheduler.core_commands import (
+    Abort,
+    Command,
+    CoreObserver,
+    Dispatch,
+    NullObserver,
+    Phase,
+    Reason,
+    Redispatch,
+    RunCounts,
+    ScoreResponse,
+)
+from asyncdapo.scheduler.core_outcomes import CoreOutcomes
 from asyncdapo.scheduler.group_state import (
     DropReason,
     FinishItem,
-    FinishResult,
     GroupProgress,
     Outcome,
     RecordStatus,
@@ -46,7 +64,6 @@ from asyncdapo.scheduler.group_state import (
     is_valid,
 )
 from asyncdapo.scheduler.policy.admission import AdmissionPolicy, AdmissionState, make_policy
-from asyncdapo.scheduler.policy.commit_order import CommitLedger, Plan
 from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY, LongTailAction, ProbeWindow, capped, route
 from asyncdapo.scheduler.queue import Claim
 from asyncdapo.scheduler.tasks import (
@@ -59,109 +76,33 @@ from asyncdapo.scheduler.tasks import (
     build_group,
     version_range,
 )
-from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from asyncdapo.v1 import common_pb2, gateway_pb2
+
+__all__ = [
+    "Abort",
+    "Command",
+    "CoreObserver",
+    "Dispatch",
+    "NullObserver",
+    "Phase",
+    "Reason",
+    "Redispatch",
+    "RolloutCore",
+    "RunCounts",
+    "ScoreResponse",
+]
 
 log = logging.getLogger(__name__)
-
-Reason = DropReason | RequeueReason
-
-
-class Phase:
-    IDLE = scheduler_pb2.RUN_PHASE_IDLE
-    ROLLING = scheduler_pb2.RUN_PHASE_ROLLING
-    BOUND = scheduler_pb2.RUN_PHASE_BOUND
-    STOPPING = scheduler_pb2.RUN_PHASE_STOPPING
-    STOPPED = scheduler_pb2.RUN_PHASE_STOPPED
-
-
-# --------------------------------------------------------------------------- commands
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """Place these new requests (tail of the dispatch queue)."""
-
-    requests: list[Request]
-
-
-@dataclass(frozen=True, slots=True)
-class Redispatch:
-    """Place this request again at the head (a capped response continuing on the heavy pool)."""
-
-    request: Request
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    """Abort whatever these (already cancelled) tasks still run on gateways."""
-
-    tasks: list[PromptTask]
-
-
-@dataclass(frozen=True, slots=True)
-class ScoreResponse:
-    """Send one finished response to the verifier."""
-
-    request_id: str
-    token_ids: Sequence[int]
-    ground_truth: str
-    task: PromptTask
-    idx: int
-
-
-Command = Dispatch | Redispatch | Abort | ScoreResponse
-
-
-class CoreObserver(Protocol):
-    """What the core reports as it goes (metrics live outside it: Prometheus in the service,
-    counters in the simulator)."""
-
-    def outcome(self, outcome: str, reason: str, attempt: int) -> None: ...
-    def committed(self, staleness: int) -> None: ...
-    def completions(self, count: int, tokens: int) -> None: ...
-    def early_stop(self) -> None: ...
-    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None: ...
-
-
-class NullObserver:
-    def outcome(self, outcome: str, reason: str, attempt: int) -> None:
-        pass
-
-    def committed(self, staleness: int) -> None:
-        pass
-
-    def completions(self, count: int, tokens: int) -> None:
-        pass
-
-    def early_stop(self) -> None:
-        pass
-
-    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None:
-        pass
-
-
-@dataclass
-class RunCounts:
-    """Complete groups judged so far (for the running valid rate) and the sync batch."""
-
-    seq: int = 0  # admission order of the next attempt
-    finished_groups: int = 0
-    valid_groups: int = 0
-    batch_admitted: int = 0  # sync mode: prompts in the current generation batch
-    early_stops: int = 0
-    gen_batches: int = 0  # sync mode: generation batches of the current step (max_num_gen_batches)
-    # pdsr: final responses, those that hit the fast pool's cap and continued on the heavy pool,
-    # the groups with at least one, and the partial tokens the heavy pool prefilled again
-    long_tail_responses: int = 0
-    capped_responses: int = 0
-    capped_groups: int = 0
-    continued_tokens: int = 0
-    lengths: LengthStats = field(default_factory=LengthStats)
 
 
 def _encode_group(run: str, task: PromptTask) -> bytes:
     return build_group(run, task).SerializeToString()
 
 
-class RolloutCore:
+class RolloutCore(CoreOutcomes):
+    """Admission, dispatch, responses and scores, run control; the outcome half (commit plan,
+    finish batch, applying the store's answers) is `CoreOutcomes` (core_outcomes.py)."""
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -202,25 +143,10 @@ class RolloutCore:
         # something for the finisher since its last batch (an outcome queued, a group judged)
         self.wants_finish = False
 
-    def _new_ledger(self) -> CommitLedger[TaskKey]:
-        # sync mode (verl's loop) commits in batch order and never aborts the running batch
-        order = EarlyStopOrder.FIFO if self.sync else self.cfg.rollout.early_stop_order
-        return CommitLedger(order, abort_beyond_cutoff=not self.sync)
-
     # ------------------------------------------------------------------ queries
-    @property
-    def valid_produced(self) -> int:
-        """Valid groups that count toward the bound: produced minus credited back."""
-        return self.produced - self.credited
-
     @property
     def lengths(self) -> LengthStats:
         return self.counts.lengths
-
-    def has_outcomes_to_write(self) -> bool:
-        """Outcomes queued or a batch not yet applied (ready groups waiting for their fifo turn
-        are in `tasks`)."""
-        return bool(self._to_finish or self.unwritten)
 
     def admission_state(self) -> AdmissionState:
         c = self.counts
@@ -278,10 +204,6 @@ class RolloutCore:
             out = self.cancel([t for t in self.tasks.values() if not t.closed], Outcome.REQUEUED, reason)
         self._maybe_stopped()
         return out
-
-    def _maybe_stopped(self) -> None:
-        if self.phase == Phase.STOPPING and not self.tasks:
-            self.phase = Phase.STOPPED
 
     def set_version(self, version: int, uri: str | None = None) -> None:
         self.version = version
@@ -502,139 +424,3 @@ class RolloutCore:
             return []
         log.warning("dropping prompt %s attempt %d: %s (%s)", task.pid, task.attempt, reason, detail)
         return self.cancel([task], Outcome.DROPPED, reason)
-
-    def cancel(self, tasks: list[PromptTask], outcome: Outcome, reason: Reason) -> list[Command]:
-        """Give each task the outcome and abort its requests everywhere (queued ones are skipped by
-        the dispatcher); requeues are queued latest-admitted first, so that after the pushes to the
-        queue head the earliest-admitted prompt is first."""
-        if not tasks:
-            return []
-        for t in sorted(tasks, key=lambda t: t.seq, reverse=True):
-            t.cancelled = True
-            self._queue_outcome(t, outcome, reason)
-        return [Abort(tasks)]
-
-    def _queue_outcome(self, task: PromptTask, outcome: Outcome, reason: Reason | None = None) -> None:
-        if task.closed:
-            return
-        task.closed = True
-        self.ledger.finish(task.key)
-        self._to_finish.append((task, outcome, reason))
-        self.wants_finish = True
-
-    # ------------------------------------------------------------------ outcomes
-    def next_finish_batch(
-        self, finish_call: Callable[..., FinishItem]
-    ) -> tuple[list[tuple[PromptTask, FinishItem]], list[Command]]:
-        """The batch to write now: the unwritten one again, or a new one planned from the ledger
-        (commits, requeues past the bound, aborts beyond a fifo cut-off) and every queued outcome.
-        `finish_call` builds a store item (GroupStore.finish_call's signature)."""
-        if self.fenced:
-            return [], []
-        if self.unwritten:
-            return self.unwritten, []
-        self.wants_finish = False
-        cmds: list[Command] = []
-        # sync (verl's loop): filter and commit only once every prompt of the generation batch is done
-        batch_running = self.sync and len(self.ledger) > self.ledger.ready
-        plan = (
-            self.ledger.plan(self.bound - self.valid_produced)
-            if len(self.ledger) and not batch_running
-            else Plan[TaskKey]()
-        )
-        if plan.abort:
-            aborted = [self.tasks[k] for k in plan.abort]
-            if self.cfg.rollout.requeue_aborted:
-                cmds += self.cancel(aborted, Outcome.REQUEUED, RequeueReason.EARLY_STOP)
-            else:
-                cmds += self.cancel(aborted, Outcome.DROPPED, DropReason.EARLY_STOP)
-        items, self._to_finish = self._to_finish, []
-        batch = [(t, finish_call(t.pid, t.attempt, o, r or "")) for t, o, r in items]
-        for key in plan.commit:
-            task = self.tasks[key]
-            task.closed = True
-            assert task.progress is not None, "a ready group is complete"
-            group = self.encode_group(self.cfg.name, task)
-            item = finish_call(
-                task.pid,
-                task.attempt,
-                Outcome.VALID,
-                bound=self.bound,
-                group=group,
-                min_version=task.progress.min_version,
-            )
-            batch.append((task, item))
-        for key in reversed(plan.requeue):
-            task = self.tasks[key]
-            task.closed = True
-            if self.sync:  # verl keeps the first B valid groups of a batch: the rest is spent
-                item = finish_call(task.pid, task.attempt, Outcome.DROPPED, DropReason.SURPLUS)
-            else:
-                item = finish_call(task.pid, task.attempt, Outcome.REQUEUED, RequeueReason.OVER_BOUND)
-            batch.append((task, item))
-        self.unwritten = batch
-        return batch, cmds
-
-    def finish_applied(
-        self, batch: Sequence[tuple[PromptTask, FinishItem]], results: Sequence[FinishResult]
-    ) -> tuple[bool, list[Command]]:
-        """The store's answers for `batch`. Returns (fenced, commands): on reaching the bound the
-        rollout stops admitting and (async) cancels what is still in flight."""
-        self.unwritten = []
-        fenced = False
-        for (task, _), res in zip(batch, results, strict=True):
-            self._apply(task, res)
-            fenced = fenced or res.fenced
-        if fenced:
-            return True, self.fence()
-        cmds: list[Command] = []
-        if self.valid_produced >= self.bound and self.phase == Phase.ROLLING:
-            self.phase = Phase.BOUND
-            self.counts.early_stops += 1
-            self.observer.early_stop()
-            rest = [t for t in self.tasks.values() if not t.closed]
-            if rest and not self.sync:
-                cmds = self.cancel(rest, Outcome.REQUEUED, RequeueReason.EARLY_STOP)
-        self._check_gen_batches()
-        self._maybe_stopped()
-        return False, cmds
-
-    def _check_gen_batches(self) -> None:
-        """sync: after `max_num_gen_batches` whole generation batches without B valid groups, the
-        run stops, as verl's loop does (it raises): the data is too hard or too easy for the model."""
-        limit = self.cfg.rollout.max_num_gen_batches
-        c = self.counts
-        if not (self.sync and limit and self.phase == Phase.ROLLING and not self.tasks):
-            return
-        if c.gen_batches >= limit and self.valid_produced < self.bound:
-            self.failure = (
-                f"{c.gen_batches} generation batches gave {self.valid_produced - self.version * self.cfg.data.train_batch_size}"
-                f" of {self.cfg.data.train_batch_size} valid groups (rollout.max_num_gen_batches={limit}): "
-                "almost every group is all-right or all-wrong; the data does not suit the model"
-            )
-            log.error("sync rollout stops: %s", self.failure)
-            self.phase = Phase.STOPPED
-
-    def _apply(self, task: PromptTask, res: FinishResult) -> None:
-        """Mirror one written outcome in memory: the task leaves the rollout; counts and lengths.
-        A repeat (`dup:`) is applied like a first answer: the first one was lost on the way."""
-        self.tasks.pop(task.key, None)
-        self.produced = max(self.produced, res.produced)
-        self.credited = max(self.credited, res.credited)
-        recorded = res.recorded
-        if recorded is None:
-            if not res.fenced:
-                log.warning("outcome of %s attempt %d: %s", task.pid, task.attempt, res.label)
-            return
-        outcome, reason = recorded
-        self.observer.outcome(outcome, reason, task.attempt)
-        if outcome == Outcome.VALID:
-            assert task.progress is not None, "a committed group is complete"
-            self.observer.committed(self.version - task.progress.min_version)
-            lengths = self.counts.lengths
-            for resp in task.responses:
-                if resp is not None:
-                    lengths.committed += 1
-                    lengths.committed_tokens += len(resp.token_ids)
-        if not self.tasks and self.sync:
-            self.counts.batch_admitted = 0  # the generation batch is done
