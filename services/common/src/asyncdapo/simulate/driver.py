@@ -202,6 +202,7 @@ class Simulation:
         # id(request) -> where it runs and its natural length (the core never reads it)
         self._placed: dict[int, tuple[Gw, Seq, int]] = {}
         self.verifier_free = cfg.reward.verifier_concurrency
+        self.verifier_batch = cfg.reward.verifier_batch_size
         self._linger = False
         self.next_prompt = 0
         self.aborted_tokens = 0
@@ -258,7 +259,9 @@ class Simulation:
     def _do(self, commands: list[Command]) -> None:
         pumped = False
         for c in commands:
-            if isinstance(c, Dispatch):
+            if isinstance(c, ScoreResponse):  # the common case first
+                self.score_q.append(c)
+            elif isinstance(c, Dispatch):
                 self.pending.extend(c.requests)
                 pumped = True
             elif isinstance(c, Redispatch):
@@ -268,8 +271,6 @@ class Simulation:
             elif isinstance(c, Abort):
                 for t in c.tasks:
                     self._abort_task(t)
-            elif isinstance(c, ScoreResponse):
-                self.score_q.append(c)
         if pumped:
             self._pump()
         if self.score_q:
@@ -382,7 +383,7 @@ class Simulation:
     # ------------------------------------------------------------------ verifier
     def _score_soon(self) -> None:
         """ScoreBatcher: a full batch goes at once, a partial one after `LINGER_S`."""
-        if len(self.score_q) >= self.cfg.reward.verifier_batch_size:
+        if len(self.score_q) >= self.verifier_batch:
             self._score_some()
         elif not self._linger:
             self._linger = True
@@ -390,7 +391,7 @@ class Simulation:
 
     def _score_some(self, _: Any = None) -> None:
         self._linger = False
-        size = self.cfg.reward.verifier_batch_size
+        size = self.verifier_batch
         v = self.cluster.verifier
         while self.score_q and self.verifier_free:
             batch, self.score_q = self.score_q[:size], self.score_q[size:]
