@@ -359,7 +359,7 @@ class Simulation:
         task.gateways.add(g.address)
         g.in_flight += 1
         g.engine.submit(seq)
-        self._view(g)
+        self._dirty[g] = None  # _view(g)
 
     def _on_finish(self, seq: Seq) -> None:
         req: Request = seq.owner

@@ -157,9 +157,10 @@ class Workload:
         return self.prompt(index)[2]
 
     def _draws(self, c: int, attempt: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Uniforms (right or wrong) and within-group spreads of attempt `attempt` of every prompt
-        of chunk `c`, drawn at once: one generator per (chunk, attempt), not per prompt (seeding a
-        generator costs ~100 us, a sample ~10 ns)."""
+        """Natural lengths and right-or-wrong of attempt `attempt` of every prompt of chunk `c`,
+        drawn and computed at once: one generator per (chunk, attempt), not per prompt (seeding a
+        generator costs ~100 us, a sample ~10 ns), and the arithmetic on whole arrays (each
+        element's value is the one a row by itself gets)."""
         key = (c, attempt, n)
         got = self._att.get(key)
         if got is None:
@@ -168,19 +169,18 @@ class Workload:
             u = rng.random((self.CHUNK, n))
             shape = (self.CHUNK, n)
             eps = rng.standard_t(s.within_df, shape) if s.within_df > 0 else rng.standard_normal(shape)
-            got = self._att[key] = (u, eps)
+            p, scale, _ = self._chunk(c)
+            right = u < p[:, None]
+            log_len = scale[:, None] + s.within_sigma * eps + np.where(right, 0.0, self._log_wrong)
+            lengths = np.maximum(1, np.rint(np.exp(np.minimum(log_len, 30.0)))).astype(np.int64)
+            got = self._att[key] = (lengths, right)
         return got
 
     def attempt(self, index: int, attempt: int, n: int) -> Attempt:
         """The answers of attempt `attempt` (1-based) of prompt `index`."""
-        s = self.spec
-        p, scale, _ = self.prompt(index)
-        u, eps = self._draws(index // self.CHUNK, attempt, n)
+        lengths, right = self._draws(index // self.CHUNK, attempt, n)
         i = index % self.CHUNK
-        right = u[i] < p
-        log_len = scale + s.within_sigma * eps[i] + np.where(right, 0.0, self._log_wrong)
-        lengths = np.maximum(1, np.rint(np.exp(np.minimum(log_len, 30.0)))).astype(np.int64)
-        return Attempt(lengths.tolist(), right.tolist())
+        return Attempt(lengths[i].tolist(), right[i].tolist())
 
 
 # ----------------------------------------------------------------------------- statistics
