@@ -172,7 +172,16 @@ class MemoryQueue:
         ]
 
 
-_STALE = GroupProgress(RecordStatus.STALE)  # immutable: one answer shared by every stale score
+# GroupProgress is immutable: the answers that carry no statistics are shared, not rebuilt per score
+_STALE = GroupProgress(RecordStatus.STALE)
+_OK: dict[tuple[int, int], GroupProgress] = {}
+
+
+def _ok(done: int, n: int) -> GroupProgress:
+    p = _OK.get((done, n))
+    if p is None:
+        p = _OK[(done, n)] = GroupProgress(RecordStatus.OK, done=done, n=n)
+    return p
 
 
 class MemoryGroupStore:
@@ -216,7 +225,7 @@ class MemoryGroupStore:
                 if st.done >= st.n:
                     status = RecordStatus.COMPLETE
             if status is RecordStatus.OK:
-                out.append(GroupProgress(status, done=st.done, n=st.n))
+                out.append(_ok(st.done, st.n))
                 continue
             done = max(st.done, 1)
             out.append(
