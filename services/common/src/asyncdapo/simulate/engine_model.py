@@ -234,7 +234,25 @@ class Engine:
             self._apply(seg[1])
             self.seg = None
         self.t_b = self.clock.now
-        self._settle()
+        # settle: the transitions at this boundary (prefill done, targets reached, KV overflow)
+        if self.n_pf and self.pf_left <= 0 and self.recompute_left <= 0:
+            self._activate_prefilled()
+        heap = self.heap
+        D = self.D
+        if heap and heap[0][0] <= D:
+            finished = self._finished
+            leave = self._leave_decode
+            while heap and heap[0][0] <= D:
+                _, order, s = heappop(heap)
+                if s.state == DECODE and s.order == order:
+                    leave(s)
+                    s.gen = s.target
+                    s.state = DONE
+                    finished.append(s)
+        if self.n_dec:
+            cap = self.cap
+            while self.n_dec and self.kv_const + self.n_dec * (D + 1) + self.kv_pf > cap:  # kv_used() + n_dec
+                self._preempt()
         self._plan()
         if self._finished:
             done, self._finished = self._finished, []
@@ -243,26 +261,6 @@ class Engine:
                 on_finish(s)
         if self.state == PAUSED_NEW and not self.n_dec + self.n_pf and self.on_drained is not None:
             self.on_drained(self)
-
-    def _settle(self) -> None:
-        """Transitions at the current boundary: prefill done, targets reached, KV overflow."""
-        if self.n_pf and self.pf_left <= 0 and self.recompute_left <= 0:
-            self._activate_prefilled()
-        heap = self.heap
-        D = self.D
-        if heap and heap[0][0] <= D:
-            finished = self._finished
-            while heap and heap[0][0] <= D:
-                _, order, s = heappop(heap)
-                if s.state == DECODE and s.order == order:
-                    self._leave_decode(s)
-                    s.gen = s.target
-                    s.state = DONE
-                    finished.append(s)
-        if self.n_dec:
-            cap = self.cap
-            while self.n_dec and self.kv_const + self.n_dec * (D + 1) + self.kv_pf > cap:  # kv_used() + n_dec
-                self._preempt()
 
     def _activate_prefilled(self) -> None:
         D = self.D
@@ -411,7 +409,7 @@ class Engine:
                         break
                     heappop(heap)
                 k_f = top[0] - D
-                # >= 1: _settle preempted until one more step fits, admission left that room
+                # >= 1: settling preempted until one more step fits, admission left that room
                 k_o = max(1, (self.cap - (self.kv_const + N * D + self.kv_pf)) // N)  # kv_used()
             k = max(1, min(k_p, k_f, k_o))
             A = self._a + self._b * (N + self.n_pf) + self._d * chunk
