@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from heapq import heapify, heappop, heappush
 from collections import deque
 from collections.abc import Callable
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from asyncdapo.simulate.clock import VirtualClock
