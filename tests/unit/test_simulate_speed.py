@@ -6,8 +6,8 @@ Measured in CPU seconds of this process (`time.process_time`), not wall time, on
 gateways than the dispatcher scores exactly (so the sampled path runs) and every mechanism of the
 full run: early stop with abort + requeue, scoring batches, weight syncs. On this 2-core machine it
 runs at ~55–68 k events per CPU second (loads 5–9; CPU time itself grows ~25 % from load 5 to load
-13); the full 512-engine run, whose heap is larger, at ~52 k (before the speed work: ~36 k, over
-the 60 s goal). The floor is under half of today's rate: it fails on a regression that puts the
+13); the full 512-engine run, whose heap is larger, at ~42–48 k (before the speed work: ~34–37 k,
+over the 60 s goal). The floor is under half of today's rate: it fails on a regression that puts the
 512-engine goal out of reach (a per-event cost 2× today's), not on a loaded machine.
 """
 
