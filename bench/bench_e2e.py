@@ -66,6 +66,7 @@ import grpc
 import yaml
 
 # bench/ is on sys.path: the script is run as `python bench/bench_e2e.py`
+from cpu_sampler import CpuSampler
 from long_tail_workload import build_model
 from rollout_timeline import GroupsWatcher, WeightsWatcher, generation_times
 
@@ -207,11 +208,14 @@ def run_mode(
             print(f"  [{mode}] services up in {time.monotonic() - t0:.0f} s; training", flush=True)
             t_train = time.monotonic()
             load_start = os.getloadavg()[0]
+            cpu = CpuSampler(stack)
+            cpu.sample()
             stack.start_trainer()
             metrics_path = run_dir / "trainer" / "metrics.jsonl"
             seen, first_fanout = 0, None
             while not stack.trainer_finished():
                 stack.check()
+                cpu.maybe_sample()
                 if time.monotonic() - t_train > timeout_s:
                     raise TimeoutError(f"{mode}: {seen} steps after {timeout_s:.0f} s; logs in {stack.logs}")
                 if first_fanout is None and 1 in watcher.announced:
@@ -224,6 +228,7 @@ def run_mode(
                 seen = len(rows)
                 time.sleep(0.2)
             train_wall = time.monotonic() - t_train
+            cpu.sample()
             loadavg = (load_start, os.getloadavg()[0])
             status = run_status(stub, cfg.name)
             prom = scrape_all(ep.metrics_ports)
@@ -244,6 +249,7 @@ def run_mode(
         "loadavg": loadavg, "status": status, "prometheus": prom, "train_wall_s": train_wall,
         "total_wall_s": total_wall, "generation_s": gen, "fanout_s": fanout,
         "announced": watcher.announced, "version_ends": ends,
+        "cpu": cpu.samples, "groups": commits.groups,
     }  # fmt: skip
     (run_dir / "bench.json").write_text(json.dumps(summary, indent=1))
     return ModeResult(

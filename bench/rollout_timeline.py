@@ -66,6 +66,9 @@ class GroupsWatcher:
         self.key = RunKeys(run).groups
         self.r = sync_client(redis_url)
         self.times: list[float] = []
+        # per entry: prompt id, prompt tokens, response lengths, acc (1 right / 0 wrong), finish
+        # reasons, min version (the SIMULATOR's bench fits its workload's length structure on these)
+        self.groups: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -77,9 +80,10 @@ class GroupsWatcher:
         last = "0-0"
         while not self._stop.is_set():
             for _stream, entries in self.r.xread({self.key: last}, block=100, count=1000) or []:
-                for eid, _ in entries:
+                for eid, fields in entries:
                     last = eid.decode() if isinstance(eid, bytes) else eid
                     self.times.append(int(last.split("-")[0]) / 1000.0)
+                    self.groups.append(_summary(fields))
 
     def ends(self, batch: int) -> list[float]:
         """Wall time of the B-th committed group of each complete version, index = version."""
@@ -90,6 +94,23 @@ class GroupsWatcher:
         self._stop.set()
         self._thread.join(timeout=5)
         self.r.close()
+
+
+def _summary(fields: dict[Any, Any]) -> dict[str, Any]:
+    from asyncdapo.v1 import rollout_pb2
+
+    g = rollout_pb2.Group()
+    raw = fields.get(b"g", fields.get("g", b""))
+    g.ParseFromString(raw if isinstance(raw, bytes) else raw.encode("latin-1"))
+    rs = g.responses
+    return {
+        "pid": g.prompt_id,
+        "prompt": len(g.prompt_token_ids),
+        "lengths": [len(r.token_ids) for r in rs],
+        "acc": [r.acc for r in rs],
+        "finish": [int(r.finish_reason) for r in rs],
+        "min_version": g.min_version,
+    }
 
 
 def generation_times(announced: dict[int, float], ends: list[float]) -> dict[int, float]:

@@ -118,3 +118,20 @@ def test_power_of_d_choices_keeps_a_large_fleet_balanced() -> None:
             idx.update(done)
     loads = [g.in_flight for g in gws]
     assert sum(loads) == 2048 and max(loads) <= 8, max(loads)
+
+
+def test_an_update_with_a_new_snapshot_replaces_the_old_one() -> None:
+    """`GatewayView`s are frozen snapshots: a gateway updated with a new one must be scored by it
+    (the simulator passes snapshots; with the first one kept, every prompt of a version went to
+    the same gateway)."""
+    from asyncdapo.scheduler.policy.dispatch import GatewayView
+
+    policy = DispatchPolicy(max_in_flight=256)
+    index = EligibleIndex(policy)
+    for a in ("g0", "g1"):
+        index.update(GatewayView(address=a))
+    assert [v.in_flight for v in index.candidates("")] == [0, 0]
+    index.update(GatewayView(address="g0", in_flight=8))
+    views = index.candidates("")
+    assert sorted((v.address, v.in_flight) for v in views) == [("g0", 8), ("g1", 0)]
+    assert pick(views, index.policy_for(""), 8).addresses == ["g1"] * 8

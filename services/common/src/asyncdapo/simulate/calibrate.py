@@ -18,8 +18,10 @@ times depend on.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,8 +70,12 @@ def read_steps(path: Path) -> list[dict[str, float]]:
     return rows
 
 
-def design(rows: list[dict[str, float]], capacity: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(X, dt, dropped) of one log's step intervals."""
+def design(
+    rows: list[dict[str, float]], capacity: int, stretch: Callable[[float], float] | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(X, dt, dropped) of one log's step intervals. `stretch(t)`: the host-contention factor at
+    unix time t (profile.HostCpuContention); each interval is divided by it, so that the fit is
+    of the uncontended step the simulator stretches again."""
     xs, ys = [], []
     dropped = 0
     for prev, cur in itertools.pairwise(rows):
@@ -78,7 +84,7 @@ def design(rows: list[dict[str, float]], capacity: int) -> tuple[np.ndarray, np.
             dropped += 1
             continue
         xs.append([1.0, cur["decode"] + cur["prefill_reqs"], cur["kv"] * capacity, cur["prefill_tokens"]])
-        ys.append(dt)
+        ys.append(dt / stretch((prev["t"] + cur["t"]) / 2) if stretch is not None else dt)
     X, y = np.asarray(xs, dtype=float).reshape(-1, 4), np.asarray(ys, dtype=float)
     if len(y):
         keep = y <= GAP_FACTOR * np.median(y)
@@ -117,10 +123,18 @@ def fit_steps(X: np.ndarray, y: np.ndarray, dropped: int = 0) -> Fit:
     )
 
 
-def calibrate_files(paths: list[Path], capacity: int, max_num_seqs: int = 256) -> tuple[ClusterProfile, Fit]:
+def calibrate_files(
+    paths: list[Path],
+    capacity: int,
+    max_num_seqs: int = 256,
+    stretch: Callable[[Path, float], float] | None = None,
+) -> tuple[ClusterProfile, Fit]:
+    """`stretch(path, t)`: the host-contention factor of that log's engine at unix time t (None:
+    the intervals are fitted as they are, contention included)."""
     Xs, ys, dropped = [], [], 0
     for p in paths:
-        X, y, d = design(read_steps(p), capacity)
+        at = None if stretch is None else functools.partial(stretch, p)
+        X, y, d = design(read_steps(p), capacity, at)
         Xs.append(X)
         ys.append(y)
         dropped += d

@@ -164,7 +164,9 @@ class Simulation:
         self.n = ro.n
         self.cap = cfg.data.max_response_length
         self.clock = VirtualClock()
-        self.rtt = cluster.redis_rtt_s
+        # CPU profiles: other processes' runnable threads slow every thread of ours, round trips too
+        others = cluster.host.others if cluster.host is not None else 1.0
+        self.rtt = cluster.redis_rtt_s * others
         self.run = MemoryRun()
         self.store = MemoryGroupStore(self.run, self.B, self.s)
         self.queue = MemoryQueue(self.run, "sim", clock_ms=self.clock.ms)
@@ -180,6 +182,14 @@ class Simulation:
             eng = Engine(self.clock, cluster.engine, self._on_finish, self._on_drained, name=f"gw{i}")
             self.gws.append(Gw(f"gw{i}", eng, pool))
         self.by_engine = {id(g.engine): g for g in self.gws}
+        # CPU profiles: the host's cores shared by engines, control plane and trainer
+        self.host = cluster.host
+        self._cpu_rate = 0.0  # control plane's CPU demand (cores), exponential average
+        self._cpu_t = 0.0
+        self._training = False  # the trainer computes (not the weight fan-out)
+        if self.host is not None:
+            for g in self.gws:
+                g.engine.stretch = self._host_stretch
         self.labels = {g.pool for g in self.gws if g.pool}
         self.core = RolloutCore(
             cfg,
@@ -361,7 +371,36 @@ class Simulation:
         g.engine.submit(seq)
         self._dirty[g] = None  # _view(g)
 
+    # ------------------------------------------------------------------ host CPU (CPU profiles)
+    def _control_cores(self) -> float:
+        """The control plane's CPU demand now (cores): its impulses decayed over window_s."""
+        assert self.host is not None
+        now = self.clock.now
+        if now > self._cpu_t:
+            self._cpu_rate *= math.exp(-(now - self._cpu_t) / self.host.window_s)
+            self._cpu_t = now
+        return self._cpu_rate
+
+    def _cpu_work(self, cpu_s: float) -> None:
+        """`cpu_s` of control-plane CPU spent about now."""
+        if self.host is not None and cpu_s > 0:
+            self._cpu_rate = self._control_cores() + cpu_s / self.host.window_s
+
+    def _floating_cores(self) -> float:
+        h = self.host
+        assert h is not None
+        return self._control_cores() + h.background_cores + (h.trainer_cores if self._training else 0.0)
+
+    def _busy_engines(self) -> int:
+        return sum(1 for g in self.gws if g.engine.running)
+
+    def _host_stretch(self) -> float:
+        assert self.host is not None
+        return self.host.stretch(self._floating_cores(), max(1, self._busy_engines()))
+
     def _on_finish(self, seq: Seq) -> None:
+        if self.host is not None:
+            self._cpu_work(self.host.completion_cpu_s)
         req: Request = seq.owner
         g, _, natural = self._placed.pop(id(req))
         g.in_flight -= 1
@@ -396,7 +435,8 @@ class Simulation:
         while self.score_q and self.verifier_free:
             batch, self.score_q = self.score_q[:size], self.score_q[size:]
             self.verifier_free -= 1
-            self.clock.after(v.call_s + v.per_item_s * len(batch), self._scored, batch)
+            took = v.call_s + v.per_item_s * len(batch)
+            self.clock.after(took * self.host.others if self.host is not None else took, self._scored, batch)
 
     def _scored(self, jobs: list[ScoreResponse]) -> None:
         self.verifier_free += 1
@@ -515,6 +555,9 @@ class Simulation:
         resp_tokens = sum(sum(g.lengths) for g in batch)
         train_s = self.cluster.trainer.step_s(tokens, self.B * self.n) + self.cluster.trainer.publish_s
         self.trainer_busy = True
+        if self.host is not None:  # the trainer computes on cores the engines may be stepping on
+            self._training = True
+            train_s *= self.host.trainer_stretch(self._floating_cores(), self._busy_engines())
         lengths = [x for g in batch for x in g.lengths]
         self._step = {
             "t_free": self.t_free,
@@ -529,6 +572,7 @@ class Simulation:
         self.clock.after(train_s, self._trained)
 
     def _trained(self, _: Any = None) -> None:
+        self._training = False
         self._step["t_trained"] = self.clock.now
         mode = self.cfg.rollout.weight_update_mode
         self._step["mode"] = mode.value
@@ -590,6 +634,8 @@ class Simulation:
         self._dirty.clear()
         for x in self.gws:
             self._update_view(x)
+        if self.host is not None:
+            self._cpu_work(self.host.version_cpu_s)
         self.core.weights_published(new, f"sim://v{new}")
         self.trainer_busy = False
         self.t_free = self.clock.now

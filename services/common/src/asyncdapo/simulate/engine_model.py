@@ -23,6 +23,10 @@ whose KV grows by N per step), and the next event is the nearest of: a decoder r
 target length, the prefill ending, or the KV cache filling up. A change from outside (a request
 arrives or is aborted, a pause) takes effect at the end of the step in progress, as in vLLM.
 
+On a CPU profile with host contention (`profile.HostCpuContention`), A and C are multiplied by
+the driver's stretch factor at the time the segment is planned (the other processes' CPU demand
+then; a segment ends at the engine's next event, so the factor follows the load event by event).
+
 Version runs: the engine remembers the step counter at each weight change, and each sequence the
 counter when it started decoding here, so a response held across a reload reports
 [(v, a), (v + 1, b)] without any per-token bookkeeping.
@@ -97,6 +101,9 @@ class Engine:
         self.name = name
         self.on_finish = on_finish
         self.on_drained = on_drained
+        # CPU profiles with host contention (profile.HostCpuContention): the factor on the step
+        # time of the segment being planned, read once per segment; None on GPU profiles
+        self.stretch: Callable[[], float] | None = None
         self._a, self._b, self._c, self._d = (
             profile.base_s,
             profile.per_seq_s,
@@ -414,6 +421,9 @@ class Engine:
             k = max(1, min(k_p, k_f, k_o))
             A = self._a + self._b * (N + self.n_pf) + self._d * chunk
             C, K0 = self._c, float(self.kv_const + N * D)
+        if self.stretch is not None:
+            f = self.stretch()
+            A, C = A * f, C * f
         self.seg = (self.t_b, k, A, C, K0, N, adv, chunk, recompute)
         self._schedule(self.t_b + self._t(k, A, C, K0, N))
 

@@ -92,6 +92,83 @@ class VerifierProfile(_Model):
     call_s: float = Field(0.005, ge=0.0, description="Fixed cost of one /v1/score call (s).")
 
 
+class HostCpuContention(_Model):
+    """CPU profiles only: a small host whose cores the engines share with the rest of the stack.
+
+    On a GPU cluster the engines' steps run on accelerators the control plane never touches; on
+    this machine each vLLM engine is pinned to one of `cores` CPU cores, and the scheduler, the
+    verifier, Redis and the trainer (and other users' processes) float over the same cores. Their
+    CPU demand, in cores,
+
+        F = control-plane CPU rate (completion_cpu_s per completion and version_cpu_s per version,
+            averaged over window_s) + trainer_cores while the trainer computes + background_cores,
+
+    runs first on the cores no busy engine holds (other users' CPU-bound processes are better
+    counted as `background_threads`: the fair scheduler shares each core among runnable threads,
+    so k of them per core make every step of ours (1 + k) times longer, whatever CPU time they
+    end up with); what spills over, `F - (cores - b)` with b
+    engines stepping, is shared by those b engine cores, each giving up a share
+    `f = min(max_share, spill / b)` of its time. An engine step then takes `1 / (1 - f)` times
+    its uncontended time (`stretch`). `max_share` 0.5 is the kernel's fair share when one
+    floating thread competes with an engine's. The trainer, when it computes beside stepping
+    engines, gets the floating capacity `(cores - b) + b * max_share` in proportion to its demand;
+    only its CPU share of the step stretches (`trainer_stretch`). The inputs are calibrated from the real stack's per-process CPU time
+    (bench/bench_simulator.py); the engine costs they are used with must be fitted on step
+    intervals divided by the stretch of their time (`calibrate_files(stretch=...)`), or the
+    contention is counted twice."""
+
+    cores: int = Field(ge=1, description="CPU cores of the host; each engine pinned to one of them.")
+    completion_cpu_s: float = Field(
+        0.0, ge=0.0, description="Control-plane CPU per completion: scheduler + verifier + Redis (s)."
+    )
+    version_cpu_s: float = Field(
+        0.0, ge=0.0, description="Control-plane CPU per policy version: early stop, aborts, weight sync (s)."
+    )
+    trainer_cores: float = Field(
+        0.0, ge=0.0, description="The trainer's CPU demand while it computes (cores)."
+    )
+    background_cores: float = Field(
+        0.0, ge=0.0, description="Other processes' CPU demand on the host (cores): other users' load."
+    )
+    background_threads: float = Field(
+        0.0,
+        ge=0.0,
+        description="Other processes' runnable threads on the host (the load average less the stack's "
+        "own): the kernel's fair scheduler gives an engine 1 / (1 + background_threads / cores) of "
+        "what it would get without them.",
+    )
+    max_share: float = Field(
+        0.5, ge=0.0, lt=1.0, description="At most this share of a busy engine's core goes to floating work."
+    )
+    window_s: float = Field(
+        0.1, gt=0.0, description="Time constant of the control plane's CPU rate (exponential average, s)."
+    )
+
+    def lost_share(self, floating_cores: float, busy_engines: float) -> float:
+        """Share of each busy engine's core taken by `floating_cores` of other demand."""
+        if busy_engines <= 0:
+            return 0.0
+        spill = floating_cores - (self.cores - busy_engines)
+        return min(self.max_share, max(0.0, spill) / busy_engines)
+
+    @property
+    def others(self) -> float:
+        """Factor of other processes' runnable threads on every thread of ours (fair share)."""
+        return 1.0 + self.background_threads / self.cores
+
+    def stretch(self, floating_cores: float, busy_engines: float) -> float:
+        """Factor on an engine step's uncontended time."""
+        return self.others / (1.0 - self.lost_share(floating_cores, busy_engines))
+
+    def trainer_stretch(self, floating_cores: float, busy_engines: float) -> float:
+        """Factor on the trainer's time: its CPU share (`trainer_cores`, at most all of its time;
+        the rest is I/O: checkpoint, snapshot, Redis) takes floating demand (the trainer's
+        included) over what floating work can get, when that is less."""
+        capacity = (self.cores - busy_engines) + busy_engines * self.max_share
+        slow = (max(1.0, floating_cores / capacity) if capacity > 0 else 1.0) * self.others
+        return 1.0 + min(1.0, self.trainer_cores) * (slow - 1.0)
+
+
 class ClusterProfile(_Model):
     name: str
     engines: int = Field(ge=1, description="Rollout engines (gateways).")
@@ -104,6 +181,9 @@ class ClusterProfile(_Model):
     )
     heavy_fraction: float = Field(
         0.25, gt=0.0, lt=1.0, description="pdsr: share of the engines in the heavy pool."
+    )
+    host: HostCpuContention | None = Field(
+        None, description="CPU profiles: the host's cores shared by engines and control plane (None: GPUs)."
     )
     source: str = Field("", description="Where the figures come from, and the arithmetic.")
 

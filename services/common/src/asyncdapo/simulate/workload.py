@@ -6,7 +6,10 @@ keeps it) with the stated probability: 1 − E[pⁿ] − E[(1 − p)ⁿ] = valid
 (log-normal across prompts, longer for harder prompts when `difficulty_length_slope` > 0); and a
 prompt length. Each response of an attempt is right with probability p; its natural length (where
 it would stop without a cap) is the prompt's scale × `wrong_length_ratio` if wrong × a within-group
-spread (log-normal, or log-t with `within_df` degrees of freedom for a heavier tail). A response
+spread (log-normal, or log-t with `within_df` degrees of freedom for a heavier tail) — or, with
+probability `brief_fraction`, a brief answer of about `brief_median` tokens whatever the prompt (a
+model that answers some samples directly and works others out at length: the length spread is then
+mostly *within* a group, which decides how much of an aborted group had already finished). A response
 whose natural length reaches the run's `max_response_length` is cut there and scores wrong (no
 answer), as in DAPO. A requeued prompt's new attempt draws new samples (new seeds), the prompt
 itself (p, scale) stays.
@@ -50,6 +53,22 @@ class WorkloadSpec(BaseModel):
     within_sigma: float = Field(0.3, ge=0.0, description="SD of log length within a group.")
     within_df: float = Field(0.0, ge=0.0, description="0: log-normal within a group; > 2: log-t, df.")
     wrong_length_ratio: float = Field(3.0, ge=0.1, description="Wrong answers are this many times longer.")
+    brief_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of responses that answer briefly (a direct answer, no worked solution): "
+        "brief_median x exp(brief_sigma x N(0, 1)) tokens whatever the prompt's length scale and "
+        "correctness; the others follow the prompt's scale. 0: no brief answers.",
+    )
+    brief_median: float = Field(6.0, ge=1.0, description="Median length of a brief answer (tokens).")
+    length_max: int = Field(
+        0,
+        ge=0,
+        description="Longest natural answer (tokens): lengths are clipped here, a task whose answers "
+        "are bounded (a worked count of at most 9 steps); 0: unbounded.",
+    )
+    brief_sigma: float = Field(0.05, ge=0.0, description="SD of log length of brief answers.")
     difficulty_length_slope: float = Field(
         0.0, description="log length scale += slope * (mean_accuracy - p): harder prompts answer longer."
     )
@@ -157,10 +176,9 @@ class Workload:
         return self.prompt(index)[2]
 
     def _draws(self, c: int, attempt: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Natural lengths and right-or-wrong of attempt `attempt` of every prompt of chunk `c`,
-        drawn and computed at once: one generator per (chunk, attempt), not per prompt (seeding a
-        generator costs ~100 us, a sample ~10 ns), and the arithmetic on whole arrays (each
-        element's value is the one a row by itself gets)."""
+        """Uniforms (right or wrong) and within-group spreads of attempt `attempt` of every prompt
+        of chunk `c`, drawn at once: one generator per (chunk, attempt), not per prompt (seeding a
+        generator costs ~100 us, a sample ~10 ns)."""
         key = (c, attempt, n)
         got = self._att.get(key)
         if got is None:
@@ -169,18 +187,36 @@ class Workload:
             u = rng.random((self.CHUNK, n))
             shape = (self.CHUNK, n)
             eps = rng.standard_t(s.within_df, shape) if s.within_df > 0 else rng.standard_normal(shape)
-            p, scale, _ = self._chunk(c)
-            right = u < p[:, None]
-            log_len = scale[:, None] + s.within_sigma * eps + np.where(right, 0.0, self._log_wrong)
-            lengths = np.maximum(1, np.rint(np.exp(np.minimum(log_len, 30.0)))).astype(np.int64)
-            got = self._att[key] = (lengths, right)
+            got = self._att[key] = (u, eps)
         return got
 
     def attempt(self, index: int, attempt: int, n: int) -> Attempt:
         """The answers of attempt `attempt` (1-based) of prompt `index`."""
-        lengths, right = self._draws(index // self.CHUNK, attempt, n)
+        s = self.spec
+        p, scale, _ = self.prompt(index)
+        u, eps = self._draws(index // self.CHUNK, attempt, n)
         i = index % self.CHUNK
-        return Attempt(lengths[i].tolist(), right[i].tolist())
+        right = u[i] < p
+        log_len = scale + s.within_sigma * eps[i] + np.where(right, 0.0, self._log_wrong)
+        if s.brief_fraction > 0:
+            ub, zb = self._brief(index // self.CHUNK, attempt, n)
+            brief = math.log(s.brief_median) + s.brief_sigma * zb[i]
+            log_len = np.where(ub[i] < s.brief_fraction, brief, log_len)
+        lengths = np.maximum(1, np.rint(np.exp(np.minimum(log_len, 30.0)))).astype(np.int64)
+        if s.length_max:
+            lengths = np.minimum(lengths, s.length_max)
+        return Attempt(lengths.tolist(), right.tolist())
+
+    def _brief(self, c: int, attempt: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Which responses answer briefly, and their spread: a generator of their own, so a
+        workload without brief answers draws exactly what it drew before they existed."""
+        key = (c, -attempt, n)
+        got = self._att.get(key)
+        if got is None:
+            rng = np.random.default_rng((self.seed, 0xB41E, c, attempt, n))
+            shape = (self.CHUNK, n)
+            got = self._att[key] = (rng.random(shape), rng.standard_normal(shape))
+        return got
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -37,9 +37,14 @@ class _Slots:
         return len(self.items)
 
     def add(self, gw: DispatchView) -> None:
-        if gw.address not in self.pos:
+        i = self.pos.get(gw.address)
+        if i is None:
             self.pos[gw.address] = len(self.items)
             self.items.append(gw)
+        else:
+            # a member updated with a new object (a `GatewayView` snapshot, as the simulator
+            # passes): score the new one, not the first one ever added
+            self.items[i] = gw
 
     def discard(self, gw: DispatchView) -> None:
         i = self.pos.pop(gw.address, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncdapo.metrics import TotalCounter
+from asyncdapo.scheduler.policy.long_tail import LongTailAction
 
 _LAT = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -118,3 +119,32 @@ class SchedulerMetrics:
         self.publish_seconds = Histogram(
             p + "publish_weights_seconds", "PublishWeights fan-out duration.", buckets=_SLOW, registry=r
         )
+
+
+class MetricsObserver:
+    """The rollout core's observations (`core.CoreObserver`) as the scheduler's Prometheus metrics:
+    the core decides, this only counts."""
+
+    def __init__(self, metrics: SchedulerMetrics) -> None:
+        self.m = metrics
+
+    def outcome(self, outcome: str, reason: str, attempt: int) -> None:
+        self.m.outcomes.labels(outcome, reason).inc()
+        if outcome != "requeued":
+            self.m.prompt_attempts.labels(outcome).observe(attempt)
+
+    def committed(self, staleness: int) -> None:
+        self.m.groups.inc()
+        self.m.staleness.observe(staleness)
+
+    def completions(self, count: int, tokens: int) -> None:
+        self.m.completions.inc(count)
+        self.m.generated_tokens.inc(tokens)
+
+    def early_stop(self) -> None:
+        self.m.early_stops.inc()
+
+    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None:
+        self.m.long_tail.labels(action.value).inc()
+        if tokens:
+            self.m.long_tail_tokens.labels(action.value).inc(tokens)

@@ -9,8 +9,10 @@
 - finisher loop (the only writer of outcomes): takes the core's finish batch, writes it (FINISH,
   one round trip), gives the answers back to the core, and acts on what it answers (abort the
   rest at the bound);
-- housekeeping: lease (or learn that we were fenced), the state re-read after a Redis outage, the
-  trainer's credits, counters, reconciliation of our claims; weight sync (weights.py).
+- housekeeping (`Housekeeper`, housekeeping.py): lease (or learn that we were fenced), the state
+  re-read after a Redis outage, the trainer's credits, counters, reconciliation of our claims;
+  weight updates and re-sync (`WeightPublisher`, weight_publisher.py); GetRun (`RunStatusReader`).
+  Each owns its own state and sees this driver only through a small Protocol.
 
 Concurrency model: one asyncio loop; every core call is synchronous, so the core's state has a
 single writer at any time. Redis calls wait through outages (`RedisLink`).
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncdapo import redis_keys as rk
 from asyncdapo.config import PauseMode, RunConfig
-from asyncdapo.redis_keys import ADMITTED, VALID_CREDITED, VALID_PRODUCED, RunKeys, decode_map
+from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.core import (
     Abort,
     Command,
@@ -47,13 +49,12 @@ from asyncdapo.scheduler.group_state import (
     RedisLink,
     RequeueReason,
     RoundTrips,
-    ScriptArg,
     ScriptRunner,
     redis_retry,
 )
-from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.housekeeping import Housekeeper
+from asyncdapo.scheduler.metrics import MetricsObserver, SchedulerMetrics
 from asyncdapo.scheduler.policy.dispatch import DispatchPolicy
-from asyncdapo.scheduler.policy.long_tail import LongTailAction
 from asyncdapo.scheduler.queue import Fenced, PromptQueue
 from asyncdapo.scheduler.run_status import RunStatusReader
 from asyncdapo.scheduler.score_batcher import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
@@ -67,34 +68,6 @@ if TYPE_CHECKING:
 __all__ = ["Phase", "Rollout"]
 
 log = logging.getLogger(__name__)
-
-
-class MetricsObserver:
-    """The core's observations as the scheduler's Prometheus metrics."""
-
-    def __init__(self, metrics: SchedulerMetrics) -> None:
-        self.m = metrics
-
-    def outcome(self, outcome: str, reason: str, attempt: int) -> None:
-        self.m.outcomes.labels(outcome, reason).inc()
-        if outcome != "requeued":
-            self.m.prompt_attempts.labels(outcome).observe(attempt)
-
-    def committed(self, staleness: int) -> None:
-        self.m.groups.inc()
-        self.m.staleness.observe(staleness)
-
-    def completions(self, count: int, tokens: int) -> None:
-        self.m.completions.inc(count)
-        self.m.generated_tokens.inc(tokens)
-
-    def early_stop(self) -> None:
-        self.m.early_stops.inc()
-
-    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None:
-        self.m.long_tail.labels(action.value).inc()
-        if tokens:
-            self.m.long_tail_tokens.labels(action.value).inc(tokens)
 
 
 class Rollout:
@@ -122,7 +95,6 @@ class Rollout:
         self.queue = PromptQueue(redis, self.keys, self.scripts, self.store, self.rtt, owner=owner)
         self.claim_chunk = claim_chunk
         self.queue_poll_s = queue_poll_s
-        self.reconcile_every_s = reconcile_every_s
         self.core = RolloutCore(cfg, MetricsObserver(self.metrics), pool_exists=self._pool_exists)
         ro = cfg.rollout
         self.dispatcher = Dispatcher(
@@ -163,13 +135,20 @@ class Rollout:
             self.rtt,
             lambda: self.queue.epoch,
         )
-        self._count_seq = 0
-        self._flushed = {rk.ABORTED_TOKENS: 0, rk.ABORTED_REQUESTS: 0, rk.EARLY_STOPS: 0}
+        self.housekeeper = Housekeeper(
+            self,
+            self.core,
+            redis,
+            self.keys,
+            self.queue,
+            self.scripts,
+            self.metrics,
+            self.outcome_lock,
+            self._r,
+            reconcile_every_s,
+        )
         self._rtt_reported = 0
-        self._flush_lock = asyncio.Lock()
         self._claiming = False
-        self._resync_needed = False
-        self._last_reconcile = 0.0
         self.redis_link.listen(self._on_redis_link)
 
     # ------------------------------------------------------------------ the core's state
@@ -261,7 +240,7 @@ class Rollout:
         requeue every claim a predecessor left, start the loops."""
         await self._r(self.scripts.load)
         epoch = await self._r(self.queue.take_over)
-        await self._read_state()
+        await self.housekeeper.read_state()
         recovered = await self._r(self.queue.recover)
         if recovered:
             log.info("epoch %d: requeued %d prompts claimed by a replaced scheduler", epoch, len(recovered))
@@ -271,41 +250,12 @@ class Rollout:
         self._bg = [
             asyncio.create_task(self._admission_loop(), name="admission"),
             asyncio.create_task(self._finisher_loop(), name="finisher"),
-            asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+            asyncio.create_task(self.housekeeper.loop(), name="housekeeping"),
             asyncio.create_task(self.weights.sync_loop(), name="weight-sync"),
         ]
         self._update_gauges()
 
-    async def _read_state(self) -> None:
-        """What this process keeps in memory about the run, from Redis: version, uri, counts."""
-        w = decode_map(await self._r(lambda: self.redis.hgetall(self.keys.weights)))
-        version = int(w.get("version", "0") or 0)
-        if version < self.core.version and self.core.uri:
-            # Redis lost the last publish (restored from an older state): the gateways run ours
-            log.warning("redis holds weights v%d, we published v%d: writing it back", version, self.version)
-            v, uri = self.core.version, self.core.uri
-            await self._r(lambda: self.redis.hset(self.keys.weights, mapping={"version": v, "uri": uri}))
-        else:
-            self._set_version(version, w.get("uri", ""))
-        c = await self._r(
-            lambda: self.redis.hmget(self.keys.counters, [VALID_PRODUCED, VALID_CREDITED, ADMITTED])
-        )
-        produced, credited, admitted = (int(x or 0) for x in c)
-        seen = self.core.admitted_seen
-        if self.core.reset_counts(produced, credited, admitted):
-            # Redis lost acknowledged writes (a restart under `appendfsync everysec`, a failover):
-            # our tasks may hold attempts it never recorded. Drop them without writing anything;
-            # reconciliation requeues whatever claims of ours Redis still has.
-            log.error(
-                "redis rolled back (admitted %d < %d seen): dropping %d prompts in flight, requeueing claims",
-                admitted,
-                seen,
-                len(self.tasks),
-            )
-            self._run(self.core.drop_in_memory())
-            self._last_reconcile = 0.0
-
-    def _set_version(self, version: int, uri: str | None = None) -> None:
+    def set_version(self, version: int, uri: str | None = None) -> None:
         self.core.set_version(version, uri)
         self.store.version = version  # FINISH's staleness rule never judges older than this
         # a gateway that missed a weight update must not serve this run until it caught up
@@ -313,7 +263,7 @@ class Rollout:
         self.metrics.policy_version.set(version)
         self.metrics.valid_bound.set(self.core.bound)
 
-    def _on_fenced(self, where: str) -> None:
+    def on_fenced(self, where: str) -> None:
         """A successor took the run over: stop for good, write nothing (it requeued our claims)."""
         if self.core.fenced:
             return
@@ -328,7 +278,7 @@ class Rollout:
     def _on_redis_link(self, up: bool) -> None:
         self.metrics.redis_up.set(1 if up else 0)
         if up:
-            self._resync_needed = True
+            self.housekeeper.redis_came_back()
         self._notify_health()
 
     def _notify_health(self) -> None:
@@ -364,7 +314,7 @@ class Rollout:
             return
         try:
             async with asyncio.timeout(max(deadline - time.monotonic(), 1.0)):
-                await self.flush_counters()
+                await self.housekeeper.flush_counters()
                 await self.queue.release_lease()
         except (TimeoutError, *REDIS_WAIT_ERRORS) as err:
             log.warning("shutdown: could not release the lease: %s", err)
@@ -405,7 +355,7 @@ class Rollout:
 
     def weights_published(self, version: int, uri: str) -> None:
         """The gateways were told: raise the bound and resume rolling out."""
-        self._set_version(version, uri)
+        self.set_version(version, uri)
         self.core.weights_published(version, uri)
         self._wake_admission.set()
         self.dispatcher.pump()
@@ -438,7 +388,7 @@ class Rollout:
             try:
                 got = await self._admit_some()
             except Fenced as err:
-                self._on_fenced(str(err))
+                self.on_fenced(str(err))
                 continue
             except Exception:  # a bug must not end admission for good: say so and go on
                 log.exception("admission round failed; retrying")
@@ -512,7 +462,7 @@ class Rollout:
         # idempotent (response markers; the counters move inside the script): safe to retry
         progress = await self._r(lambda: self.store.record(scores))
         if not self.core.recorded(owners, scores, progress):
-            self._on_fenced("record")
+            self.on_fenced("record")
             return
         self._wake_finisher_if_needed()
 
@@ -567,10 +517,10 @@ class Rollout:
             results = await self._r(lambda: self.store.finish_many([item for _, item in batch]))
             fenced, commands = self.core.finish_applied(batch, results)
         if fenced:
-            self._on_fenced("finish")
+            self.on_fenced("finish")
             return
-        if self.core.counts.early_stops != self._flushed[rk.EARLY_STOPS]:
-            self._spawn(self.flush_counters())
+        if self.core.counts.early_stops != self.housekeeper.flushed(rk.EARLY_STOPS):
+            self._spawn(self.housekeeper.flush_counters())
         self._run(commands)
         self._update_gauges()
         self._wake_admission.set()
@@ -578,90 +528,36 @@ class Rollout:
     async def status(self) -> scheduler_pb2.RunStatus:
         return await self.status_reader.read()
 
-    async def flush_counters(self) -> None:
-        """Write the counters kept in memory (aborts and early stops are batched, not written per
-        event) with the idempotent COUNT script: a retry after a lost reply adds nothing twice."""
-        async with self._flush_lock:
-            d = self.dispatcher
-            now = {
-                rk.ABORTED_TOKENS: d.aborted_tokens,
-                rk.ABORTED_REQUESTS: d.aborted_requests,
-                rk.EARLY_STOPS: self.core.counts.early_stops,
-            }
-            deltas = {k: v - self._flushed[k] for k, v in now.items() if v != self._flushed[k]}
-            if not deltas:
-                return
-            self._count_seq += 1
-            seq = self._count_seq
-            args: list[ScriptArg] = [seq, 86_400]
-            for k, v in deltas.items():
-                args += [k, v]
-            keys = [self.keys.counters, self.keys.count_seq(self.queue.owner)]
-            await self._r(lambda: self.scripts.run("count", keys, args))
-            self._flushed = now
+    async def reconcile(self) -> int:
+        """Requeue claims of ours that no task holds (`Housekeeper.reconcile`)."""
+        return await self.housekeeper.reconcile()
 
-    # ------------------------------------------------------------------ housekeeping
-    async def _housekeeping_loop(self) -> None:
-        """Every second: the lease (or learn that we were fenced), the state re-read after a
-        Redis outage, the trainer's credits, the counters, and every few seconds a
-        reconciliation of our claims. Each step waits through a Redis outage; none can end the
-        loop."""
-        while True:
-            await asyncio.sleep(1.0)
-            if self.core.fenced:
-                continue
-            try:
-                await self._housekeeping_round()
-            except Fenced as err:
-                self._on_fenced(str(err))
-            except Exception:
-                log.exception("housekeeping round failed; retrying")
-            self._update_gauges()
+    # ------------------------------------------------------------------ what the housekeeper sees
+    # (`housekeeping.HousekeptRun`; `set_version` and `on_fenced` above serve it too)
+    @property
+    def claiming(self) -> bool:
+        return self._claiming
+
+    def counters_now(self) -> dict[str, int]:
+        d = self.dispatcher
+        return {
+            rk.ABORTED_TOKENS: d.aborted_tokens,
+            rk.ABORTED_REQUESTS: d.aborted_requests,
+            rk.EARLY_STOPS: self.core.counts.early_stops,
+        }
+
+    def run_commands(self, commands: Iterable[Command]) -> None:
+        self._run(commands)
+
+    def wake_admission(self) -> None:
+        self._wake_admission.set()
+
+    def update_gauges(self, per_gateway: bool) -> None:
+        self._update_gauges()
+        if per_gateway:
             self._update_gateway_gauges()
 
-    async def _housekeeping_round(self) -> None:
-        lease = await self._r(self.queue.refresh_lease)
-        if lease == 0:
-            raise Fenced("lease refresh: a newer epoch holds the run")
-        if lease < 0:  # Redis lost the run's state (no epoch): take it over again
-            log.error("redis lost the run's fencing epoch: taking the run over again")
-            await self._r(self.queue.take_over)
-            self._resync_needed = True
-        if self._resync_needed:
-            self._resync_needed = False
-            async with self.outcome_lock:
-                await self._read_state()
-            await self._r(self.queue.recover)
-            self._last_reconcile = 0.0
-        await self.flush_counters()
-        c = await self._r(lambda: self.redis.hmget(self.keys.counters, [VALID_PRODUCED, VALID_CREDITED]))
-        if self.core.credits_read(int(c[0] or 0), int(c[1] or 0)):
-            self._wake_admission.set()  # the trainer credited dropped groups back: room again
-        self.metrics.queue_depth.set(await self._r(self.queue.depth))
-        if time.monotonic() - self._last_reconcile >= self.reconcile_every_s:
-            await self.reconcile()
-
-    async def reconcile(self) -> int:
-        """Requeue claims of ours that no task holds (a claim whose reply was lost for good, a
-        Redis rollback that restored claims we had finished): nothing stays claimed by nobody."""
-        if self._claiming:
-            return 0
-        self._last_reconcile = time.monotonic()
-        orphans = await self._r(lambda: self.queue.orphans(set()))
-        if self._claiming:
-            return 0  # a claim is being admitted: its tasks may not be registered yet
-        orphans = [(pid, c) for pid, c in orphans if (pid, c.attempt) not in self.tasks]
-        if not orphans:
-            return 0
-        res = await self._r(lambda: self.queue.requeue(orphans, RequeueReason.ORPHANED))
-        if any(r.fenced for r in res):
-            raise Fenced("reconcile: a newer epoch holds the run")
-        n = sum(1 for r in res if r.label.startswith("requeued"))
-        if n:
-            log.warning("requeued %d claim(s) of ours that no task held", n)
-            self.metrics.outcomes.labels(Outcome.REQUEUED, RequeueReason.ORPHANED).inc(n)
-        return n
-
+    # ------------------------------------------------------------------ gauges
     def _update_gauges(self) -> None:
         m = self.metrics
         m.in_flight_prompts.set(len(self.tasks))
