@@ -44,7 +44,6 @@ from asyncdapo.v1 import common_pb2
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 CLAIM_CHUNK = 64  # Rollout's default claim_chunk
 LINGER_S = 0.002  # ScoreBatcher's linger_s
-GC_THRESHOLD = 50_000
 
 
 class SimulationError(AsyncdapoError, RuntimeError):
@@ -200,14 +199,20 @@ class Simulation:
         )
         self.policy = DispatchPolicy(max_in_flight=ro.max_concurrent_per_gateway)
         self.index = EligibleIndex(self.policy, seed=1)
-        self._dirty: set[Gw] = set()
+        # an ordered set (a dict): which gateway's view is refreshed first decides the eligible
+        # index's order, hence the seeded sample of gateways; a set of objects hashed by address
+        # made that order, and the run, differ between processes
+        self._dirty: dict[Gw, None] = {}
         for g in self.gws:
             self._update_view(g)
         self.pending: deque[Request] = deque()
-        self.attempts: dict[tuple[str, int], Attempt] = {}
+        # the answers of each attempt in flight, by task (a task is its attempt: identity, no key tuple)
+        self.attempts: dict[PromptTask, Attempt] = {}
         self.score_q: list[ScoreResponse] = []
-        self._placed: dict[int, tuple[Gw, Seq]] = {}  # id(request) -> where it runs (the core never reads it)
+        # id(request) -> where it runs and its natural length (the core never reads it)
+        self._placed: dict[int, tuple[Gw, Seq, int]] = {}
         self.verifier_free = cfg.reward.verifier_concurrency
+        self.verifier_batch = cfg.reward.verifier_batch_size
         self._linger = False
         self.next_prompt = 0
         self.aborted_tokens = 0
@@ -228,14 +233,17 @@ class Simulation:
     def simulate(self, max_sim_s: float = 1e9) -> SimResult:
         self.core.start()
         self._kick_admission()
-        # a run allocates millions of short-lived objects, few in cycles: the default collector
-        # thresholds spend ~45 % of the run scanning the live heap (measured at 512 engines)
-        old = gc.get_threshold()
-        gc.set_threshold(GC_THRESHOLD, 50, 1000)
+        # a run allocates millions of objects and leaves (next to) none in reference cycles: with
+        # the collector on, its passes over the young objects found nothing and cost ~15 % of the
+        # run (512 engines); whatever cycles there are, are collected once, at the end
+        enabled = gc.isenabled()
+        gc.disable()
         try:
             self.clock.run(lambda: self.version >= self.versions, max_time=max_sim_s)
         finally:
-            gc.set_threshold(*old)
+            if enabled:
+                gc.enable()
+            gc.collect(0)
         if self.version < self.versions:
             why = self.core.failure or (
                 "the event queue ran dry" if not self.clock.pending() else "time limit"
@@ -261,7 +269,9 @@ class Simulation:
     def _do(self, commands: list[Command]) -> None:
         pumped = False
         for c in commands:
-            if isinstance(c, Dispatch):
+            if isinstance(c, ScoreResponse):  # the common case first
+                self.score_q.append(c)
+            elif isinstance(c, Dispatch):
                 self.pending.extend(c.requests)
                 pumped = True
             elif isinstance(c, Redispatch):
@@ -271,8 +281,6 @@ class Simulation:
             elif isinstance(c, Abort):
                 for t in c.tasks:
                     self._abort_task(t)
-            elif isinstance(c, ScoreResponse):
-                self.score_q.append(c)
         if pumped:
             self._pump()
         if self.score_q:
@@ -282,17 +290,21 @@ class Simulation:
         for req in list(task.live.values()):
             placed = self._placed.pop(id(req), None)
             if placed is not None and placed[1].state != DONE:
-                g, seq = placed
+                g, seq, _ = placed
                 self.aborted_tokens += g.engine.abort(seq)
                 g.in_flight -= 1
                 self._view(g)
-        self.attempts.pop(task.key, None)
+        # nothing reads a cancelled task's live requests again (the dispatcher skips them, late
+        # finishes are dropped): without them the task and its requests form no reference cycle
+        # and are freed as soon as the core lets go of the task
+        task.live.clear()
+        self.attempts.pop(task, None)
 
     # ------------------------------------------------------------------ dispatch
     def _view(self, g: Gw) -> None:
         """The dispatcher's view of `g` changed: refreshed before the next pick (views are read
         only there)."""
-        self._dirty.add(g)
+        self._dirty[g] = None
 
     def _flush_views(self) -> None:
         for g in self._dirty:
@@ -328,7 +340,8 @@ class Simulation:
                 batch.append(pending.popleft())
             if self._dirty:
                 self._flush_views()
-            views = self.index.candidates(head.pool, task.gateways)
+            # sorted: a set of strings iterates in a per-process hash order (tie-breaks in `pick`)
+            views = self.index.candidates(head.pool, sorted(task.gateways))
             policy = self.index.policy_for(head.pool)
             decision = pick(views, policy, len(batch), frozenset(task.gateways))
             placed = decision.addresses
@@ -339,9 +352,9 @@ class Simulation:
                 return
 
     def _attempt(self, task: PromptTask) -> Attempt:
-        a = self.attempts.get(task.key)
+        a = self.attempts.get(task)
         if a is None:
-            a = self.attempts[task.key] = self.workload.attempt(_index(task.pid), task.attempt, task.n)
+            a = self.attempts[task] = self.workload.attempt(_index(task.pid), task.attempt, task.n)
         return a
 
     def _start(self, req: Request, g: Gw) -> None:
@@ -352,11 +365,11 @@ class Simulation:
         gen = len(cont.token_ids) if cont is not None else 0
         runs = [[r.version, r.num_tokens] for r in cont.version_runs] if cont is not None else None
         seq = Seq(req, len(task.prompt_token_ids), gen, min(natural, limit), runs)
-        self._placed[id(req)] = (g, seq)
+        self._placed[id(req)] = (g, seq, natural)
         task.gateways.add(g.address)
         g.in_flight += 1
         g.engine.submit(seq)
-        self._view(g)
+        self._dirty[g] = None  # _view(g)
 
     # ------------------------------------------------------------------ host CPU (CPU profiles)
     def _control_cores(self) -> float:
@@ -389,13 +402,12 @@ class Simulation:
         if self.host is not None:
             self._cpu_work(self.host.completion_cpu_s)
         req: Request = seq.owner
-        g, _ = self._placed.pop(id(req))
+        g, _, natural = self._placed.pop(id(req))
         g.in_flight -= 1
-        self._view(g)
+        self._dirty[g] = None  # _view(g)
         task = req.task
         if task.cancelled or task.closed or task.live.get(req.idx) is not req:
             return
-        natural = self._attempt(task).lengths[req.idx]
         reason = STOP if seq.gen >= natural else LENGTH
         del task.live[req.idx]
         self._do(self.core.response(req, g.address, SimResponse(seq.gen, seq.runs, reason)))  # type: ignore[arg-type]
@@ -410,7 +422,7 @@ class Simulation:
     # ------------------------------------------------------------------ verifier
     def _score_soon(self) -> None:
         """ScoreBatcher: a full batch goes at once, a partial one after `LINGER_S`."""
-        if len(self.score_q) >= self.cfg.reward.verifier_batch_size:
+        if len(self.score_q) >= self.verifier_batch:
             self._score_some()
         elif not self._linger:
             self._linger = True
@@ -418,7 +430,7 @@ class Simulation:
 
     def _score_some(self, _: Any = None) -> None:
         self._linger = False
-        size = self.cfg.reward.verifier_batch_size
+        size = self.verifier_batch
         v = self.cluster.verifier
         while self.score_q and self.verifier_free:
             batch, self.score_q = self.score_q[:size], self.score_q[size:]
@@ -429,18 +441,20 @@ class Simulation:
     def _scored(self, jobs: list[ScoreResponse]) -> None:
         self.verifier_free += 1
         scored = []
+        cap = self.cap
         for j in jobs:
             task = j.task
             if task.closed:
                 continue
             a = self._attempt(task)
-            right = a.right[j.idx] and len(j.token_ids) < self.cap and len(j.token_ids) >= a.lengths[j.idx]
-            acc = 1.0 if right else 0.0
-            scored.append((task, j.idx, 1.0 if right else -1.0, acc, "1" if right else "0"))
+            length = len(j.token_ids)
+            right = a.right[j.idx] and length < cap and length >= a.lengths[j.idx]
+            scored.append((task, j.idx, 1.0, 1.0, "1") if right else (task, j.idx, -1.0, 0.0, "0"))
         judged = self.core.counts.finished_groups
         if scored:
             scores = self.core.scores_to_record(scored)
-            owners = [self.core.tasks[(s.pid, s.attempt)] for s in scores]
+            # one score per open task, in order (scores_to_record leaves out only closed ones)
+            owners = [x[0] for x in scored]
             if not self.core.recorded(owners, scores, self.store.record(scores)):
                 raise SimulationError("the store refused scores (fenced): nothing else owns a simulated run")
         if self.core.wants_finish:
@@ -498,7 +512,7 @@ class Simulation:
                 break
             results = self.store.finish_many([item for _, item in batch])
             for (task, _item), res in zip(batch, results, strict=True):
-                self.attempts.pop(task.key, None)
+                self.attempts.pop(task, None)
                 if res.label == "valid":
                     self._commit(task)
                     committed = True

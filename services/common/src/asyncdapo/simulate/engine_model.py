@@ -35,10 +35,10 @@ counter when it started decoding here, so a response held across a reload report
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from asyncdapo.simulate.clock import VirtualClock
@@ -115,7 +115,9 @@ class Engine:
         self.budget = profile.max_num_batched_tokens
         self.D = 0  # decode steps so far (tokens each decoder got)
         self.heap: list[tuple[int, int, Seq]] = []  # (finish step, order, seq), lazy deletion
-        self.victims: list[tuple[int, Seq]] = []  # (-order, seq) of decoders, lazy deletion
+        # (order, seq) of decoders in admission order, lazy deletion: sequences start decoding in
+        # the order they were admitted, so the list stays sorted and the latest is at its end
+        self.victims: list[tuple[int, Seq]] = []
         self.n_dec = 0
         self.kv_const = 0  # decoders' KV = kv_const + n_dec * D
         self.prefilling: list[Seq] = []
@@ -136,6 +138,7 @@ class Engine:
         self.t_b = 0.0  # time of the engine's last step boundary
         self.stamp = 0
         self.event_at: float | None = None
+        self._on_event_cb = self._on_event  # one bound method, not one per scheduled event
         self._finished: list[Seq] = []
         # statistics
         self.busy_s = 0.0
@@ -188,11 +191,10 @@ class Engine:
     def _apply(self, j: int) -> None:
         """Advance the current segment's state by j steps."""
         assert self.seg is not None
-        _t0, _k, A, C, K0, N, adv, chunk, recompute = self.seg
         if j <= 0:
             return
-        dt = self._t(j, A, C, K0, N)
-        self.busy_s += dt
+        _t0, _k, A, C, K0, N, adv, chunk, recompute = self.seg
+        self.busy_s += self._t(j, A, C, K0, N)
         self.steps += j
         if adv:
             self.D += j
@@ -208,7 +210,7 @@ class Engine:
     def _schedule(self, t: float) -> None:
         self.stamp += 1
         self.event_at = t
-        self.clock.at(t, self._on_event, self.stamp)
+        self.clock.at(t, self._on_event_cb, self.stamp)
 
     def _interrupt(self) -> None:
         """Bring the engine to the end of the step in progress; the change being made applies from
@@ -218,10 +220,14 @@ class Engine:
             if self.event_at is None:
                 self._schedule(max(self.t_b, self.clock.now))
             return
-        t0, k, A, C, K0, N = seg[0], seg[1], seg[2], seg[3], seg[4], seg[5]
-        j = self._steps_by(self.clock.now - t0, k, A, C, K0, N)
-        self._apply(j)
-        self.t_b = t0 + self._t(j, A, C, K0, N)
+        t0 = seg[0]
+        if self.clock.now == t0:  # a change at the boundary the segment starts from: no step ran
+            self.t_b = t0
+        else:
+            k, A, C, K0, N = seg[1], seg[2], seg[3], seg[4], seg[5]
+            j = self._steps_by(self.clock.now - t0, k, A, C, K0, N)
+            self._apply(j)
+            self.t_b = t0 + self._t(j, A, C, K0, N)
         self.seg = None
         self._schedule(self.t_b)
 
@@ -230,54 +236,63 @@ class Engine:
         if stamp != self.stamp:
             return
         self.event_at = None
-        if self.seg is not None:
-            self._apply(self.seg[1])
+        seg = self.seg
+        if seg is not None:
+            self._apply(seg[1])
             self.seg = None
         self.t_b = self.clock.now
-        self._settle()
-        self._plan()
-        done, self._finished = self._finished, []
-        for s in done:
-            self.on_finish(s)
-        if self.state == PAUSED_NEW and not self.running and self.on_drained is not None:
-            self.on_drained(self)
-
-    def _settle(self) -> None:
-        """Transitions at the current boundary: prefill done, targets reached, KV overflow."""
+        # settle: the transitions at this boundary (prefill done, targets reached, KV overflow)
         if self.n_pf and self.pf_left <= 0 and self.recompute_left <= 0:
             self._activate_prefilled()
         heap = self.heap
         D = self.D
-        while heap and heap[0][0] <= D:
-            _, order, s = heapq.heappop(heap)
-            if s.state == DECODE and s.order == order:
-                self._leave_decode(s)
-                s.gen = s.target
-                s.state = DONE
-                self._finished.append(s)
+        if heap and heap[0][0] <= D:
+            finished = self._finished
+            leave = self._leave_decode
+            while heap and heap[0][0] <= D:
+                _, order, s = heappop(heap)
+                if s.state == DECODE and s.order == order:
+                    leave(s)
+                    s.gen = s.target
+                    s.state = DONE
+                    finished.append(s)
         if self.n_dec:
-            while self.n_dec and self.kv_used() + self.n_dec > self.cap:
+            cap = self.cap
+            while self.n_dec and self.kv_const + self.n_dec * (D + 1) + self.kv_pf > cap:  # kv_used() + n_dec
                 self._preempt()
+        self._plan()
+        if self._finished:
+            done, self._finished = self._finished, []
+            on_finish = self.on_finish
+            for s in done:
+                on_finish(s)
+        if self.state == PAUSED_NEW and not self.n_dec + self.n_pf and self.on_drained is not None:
+            self.on_drained(self)
 
     def _activate_prefilled(self) -> None:
         D = self.D
+        version = self.version
+        heap, victims = self.heap, self.victims
+        kv_pf, n_dec, kv_const, started = self.kv_pf, self.n_dec, self.kv_const, 0
         for s in self.prefilling:
             if s.state != PREFILL:
                 continue
-            self.kv_pf -= s.need
+            kv_pf -= s.need
             if s.gen >= s.target:  # nothing left to generate (a continuation at its end)
                 s.state = DONE
                 self._finished.append(s)
                 continue
-            s.gen += 1  # the first token comes with the prefill's last step
-            self.decode_tokens += 1
-            s.piece_d, s.piece_v = D - 1, self.version
+            gen = s.gen = s.gen + 1  # the first token comes with the prefill's last step
+            started += 1
+            s.piece_d, s.piece_v = D - 1, version
             s.state = DECODE
             s.join = D
-            self.n_dec += 1
-            self.kv_const += s.prompt + s.gen - D
-            heapq.heappush(self.heap, (D + s.target - s.gen, s.order, s))
-            heapq.heappush(self.victims, (-s.order, s))
+            n_dec += 1
+            kv_const += s.prompt + gen - D
+            heappush(heap, (D + s.target - gen, s.order, s))
+            victims.append((s.order, s))
+        self.kv_pf, self.n_dec, self.kv_const = kv_pf, n_dec, kv_const
+        self.decode_tokens += started
         self.prefilling = []
         self.n_pf = 0
         self.pf_left = 0.0
@@ -291,10 +306,9 @@ class Engine:
         limit = 2 * self.n_dec + 64
         if len(self.heap) > limit:
             self.heap = [e for e in self.heap if e[2].state == DECODE and e[2].order == e[1]]
-            heapq.heapify(self.heap)
-        if len(self.victims) > limit:
-            self.victims = [e for e in self.victims if e[1].state == DECODE and e[1].order == -e[0]]
-            heapq.heapify(self.victims)
+            heapify(self.heap)
+        if len(self.victims) > limit:  # stays sorted
+            self.victims = [e for e in self.victims if e[1].state == DECODE and e[1].order == e[0]]
 
     def _leave_decode(self, s: Seq) -> None:
         """`s` stops decoding at the current boundary: its tokens and version runs."""
@@ -311,9 +325,16 @@ class Engine:
         if count <= 0:
             return
         d0 = s.piece_d
+        marks = self.mark_d
+        if not marks or marks[-1] <= d0:  # no weight change since it started: one run
+            runs = s.runs
+            if runs and runs[-1][0] == s.piece_v:
+                runs[-1][1] += count
+            else:
+                runs.append([s.piece_v, count])
+            return
         d1 = d0 + count
         v, cur = s.piece_v, d0
-        marks = self.mark_d
         i = bisect.bisect_right(marks, d0)
         while i < len(marks) and marks[i] < d1:
             _add_run(s.runs, v, marks[i] - cur)
@@ -322,9 +343,10 @@ class Engine:
         _add_run(s.runs, v, d1 - cur)
 
     def _preempt(self) -> None:
-        while self.victims:
-            neg, s = heapq.heappop(self.victims)
-            if s.state == DECODE and s.order == -neg:
+        victims = self.victims
+        while victims:
+            order, s = victims.pop()
+            if s.state == DECODE and s.order == order:
                 break
         else:
             return
@@ -336,16 +358,18 @@ class Engine:
 
     def _admit(self) -> None:
         w = self.waiting
+        n_dec, cap, max_seqs = self.n_dec, self.cap, self.max_seqs
+        dec_kv = self.kv_const + n_dec * self.D
         while w:
             s = w[0]
             if s.state != WAITING:
                 w.popleft()
                 continue
-            if self.n_dec + self.n_pf >= self.max_seqs:
+            if n_dec + self.n_pf >= max_seqs:
                 return
             need = s.prompt + s.gen
             # its context, and one more step of every decoder (vLLM would preempt it at once)
-            if self.kv_used() + need + self.n_dec + 1 > self.cap:
+            if dec_kv + self.kv_pf + need + n_dec + 1 > cap:  # kv_used() + …
                 return
             w.popleft()
             self.n_wait -= 1
@@ -382,16 +406,21 @@ class Engine:
             else:
                 chunk, k_p = 0.0, INF
             k_f = k_o = INF
+            D = self.D
             if N:
                 heap = self.heap
-                while heap and not (heap[0][2].state == DECODE and heap[0][2].order == heap[0][1]):
-                    heapq.heappop(heap)
-                k_f = heap[0][0] - self.D
-                # >= 1: _settle preempted until one more step fits, admission left that room
-                k_o = max(1, (self.cap - self.kv_used()) // N)
+                while True:
+                    top = heap[0]
+                    s = top[2]
+                    if s.state == DECODE and s.order == top[1]:
+                        break
+                    heappop(heap)
+                k_f = top[0] - D
+                # >= 1: settling preempted until one more step fits, admission left that room
+                k_o = max(1, (self.cap - (self.kv_const + N * D + self.kv_pf)) // N)  # kv_used()
             k = max(1, min(k_p, k_f, k_o))
             A = self._a + self._b * (N + self.n_pf) + self._d * chunk
-            C, K0 = self._c, float(self.kv_const + N * self.D)
+            C, K0 = self._c, float(self.kv_const + N * D)
         if self.stretch is not None:
             f = self.stretch()
             A, C = A * f, C * f

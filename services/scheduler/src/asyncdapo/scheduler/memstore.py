@@ -33,7 +33,7 @@ from asyncdapo.scheduler.group_state import (
 from asyncdapo.scheduler.queue import Claim, ClaimBatch, ClaimRecord, Fenced
 
 
-@dataclass
+@dataclass(slots=True)
 class PromptState:
     attempt: int = 0
     n: int = 0
@@ -127,7 +127,9 @@ class MemoryQueue:
             if not run.queue:
                 break
             pid = run.queue.popleft()
-            st = run.prompts.setdefault(pid, PromptState())
+            st = run.prompts.get(pid)
+            if st is None:
+                st = run.prompts[pid] = PromptState()
             st.attempt += 1
             st.n, st.done, st.mean, st.m2, st.rmean, st.rm2 = n, 0, 0.0, 0.0, 0.0, 0.0
             st.vmin = st.vmax = None
@@ -170,6 +172,18 @@ class MemoryQueue:
         ]
 
 
+# GroupProgress is immutable: the answers that carry no statistics are shared, not rebuilt per score
+_STALE = GroupProgress(RecordStatus.STALE)
+_OK: dict[tuple[int, int], GroupProgress] = {}
+
+
+def _ok(done: int, n: int) -> GroupProgress:
+    p = _OK.get((done, n))
+    if p is None:
+        p = _OK[(done, n)] = GroupProgress(RecordStatus.OK, done=done, n=n)
+    return p
+
+
 class MemoryGroupStore:
     """`group_state.GroupStore` in memory (same methods, synchronous)."""
 
@@ -185,18 +199,20 @@ class MemoryGroupStore:
         if run.epoch != self.epoch:
             return [GroupProgress(RecordStatus.FENCED) for _ in scores]
         out: list[GroupProgress] = []
+        prompts, counters = run.prompts, run.counters
         for s in scores:
-            st = run.prompts.get(s.pid)
+            st = prompts.get(s.pid)
             if st is None or st.attempt != s.attempt or s.attempt in st.outcomes:
-                out.append(GroupProgress(RecordStatus.STALE))
+                out.append(_STALE)
                 continue
             status = RecordStatus.OK
-            if (s.attempt, s.idx) in st.counted:
+            marker = (s.attempt, s.idx)
+            if marker in st.counted:
                 status = RecordStatus.DUP
             else:
-                st.counted.add((s.attempt, s.idx))
-                run.incr(rk.COMPLETIONS)
-                run.incr(rk.GENERATED_TOKENS, s.length)
+                st.counted.add(marker)
+                counters[rk.COMPLETIONS] = counters.get(rk.COMPLETIONS, 0) + 1  # run.incr, inlined
+                counters[rk.GENERATED_TOKENS] = counters.get(rk.GENERATED_TOKENS, 0) + s.length
                 st.done += 1
                 d = s.metric - st.mean
                 st.mean += d / st.done
@@ -209,7 +225,7 @@ class MemoryGroupStore:
                 if st.done >= st.n:
                     status = RecordStatus.COMPLETE
             if status is RecordStatus.OK:
-                out.append(GroupProgress(status, done=st.done, n=st.n))
+                out.append(_ok(st.done, st.n))
                 continue
             done = max(st.done, 1)
             out.append(
