@@ -401,14 +401,14 @@ def ensure_assets(valid_rates: list[float]) -> None:
         stamp.write_text(json.dumps(recipe))
     stats = DATA.parent / "stats"
     for r in valid_rates:
-        trace = stats / f"trace-train-v{r:g}.jsonl"
+        trace = stats / f"trace-train-v{r:g}-t{TEMPERATURE:g}.jsonl"
         trace_stamp = trace.with_suffix(".json")
         key = {"model": recipe, "mix": mix, "temperature": TEMPERATURE}
         if not (trace.exists() and trace_stamp.exists() and json.loads(trace_stamp.read_text()) == key):
             _sh(*cli, "data", "longtail-stats", "--model", str(MODEL), "--data", str(DATA / f"train-v{r:g}.parquet"),
                 "--n", str(N), "--max-response-length", str(MAX_RESPONSE_LENGTH), "--trace", str(trace),
                 "--temperature", str(TEMPERATURE),
-                "--json", str(stats / f"train-v{r:g}.json"))  # fmt: skip
+                "--json", str(stats / f"train-v{r:g}-t{TEMPERATURE:g}.json"))  # fmt: skip
             trace_stamp.write_text(json.dumps(key))
 
 
@@ -491,6 +491,7 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
     best_unbiased = [m for m in UNBIASED if runs.get(m)]
     fields = {
         "valid_rate": f"{rate:g}",
+        "temperature": f"{TEMPERATURE:g}",
         "sync_s": f"{sync_s:.3f}",
         "sync_best": best_sync,
         "sync_3B_s": f"{step('sync-3B'):.3f}",
@@ -632,7 +633,7 @@ def simulator_check(rate: float, runs: dict[str, list[Run]], out: Path, logs: Pa
         "verifier": VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s if call_s == call_s else 0.005),
     })  # fmt: skip
     (sim_dir / "cluster.json").write_text(prof.model_dump_json(indent=1))
-    trace = DATA.parent / "stats" / f"trace-train-v{rate:g}.jsonl"
+    trace = DATA.parent / "stats" / f"trace-train-v{rate:g}-t{TEMPERATURE:g}.jsonl"
     sync_runs = [r for m in SYNC_MODES for r in runs.get(m, [])]
     if trace.exists():
         wl: Any = load_replay(trace, MAX_RESPONSE_LENGTH, 0)
@@ -707,6 +708,7 @@ def _interrupt(*_: object) -> None:
 
 
 def main() -> int:
+    global TEMPERATURE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--valid-rates",
@@ -714,6 +716,13 @@ def main() -> int:
         help="comma-separated; within the warm start's reach (asyncdapo.data.longtail)",
     )
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=TEMPERATURE,
+        help="rollout temperature (default: the workload's, at which the datasets' valid rates were measured; "
+        "another one moves the valid rate)",
+    )
     ap.add_argument("--reps", type=int, default=3, help="runs per mode, interleaved (>= 3 for the protocol)")
     ap.add_argument("--steps", type=int, default=5, help="training steps per run (warm-up included)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out (>= 1)")
@@ -725,6 +734,7 @@ def main() -> int:
         "--resume", action="store_true", help="keep the runs already saved in --out (same settings)"
     )
     args = ap.parse_args()
+    TEMPERATURE = args.temperature
     if args.warmup < 1 or args.steps <= args.warmup + 1:
         ap.error("--warmup must be >= 1 and --steps exceed it by 2 or more")
     modes = [m for m in args.modes.split(",") if m]
