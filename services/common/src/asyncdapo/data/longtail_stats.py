@@ -228,10 +228,10 @@ def markdown(stats: WorkloadStats, title: str) -> str:
             "partial tokens prefilled again on heavy | decoded on heavy after them |",
             "|---|---|---|---|---|---|",
         ]
-        for c in stats.cap_costs:
+        for cc in stats.cap_costs:
             lines.append(
-                f"| p{100 * c.quantile:.0f} × {c.cap_factor:g} | {c.cap} | {c.break_rate:.1%} | "
-                f"{c.group_break_rate:.1%} | {c.recompute_share:.1%} | {c.heavy_decode_share:.1%} |"
+                f"| p{100 * cc.quantile:.0f} × {cc.cap_factor:g} | {cc.cap} | {cc.break_rate:.1%} | "
+                f"{cc.group_break_rate:.1%} | {cc.recompute_share:.1%} | {cc.heavy_decode_share:.1%} |"
             )
     if stats.by_class:
         lines += [
