@@ -36,13 +36,23 @@ trained tokens per step / the run's valid ratio (the filtered groups a step cann
 throughput = the most generated tokens per wall second any run of the bench sustained over its
 steps (engines never idle). Trained length is compared with the median over all sync runs. For pdsr:
 per-response and per-group circuit-break rate (responses / groups with a response that reached the
-fast pool's cap), continuation compute (partial tokens carried to the heavy pool and prefilled
-there again / tokens generated), and the workload's offload precision (docs/workloads.md: a
-response's length predicts its group's).
+fast pool's cap) and its compute as shares of every token the two engines decoded (per pool from
+the gateways' own counters): new tokens decoded on heavy for continued responses, the recompute
+(partial tokens carried; what the heavy engine prefilled, less prefix-cache hits) and what was
+thrown away (aborted; a circuit break throws nothing away: a capped response continues).
+
+Then the simulator check (`simulator_check`): `asyncdapo simulate calibrate` fits a CPU profile from
+the gateways' step logs of the first rep's runs, the workload is replayed from real generations of
+the warm start on the same dataset (`longtail-stats --trace`, cached), and every mode's own
+RunConfig is simulated for the same steps: measured vs simulated end-to-end s/step, ratio to sync
+and tokens per step, with the error (reported, not required), and the pdsr recompute priced in
+engine time with the fitted profile. `--temperature` samples at another temperature than the
+workload's (the valid rates move; the P-DSR cost runs use 0.8, where P-DSR has a tail to cap).
 
 Last line per valid rate: `RESULT valid_rate=… sync_s=… async_any_s=… async_fifo_s=…
 fully_async_s1_s=… pdsr_s=… fifo_ratio=… s1_ratio=… pdsr_ratio=… length_bias_any=…
-efficiency_best=…` (end-to-end s/step medians; ratios to the best sync).
+efficiency_best=… sim_max_abs_err=… sim_ratio_max_abs_err=…` (end-to-end s/step medians; ratios to
+the best sync; the simulator's largest relative error on s/step and absolute error on the ratio).
 """
 
 from __future__ import annotations
