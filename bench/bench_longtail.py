@@ -441,7 +441,9 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
     # reference throughput: the most tokens per wall second any run of the bench sustained over its
     # steps (engines never idle; in practice a fully async run): what the two engines can do here
     tput = max(r.per_step("rollout/generated_tokens") / r.step_s for r in everything)
-    best_sync = min((m for m in modes if m in SYNC_MODES), key=lambda m: med([r.step_s for r in runs[m]]))
+    best_sync = min(  # "" without a sync mode (--modes): the ratios to sync are nan
+        (m for m in modes if m in SYNC_MODES), key=lambda m: med([r.step_s for r in runs[m]]), default=""
+    )
     # sync is unbiased at every generation batch: its trained length is the median over all sync runs
     sync_len = med([r.mean("response_length/mean") for m in modes if m in SYNC_MODES for r in runs[m]])
 
