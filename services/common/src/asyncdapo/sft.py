@@ -14,6 +14,11 @@ lesson carries over to held-out problems.
 `demonstrate` replaces the fixed solution by one drawn afresh (seeded) each time an example is
 sampled, so a warm-start can learn a *distribution* of answers per problem — lengths, styles, a
 wrong share — rather than one string (the long-tail workload, `asyncdapo.data.longtail`).
+
+`answer_weight` (with `answer_marker`) weighs the loss of the tokens from the demonstration's last
+`answer_marker` on (the final answer) that many times a body token's. On the long-tail workload a
+response is hundreds of body tokens and 3-4 answer tokens: unweighted, the answer is ~1-2 % of the
+gradient and a short warm start learns the lengths but not the answers.
 """
 
 from __future__ import annotations
@@ -70,31 +75,41 @@ def _encode(
     return encoded
 
 
-def _backward(model, batch: list[tuple[list[int], int]], pad: int, micro_batch_tokens: int | None) -> float:
-    """Accumulate the gradient of the mean response-token loss of `batch` ((ids, prompt length)
-    pairs); returns the loss. One pass unless `micro_batch_tokens` splits it by length."""
+Item = tuple[list[int], int, int]  # token ids, prompt length, first answer token (len(ids): none)
+
+
+def _backward(
+    model, batch: list[Item], pad: int, micro_batch_tokens: int | None, answer_weight: float = 1.0
+) -> float:
+    """Accumulate the gradient of the weighted mean response-token loss of `batch` ((ids, prompt
+    length, answer start) triples; answer tokens weigh `answer_weight`, the others 1); returns the
+    loss. One pass unless `micro_batch_tokens` splits it by length."""
     import torch
 
     passes = [batch]
     if micro_batch_tokens is not None:
         passes = []
-        current: list[tuple[list[int], int]] = []
+        current: list[Item] = []
         for item in sorted(batch, key=lambda x: len(x[0])):
             if current and len(item[0]) * (len(current) + 1) > micro_batch_tokens:
                 passes.append(current)
                 current = []
             current.append(item)
         passes.append(current)
-    total = sum(len(ids) - plen for ids, plen in batch)
+    total = sum(
+        (ans - plen) + answer_weight * (len(ids) - ans) for ids, plen, ans in batch
+    )  # weighted response tokens
     loss_sum = 0.0
     for part in passes:
-        width = max(len(ids) for ids, _ in part)
+        width = max(len(ids) for ids, _, _ in part)
         input_ids = torch.full((len(part), width), pad, dtype=torch.long)
         labels = torch.full((len(part), width), -100, dtype=torch.long)
+        weights = torch.ones((len(part), width), dtype=torch.float32)
         attention = torch.zeros((len(part), width), dtype=torch.long)
-        for i, (ids, plen) in enumerate(part):
+        for i, (ids, plen, ans) in enumerate(part):
             input_ids[i, : len(ids)] = torch.tensor(ids)
             labels[i, plen : len(ids)] = torch.tensor(ids[plen:])
+            weights[i, ans : len(ids)] = answer_weight
             attention[i, : len(ids)] = 1
         logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
         target = labels[:, 1:]
@@ -102,11 +117,24 @@ def _backward(model, batch: list[tuple[list[int], int]], pad: int, micro_batch_t
             logits.reshape(-1, logits.shape[-1]).float(),
             target.reshape(-1),
             ignore_index=-100,
-            reduction="sum",
-        )
-        (token_loss / total).backward()
-        loss_sum += float(token_loss.detach())
+            reduction="none",
+        )  # 0 where ignored
+        weighted = (token_loss * weights[:, 1:].reshape(-1)).sum()
+        (weighted / total).backward()
+        loss_sum += float(weighted.detach())
     return loss_sum / total
+
+
+def _demonstrated(prompt: list[int], text: str, tokenizer, marker: str) -> Item:
+    """(ids, prompt length, first answer token) of a drawn demonstration: the answer starts at the
+    first token that ends past the text's last `marker` (len(ids) - 1, the EOS, without one)."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = prompt + list(enc["input_ids"]) + [tokenizer.eos_token_id]
+    at = text.rfind(marker)
+    first = len(enc["input_ids"])
+    if at >= 0:
+        first = next((k for k, (_, end) in enumerate(enc["offset_mapping"]) if end > at), first)
+    return ids, len(prompt), len(prompt) + first
 
 
 def supervised_warm_start(
@@ -125,6 +153,9 @@ def supervised_warm_start(
     demonstrate: Callable[[Example, random.Random], str] | None = None,
     micro_batch_tokens: int | None = None,
     max_seq_tokens: int | None = None,
+    answer_weight: float = 1.0,
+    answer_marker: str = "\\boxed{",
+    warmup_steps: int = 0,
 ) -> SFTResult:
     """Train `model_dir` on `examples`' solutions for `steps` AdamW steps and save to `out_dir`.
     With `demonstrate`, every sampled example is trained on a fresh `demonstrate(example, rng)`
@@ -132,7 +163,9 @@ def supervised_warm_start(
     `micro_batch_tokens`: split each batch, sorted by length, into passes of at most this many
     padded tokens (gradients accumulate; the loss stays the mean over the batch's response tokens),
     so long and short sequences are not padded to one width. `max_seq_tokens`: cut longer
-    sequences (what lies past a rollout's max_tokens is never generated anyway)."""
+    sequences (what lies past a rollout's max_tokens is never generated anyway). `answer_weight`:
+    the loss weight of the tokens from a `demonstrate`d text's last `answer_marker` on (the module
+    docstring). `warmup_steps`: a linear LR warm-up before the cosine decay."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -140,6 +173,10 @@ def supervised_warm_start(
         raise ValueError("slip_fraction must be in [0, 1)")
     if habit not in HABITS:
         raise ValueError(f"habit must be one of {HABITS}, got {habit!r}")
+    if answer_weight <= 0:
+        raise ValueError(f"answer_weight must be > 0, got {answer_weight}")
+    if not 0 <= warmup_steps < steps:
+        raise ValueError(f"warmup_steps must be in [0, steps), got {warmup_steps}")
     if demonstrate is not None and slip_fraction:
         raise ValueError("slip_fraction applies to fixed solutions; a `demonstrate` function draws its own")
     torch.manual_seed(seed)
@@ -153,12 +190,16 @@ def supervised_warm_start(
         data = [(prompt_token_ids(e, tokenizer, apply_chat_template), [], []) for e in examples]
     if not data:
         raise DatasetError("no examples to warm-start on")
-    eos = tokenizer.eos_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+
     # Cosine decay: a short run must end with a small LR or the last steps undo the progress.
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
+    def lr_factor(s: int) -> float:
+        if s < warmup_steps:
+            return (s + 1) / warmup_steps
+        done = min(s - warmup_steps, steps - warmup_steps) / (steps - warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * done))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     pad = tokenizer.pad_token_id
     start = time.monotonic()
     loss_value = float("nan")
@@ -168,16 +209,14 @@ def supervised_warm_start(
             i = rng.randrange(len(data))
             prompt, right, slipped = data[i]
             if demonstrate is not None:
-                text = demonstrate(examples[i], rng)
-                batch.append(
-                    (prompt + tokenizer(text, add_special_tokens=False)["input_ids"] + [eos], len(prompt))
-                )
+                batch.append(_demonstrated(prompt, demonstrate(examples[i], rng), tokenizer, answer_marker))
                 continue
-            batch.append((prompt + (slipped if rng.random() < slip_fraction else right), len(prompt)))
+            ids = prompt + (slipped if rng.random() < slip_fraction else right)
+            batch.append((ids, len(prompt), len(ids)))
         if max_seq_tokens is not None:
-            batch = [(ids[:max_seq_tokens], plen) for ids, plen in batch]
+            batch = [(ids[:max_seq_tokens], plen, min(ans, max_seq_tokens)) for ids, plen, ans in batch]
         opt.zero_grad(set_to_none=True)
-        loss = _backward(model, batch, pad, micro_batch_tokens)
+        loss = _backward(model, batch, pad, micro_batch_tokens, answer_weight)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()

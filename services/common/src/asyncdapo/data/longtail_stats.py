@@ -29,11 +29,26 @@ class Sample:
 class GroupSample:
     klass: str  # the problem's difficulty class ("" when the dataset has none)
     responses: tuple[Sample, ...]
+    prompt_tokens: int = 0
+
+    def trace_line(self, prompt_id: str) -> dict[str, Any]:
+        """The group as `asyncdapo simulate --replay` reads it (asyncdapo.simulate.replay)."""
+        return {
+            "prompt_id": prompt_id,
+            "prompt_tokens": self.prompt_tokens,
+            "lengths": [r.length for r in self.responses],
+            "acc": [int(r.acc) for r in self.responses],
+        }
 
     @property
     def valid(self) -> bool:
         accs = {r.acc for r in self.responses}
         return len(accs) > 1
+
+
+# (L_cut quantile, cap factor) pairs the statistics price; (0.8, 1.5) is the bench's pdsr setting
+# (offload_fraction 0.2, cap_factor 1.5), the seed's cap
+CAP_GRID = ((0.8, 1.5), (0.8, 2.0), (0.8, 3.0), (0.9, 1.5), (0.9, 2.0))
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -71,9 +86,10 @@ class WorkloadStats:
     top10_token_share: float  # tokens of the longest 10 % of responses / all tokens
     probe_offload_precision: float  # top-20 % probes (response 0) that are top-20 % groups by mean
     by_class: dict[str, dict[str, float]] = field(default_factory=dict)
+    cap_costs: list[CapCost] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "cap_costs": [c.__dict__ for c in self.cap_costs]}
 
 
 def summarize(groups: Sequence[GroupSample], max_response_length: int, overlong_buffer: int) -> WorkloadStats:
@@ -127,6 +143,44 @@ def summarize(groups: Sequence[GroupSample], max_response_length: int, overlong_
         top10_token_share=sum(top) / max(sum(lengths), 1),
         probe_offload_precision=_offload_precision(groups),
         by_class=by_class,
+        cap_costs=[cap_cost(groups, q, f, max_response_length) for q, f in CAP_GRID],
+    )
+
+
+@dataclass(frozen=True)
+class CapCost:
+    """What cap-and-migrate P-DSR (asyncdapo.scheduler.policy.long_tail) costs on these lengths with
+    L_cut the `quantile` of all lengths and the fast pool's cap ceil(cap_factor · L_cut), every
+    response started on the fast pool: the circuit-break rates (responses / groups with a response
+    that reached the cap), the partial tokens the heavy pool prefills again (`recompute_share`, of
+    all response tokens: what a retry-from-scratch design such as the seed's would throw away and
+    decode again) and the tokens the heavy pool decodes after them (`heavy_decode_share`)."""
+
+    quantile: float
+    cap_factor: float
+    cap: int
+    break_rate: float
+    group_break_rate: float
+    recompute_share: float
+    heavy_decode_share: float
+
+
+def cap_cost(
+    groups: Sequence[GroupSample], quantile: float, cap_factor: float, max_response_length: int
+) -> CapCost:
+    lengths = [r.length for g in groups for r in g.responses]
+    cap = min(max_response_length, max(1, math.ceil(cap_factor * percentile(lengths, 100 * quantile))))
+    hit = cap < max_response_length  # the pdsr policy caps only below the run's own max_tokens
+    capped = [x for x in lengths if hit and x >= cap]
+    total = max(sum(lengths), 1)
+    return CapCost(
+        quantile=quantile,
+        cap_factor=cap_factor,
+        cap=cap,
+        break_rate=len(capped) / len(lengths),
+        group_break_rate=sum(any(hit and r.length >= cap for r in g.responses) for g in groups) / len(groups),
+        recompute_share=cap * len(capped) / total,
+        heavy_decode_share=sum(x - cap for x in capped) / total,
     )
 
 
@@ -167,6 +221,18 @@ def markdown(stats: WorkloadStats, title: str) -> str:
         f"| tokens in the longest 10 % of responses | {stats.top10_token_share:.1%} |",
         f"| P-DSR offload precision (top-20 % probe → top-20 % group) | {stats.probe_offload_precision:.1%} |",
     ]
+    if stats.cap_costs:
+        lines += [
+            "",
+            "| P-DSR cap (L_cut quantile × factor) | cap (tokens) | circuit-break per response | per group | "
+            "partial tokens prefilled again on heavy | decoded on heavy after them |",
+            "|---|---|---|---|---|---|",
+        ]
+        for cc in stats.cap_costs:
+            lines.append(
+                f"| p{100 * cc.quantile:.0f} × {cc.cap_factor:g} | {cc.cap} | {cc.break_rate:.1%} | "
+                f"{cc.group_break_rate:.1%} | {cc.recompute_share:.1%} | {cc.heavy_decode_share:.1%} |"
+            )
     if stats.by_class:
         lines += [
             "",
@@ -236,5 +302,5 @@ async def measure(
             text = str(tok.decode(out.token_ids, skip_special_tokens=True))  # one sequence: one string
             verdict = score_pair(e.ground_truth, text)
             samples.append(Sample(len(out.token_ids), out.finish is Finish.LENGTH, bool(verdict.acc)))
-        groups.append(GroupSample(str(e.extra_info.get("difficulty", "")), tuple(samples)))
+        groups.append(GroupSample(str(e.extra_info.get("difficulty", "")), tuple(samples), len(prompts[i])))
     return groups
