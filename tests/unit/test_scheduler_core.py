@@ -385,3 +385,32 @@ def test_pdsr_starts_every_response_fast_caps_them_and_continues_capped_ones_on_
     # group (the 36 partial tokens carried to the heavy pool), then its final length
     assert seen[:12] == [("final", 4 * (i + 1)) for i in range(12)]
     assert seen[12:] == [("cap_continue", 36), ("cap_group", 0), ("final", 70)]
+
+
+def test_pdsr_a_cancel_enters_what_its_responses_reached_into_the_window_as_censored_lengths() -> None:
+    h = Hand(
+        cfg_of(
+            rollout={
+                "n": 3,
+                "max_concurrent_prompts": 12,
+                "long_tail": {"policy": "pdsr", "offload_fraction": 0.25, "cap_factor": 1.0},
+            }
+        ),
+        pools={"fast", "heavy"},
+    )
+    h.push(["mixed"] * 12)
+    h.core.start()
+    h.admit(4)
+    for i, rid in enumerate(sorted(h.running)):  # 12 final lengths 4..48: L_cut 36
+        h.complete(rid, 4 * (i + 1))
+    h.admit(4)
+    capped_rid = next(iter(h.running))
+    h.complete(capped_rid, 36)  # capped: continues on the heavy pool from its 36 tokens
+    window = list(h.core.probes.obs)
+    # the run stops and aborts what is still in flight: the capped response is known to be ≥ 36
+    # tokens; the others, on their first dispatch, reached a length the core is not told (≥ 0: kept out)
+    h.do(h.core.stop(abort_in_flight=True))
+    assert list(h.core.probes.obs) == [*window, (36, False)]
+    assert h.core.probes.finals == 12
+    h.do(h.core.stop(abort_in_flight=True))  # cancelled tasks are not censored twice
+    assert list(h.core.probes.obs) == [*window, (36, False)]
