@@ -379,7 +379,9 @@ def test_pdsr_starts_every_response_fast_caps_them_and_continues_capped_ones_on_
     assert not h.to_score or all(j.task is not req.task or j.idx != req.idx for j in h.to_score[-1:])
     c = h.core.counts
     assert (c.capped_responses, c.capped_groups, c.continued_tokens) == (1, 1, 36)
+    assert h.core.probes.running == {req: 36}
     h.complete(req.make_rid(), 70)  # the continuation finishes: final, and scored
+    assert not h.core.probes.running and list(h.core.probes.obs)[-1] == (70, True)
     assert h.to_score[-1].task is req.task and h.to_score[-1].idx == req.idx
     # the metrics see the same: 12 final lengths of the first prompts, one capped response and its
     # group (the 36 partial tokens carried to the heavy pool), then its final length
@@ -405,12 +407,14 @@ def test_pdsr_a_cancel_enters_what_its_responses_reached_into_the_window_as_cens
         h.complete(rid, 4 * (i + 1))
     h.admit(4)
     capped_rid = next(iter(h.running))
+    capped_req = h.running[capped_rid]
     h.complete(capped_rid, 36)  # capped: continues on the heavy pool from its 36 tokens
     window = list(h.core.probes.obs)
+    assert h.core.probes.running == {capped_req: 36}  # while it runs on: ≥ 36, outside the window
     # the run stops and aborts what is still in flight: the capped response is known to be ≥ 36
     # tokens; the others, on their first dispatch, reached a length the core is not told (≥ 0: kept out)
     h.do(h.core.stop(abort_in_flight=True))
-    assert list(h.core.probes.obs) == [*window, (36, False)]
+    assert list(h.core.probes.obs) == [*window, (36, False)] and not h.core.probes.running
     assert h.core.probes.finals == 12
     h.do(h.core.stop(abort_in_flight=True))  # cancelled tasks are not censored twice
     assert list(h.core.probes.obs) == [*window, (36, False)]

@@ -118,3 +118,22 @@ def test_censoring_removes_the_survivorship_bias_of_final_lengths_only() -> None
         assert old_cut is not None and new_cut is not None
         assert old_cut < 0.8 * true_p80  # final lengths only: biased low
         assert abs(new_cut / true_p80 - 1) < 0.1, (seed, true_p80, old_cut, new_cut)
+
+
+def test_responses_running_past_the_cap_count_as_censored_until_they_end() -> None:
+    w = ProbeWindow(size=16, min_probes=4)
+    for x in (10, 20, 30, 40):
+        w.add(x)
+    assert w.l_cut(0.25) == 30.0
+    # three responses reached a cap of 45 and run on: 3 of 7 are ≥ 45, more than the 25 % the
+    # cut leaves above it, so the quantile is beyond the finals (the cap a lower bound of it)
+    for key in ("a", "b", "c"):
+        w.continuing(key, 45)
+    assert w.l_cut(0.25) == 45.0 and len(w.obs) == 4
+    w.add(300, "a")  # one ends: final, and no longer running
+    w.add_censored(50, "b")  # one aborted after 50 tokens: censored, no longer running
+    assert w.running == {"c": 45} and list(w.obs)[-2:] == [(300, True), (50, False)]
+    # KM: 10, 20, 30, 40 → S = 3/7; 45 (c) and 50 censored; 300 → S = 0 ≤ 0.25
+    assert w.l_cut(0.25) == 300.0 and w.l_cut(0.5) == 40.0
+    w.forget_running()
+    assert not w.running and w.l_cut(0.25) == 300.0

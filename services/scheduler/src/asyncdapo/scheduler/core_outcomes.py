@@ -98,11 +98,11 @@ class CoreOutcomes:
         stop aborts what still runs): each enters L_cut's window as a right-censored length — the
         tokens it is known to have reached. The core learns no aborted response's length (the abort
         reply goes to the driver and is dropped), so the bound is its partial tokens: a capped
-        response continuing on the heavy pool is ≥ its cap; one still on its first dispatch gives
-        only ≥ 0, which says nothing."""
+        response continuing on the heavy pool is ≥ its cap (it leaves `running` for the window);
+        one still on its first dispatch gives only ≥ 0, which says nothing."""
         for req in task.live.values():
-            if req.continuation is not None:
-                self.probes.add_censored(len(req.continuation.token_ids))
+            cont = req.continuation
+            self.probes.add_censored(len(cont.token_ids) if cont is not None else 0, req)
 
     def _queue_outcome(self, task: PromptTask, outcome: Outcome, reason: Reason | None = None) -> None:
         if task.closed:

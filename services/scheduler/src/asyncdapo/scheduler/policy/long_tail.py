@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import chain
 
 FAST = "fast"
 HEAVY = "heavy"
@@ -47,12 +48,15 @@ class ProbeWindow:
     ones — so such a window is biased low (survivorship), and so is L_cut: more responses reach
     the cap than `offload_fraction` (the circuit-break rate overshoots).
 
-    Invariant: every observation is a true lower bound of one response's final length — its final
-    length (`add`, an event), or the tokens it is known to have generated when it stopped without
-    one (`add_censored`: "length ≥ k", e.g. a capped response aborted while continuing on the heavy
-    pool is ≥ its cap). L_cut is the (1 − offload_fraction) quantile of the Kaplan–Meier
-    (product-limit) estimate of the length distribution over the window; with no censored
-    observation it is exactly the nearest-rank quantile of the final lengths. When the estimate
+    Invariant: every observation is a true lower bound of one response's final length, and each
+    response is in the window at most once — its final length (`add`, an event), or the tokens it
+    is known to have generated when it stopped without one (`add_censored`: "length ≥ k", e.g. a
+    capped response aborted while continuing on the heavy pool is ≥ its cap), or, while it still
+    runs past the cap, the tokens it carried there (`running`, kept apart from the sliding window
+    and replaced by one of the former when it ends). L_cut is the (1 − offload_fraction) quantile
+    of the Kaplan–Meier (product-limit) estimate of the length distribution over the window and
+    `running`; with no censored observation it is exactly the nearest-rank quantile of the final
+    lengths. When the estimate
     never falls to offload_fraction (too many responses censored above the last final length)
     the quantile lies beyond the data and the largest observation, a lower bound, is returned.
     Until `min_probes` final lengths are in the window there is no L_cut.
@@ -62,23 +66,39 @@ class ProbeWindow:
         self.obs: deque[tuple[int, bool]] = deque(maxlen=size)  # (length, final)
         self.min_probes = min_probes
         self.finals = 0  # final lengths in the window
-        self._cut: dict[float, float | None] = {}  # l_cut per offload_fraction, until the next add
+        # responses continuing past the cap, by key: right-censored at the tokens they carried
+        self.running: dict[Hashable, int] = {}
+        self._cut: dict[float, float | None] = {}  # l_cut per offload_fraction, until the next change
 
     @property
     def lengths(self) -> list[int]:
         """The final lengths in the window, oldest first."""
         return [x for x, final in self.obs if final]
 
-    def add(self, length: int) -> None:
-        """A response's final length."""
+    def add(self, length: int, key: Hashable = None) -> None:
+        """A response's final length (`key`: its entry in `running`, if it ran past the cap)."""
+        self.running.pop(key, None)
         self._push(length, True)
 
-    def add_censored(self, length: int) -> None:
+    def add_censored(self, length: int, key: Hashable = None) -> None:
         """A response stopped without a final length after `length` tokens: its length is ≥ that.
         A zero lower bound says nothing (Kaplan–Meier drops it before any event) and is not kept,
         so that it does not push a real observation out of the window."""
+        self.running.pop(key, None)
         if length > 0:
             self._push(length, False)
+        self._cut.clear()
+
+    def continuing(self, key: Hashable, length: int) -> None:
+        """Response `key` reached the cap after `length` tokens and runs on: ≥ `length` until it ends
+        (`add` or `add_censored` with the same key)."""
+        self.running[key] = length
+        self._cut.clear()
+
+    def forget_running(self) -> None:
+        """The responses still running are no longer this process's (the run was handed over)."""
+        self.running.clear()
+        self._cut.clear()
 
     def _push(self, length: int, final: bool) -> None:
         if len(self.obs) == self.obs.maxlen and self.obs[0][1]:
@@ -94,7 +114,8 @@ class ProbeWindow:
             return None
         cut = self._cut.get(offload_fraction, -1.0)
         if cut == -1.0:
-            cut = self._cut[offload_fraction] = km_quantile(self.obs, 1.0 - offload_fraction)
+            running = ((x, False) for x in self.running.values())
+            cut = self._cut[offload_fraction] = km_quantile(chain(self.obs, running), 1.0 - offload_fraction)
         return cut
 
 
