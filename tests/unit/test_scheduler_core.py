@@ -412,9 +412,15 @@ def test_pdsr_a_cancel_enters_what_its_responses_reached_into_the_window_as_cens
     window = list(h.core.probes.obs)
     assert h.core.probes.running == {capped_req: 36}  # while it runs on: ≥ 36, outside the window
     # the run stops and aborts what is still in flight: the capped response is known to be ≥ 36
-    # tokens; the others, on their first dispatch, reached a length the core is not told (≥ 0: kept out)
+    # tokens; the others, on their first dispatch, reached a length the cancel does not know (≥ 0: kept out)
+    first = [r for r in h.running.values() if r is not capped_req]
     h.do(h.core.stop(abort_in_flight=True))
     assert list(h.core.probes.obs) == [*window, (36, False)] and not h.core.probes.running
     assert h.core.probes.finals == 12
+    # their abort replies tell how far they got (the dispatcher passes them on): those enter the
+    # window; the capped one's reply adds nothing (it is in already)
+    h.core.aborted(first[0], 20)
+    h.core.aborted(capped_req, 50)
+    assert list(h.core.probes.obs) == [*window, (36, False), (20, False)]
     h.do(h.core.stop(abort_in_flight=True))  # cancelled tasks are not censored twice
-    assert list(h.core.probes.obs) == [*window, (36, False)]
+    assert list(h.core.probes.obs) == [*window, (36, False), (20, False)]

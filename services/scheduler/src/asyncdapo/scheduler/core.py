@@ -365,6 +365,12 @@ class RolloutCore(CoreOutcomes):
         self.observer.long_tail(LongTailAction.FINAL, length)
         return [], True
 
+    def aborted(self, req: Request, tokens: int) -> None:
+        """The abort reply of a cancelled task's request: `tokens` generated when it stopped. pdsr:
+        a first-dispatch response (the cancel could only say ≥ 0) enters the window as ≥ tokens."""
+        if self.pdsr and req.task.kind is Kind.TRAIN and req.continuation is None:
+            self.probes.add_censored(tokens, req)
+
     def scores_to_record(
         self, scored: Sequence[tuple[PromptTask, int, float, float, str]]
     ) -> list[ResponseScore]:
