@@ -96,10 +96,10 @@ class CoreOutcomes:
     def _censor(self, task: PromptTask) -> None:
         """pdsr: the responses a cancel stops get no final length, and they are the long ones (early
         stop aborts what still runs): each enters L_cut's window as a right-censored length — the
-        tokens it is known to have reached. The core learns no aborted response's length (the abort
-        reply goes to the driver and is dropped), so the bound is its partial tokens: a capped
-        response continuing on the heavy pool is ≥ its cap (it leaves `running` for the window);
-        one still on its first dispatch gives only ≥ 0, which says nothing."""
+        tokens it is known to have reached. Here that is its partial tokens: a capped response
+        continuing on the heavy pool is ≥ its cap (it leaves `running` for the window); one still
+        on its first dispatch is only ≥ 0 (not kept) until its abort reply says how far it got
+        (`RolloutCore.aborted`, from the driver)."""
         for req in task.live.values():
             cont = req.continuation
             self.probes.add_censored(len(cont.token_ids) if cont is not None else 0, req)
