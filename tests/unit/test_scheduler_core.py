@@ -379,9 +379,48 @@ def test_pdsr_starts_every_response_fast_caps_them_and_continues_capped_ones_on_
     assert not h.to_score or all(j.task is not req.task or j.idx != req.idx for j in h.to_score[-1:])
     c = h.core.counts
     assert (c.capped_responses, c.capped_groups, c.continued_tokens) == (1, 1, 36)
+    assert h.core.probes.running == {req: 36}
     h.complete(req.make_rid(), 70)  # the continuation finishes: final, and scored
+    assert not h.core.probes.running and list(h.core.probes.obs)[-1] == (70, True)
     assert h.to_score[-1].task is req.task and h.to_score[-1].idx == req.idx
     # the metrics see the same: 12 final lengths of the first prompts, one capped response and its
     # group (the 36 partial tokens carried to the heavy pool), then its final length
     assert seen[:12] == [("final", 4 * (i + 1)) for i in range(12)]
     assert seen[12:] == [("cap_continue", 36), ("cap_group", 0), ("final", 70)]
+
+
+def test_pdsr_a_cancel_enters_what_its_responses_reached_into_the_window_as_censored_lengths() -> None:
+    h = Hand(
+        cfg_of(
+            rollout={
+                "n": 3,
+                "max_concurrent_prompts": 12,
+                "long_tail": {"policy": "pdsr", "offload_fraction": 0.25, "cap_factor": 1.0},
+            }
+        ),
+        pools={"fast", "heavy"},
+    )
+    h.push(["mixed"] * 12)
+    h.core.start()
+    h.admit(4)
+    for i, rid in enumerate(sorted(h.running)):  # 12 final lengths 4..48: L_cut 36
+        h.complete(rid, 4 * (i + 1))
+    h.admit(4)
+    capped_rid = next(iter(h.running))
+    capped_req = h.running[capped_rid]
+    h.complete(capped_rid, 36)  # capped: continues on the heavy pool from its 36 tokens
+    window = list(h.core.probes.obs)
+    assert h.core.probes.running == {capped_req: 36}  # while it runs on: ≥ 36, outside the window
+    # the run stops and aborts what is still in flight: the capped response is known to be ≥ 36
+    # tokens; the others, on their first dispatch, reached a length the cancel does not know (≥ 0: kept out)
+    first = [r for r in h.running.values() if r is not capped_req]
+    h.do(h.core.stop(abort_in_flight=True))
+    assert list(h.core.probes.obs) == [*window, (36, False)] and not h.core.probes.running
+    assert h.core.probes.finals == 12
+    # their abort replies tell how far they got (the dispatcher passes them on): those enter the
+    # window; the capped one's reply adds nothing (it is in already)
+    h.core.aborted(first[0], 20)
+    h.core.aborted(capped_req, 50)
+    assert list(h.core.probes.obs) == [*window, (36, False), (20, False)]
+    h.do(h.core.stop(abort_in_flight=True))  # cancelled tasks are not censored twice
+    assert list(h.core.probes.obs) == [*window, (36, False), (20, False)]

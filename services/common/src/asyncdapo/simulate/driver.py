@@ -292,6 +292,7 @@ class Simulation:
             if placed is not None and placed[1].state != DONE:
                 g, seq, _ = placed
                 self.aborted_tokens += g.engine.abort(seq)
+                self.core.aborted(req, seq.gen)  # the abort reply's length, as the dispatcher passes it
                 g.in_flight -= 1
                 self._view(g)
         # nothing reads a cancelled task's live requests again (the dispatcher skips them, late

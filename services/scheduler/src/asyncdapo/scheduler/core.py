@@ -244,6 +244,7 @@ class RolloutCore(CoreOutcomes):
             t.cancelled = True
             t.closed = True
         self.tasks.clear()
+        self.probes.forget_running()
         self._to_finish.clear()
         self.unwritten.clear()
         self.ledger = self._new_ledger()
@@ -341,7 +342,8 @@ class RolloutCore(CoreOutcomes):
     def _long_tail(self, req: Request, resp: gateway_pb2.GenerateResponse) -> tuple[list[Command], bool]:
         """pdsr (cap and migrate): a fast-pool response that reached its cap is not final — it
         continues on the heavy pool from its partial tokens, uncapped; every final response's
-        length feeds the window that sets L_cut. Returns (commands, final)."""
+        length feeds the window that sets L_cut (a continuing one: as "≥ its partial tokens" until it
+        ends). Returns (commands, final)."""
         full = self.cfg.data.max_response_length
         length = len(resp.token_ids)
         if req.max_tokens and capped(length, req.max_tokens, full):
@@ -356,11 +358,18 @@ class RolloutCore(CoreOutcomes):
             req.pool = self._pool(HEAVY)
             req.max_tokens = 0
             req.task.live[req.idx] = req
+            self.probes.continuing(req, length)  # ≥ length while it runs on (censored)
             return [Redispatch(req)], False
-        self.probes.add(length)
+        self.probes.add(length, req)
         self.counts.long_tail_responses += 1
         self.observer.long_tail(LongTailAction.FINAL, length)
         return [], True
+
+    def aborted(self, req: Request, tokens: int) -> None:
+        """The abort reply of a cancelled task's request: `tokens` generated when it stopped. pdsr:
+        a first-dispatch response (the cancel could only say ≥ 0) enters the window as ≥ tokens."""
+        if self.pdsr and req.task.kind is Kind.TRAIN and req.continuation is None:
+            self.probes.add_censored(tokens, req)
 
     def scores_to_record(
         self, scored: Sequence[tuple[PromptTask, int, float, float, str]]

@@ -25,7 +25,8 @@ from asyncdapo.config import EarlyStopOrder, RunConfig
 from asyncdapo.scheduler.core_commands import Abort, Command, CoreObserver, Phase, Reason, RunCounts
 from asyncdapo.scheduler.group_state import DropReason, FinishItem, FinishResult, Outcome, RequeueReason
 from asyncdapo.scheduler.policy.commit_order import CommitLedger, Plan
-from asyncdapo.scheduler.tasks import PromptTask, TaskKey
+from asyncdapo.scheduler.policy.long_tail import ProbeWindow
+from asyncdapo.scheduler.tasks import Kind, PromptTask, TaskKey
 from asyncdapo.v1 import scheduler_pb2
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ class CoreOutcomes:
     # set by RolloutCore.__init__ (core.py), which documents each
     cfg: RunConfig
     sync: bool
+    pdsr: bool
+    probes: ProbeWindow
     observer: CoreObserver
     encode_group: Callable[[str, PromptTask], bytes]
     ledger: CommitLedger[TaskKey]
@@ -84,9 +87,22 @@ class CoreOutcomes:
         if not tasks:
             return []
         for t in sorted(tasks, key=lambda t: t.seq, reverse=True):
+            if self.pdsr and t.kind is Kind.TRAIN and not t.cancelled:
+                self._censor(t)
             t.cancelled = True
             self._queue_outcome(t, outcome, reason)
         return [Abort(tasks)]
+
+    def _censor(self, task: PromptTask) -> None:
+        """pdsr: the responses a cancel stops get no final length, and they are the long ones (early
+        stop aborts what still runs): each enters L_cut's window as a right-censored length — the
+        tokens it is known to have reached. Here that is its partial tokens: a capped response
+        continuing on the heavy pool is ≥ its cap (it leaves `running` for the window); one still
+        on its first dispatch is only ≥ 0 (not kept) until its abort reply says how far it got
+        (`RolloutCore.aborted`, from the driver)."""
+        for req in task.live.values():
+            cont = req.continuation
+            self.probes.add_censored(len(cont.token_ids) if cont is not None else 0, req)
 
     def _queue_outcome(self, task: PromptTask, outcome: Outcome, reason: Reason | None = None) -> None:
         if task.closed:

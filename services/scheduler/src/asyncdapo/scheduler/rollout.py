@@ -103,6 +103,7 @@ class Rollout:
             self.metrics,
             on_response=self._on_response,
             on_give_up=self._on_give_up,
+            on_aborted=lambda req, n: self.core.aborted(req, n),
             seed_base=ro.seed,
         )
         self.batcher = ScoreBatcher(
