@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from asyncdapo.config import RunConfig
-from asyncdapo.simulate.driver import SimResult
 from asyncdapo.simulate.profile import ClusterProfile
+from asyncdapo.simulate.records import SimResult
 from asyncdapo.simulate.workload import Sampler
 
 IDEAL_START = 20_000_000  # prompt indices of the ideal's samples, away from any run's own

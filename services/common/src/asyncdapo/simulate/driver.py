@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import gc
 import math
-from collections import Counter, deque
-from collections.abc import Sequence
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from asyncdapo.config import LongTailPolicy, PauseMode, RolloutMode, RunConfig
 from asyncdapo.errors import AsyncdapoError
@@ -33,11 +32,12 @@ from asyncdapo.scheduler.core import Abort, Command, Dispatch, Redispatch, Rollo
 from asyncdapo.scheduler.eligible import EligibleIndex
 from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
 from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, GatewayView, pick
-from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY, LongTailAction
+from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY
 from asyncdapo.scheduler.tasks import PromptTask, Request
 from asyncdapo.simulate.clock import VirtualClock
 from asyncdapo.simulate.engine_model import DONE, Engine, Seq
 from asyncdapo.simulate.profile import ClusterProfile
+from asyncdapo.simulate.records import Counts, SimResponse, SimResult, StepRecord, TrainedGroup
 from asyncdapo.simulate.workload import Attempt, Sampler
 from asyncdapo.v1 import common_pb2
 
@@ -48,79 +48,6 @@ LINGER_S = 0.002  # ScoreBatcher's linger_s
 
 class SimulationError(AsyncdapoError, RuntimeError):
     pass
-
-
-class VersionRun(NamedTuple):
-    version: int
-    num_tokens: int
-
-
-class SimResponse:
-    """What the core reads of a gateway's GenerateResponse: the token ids' length, the version runs,
-    the finish reason."""
-
-    __slots__ = ("finish_reason", "logprobs", "token_ids", "version_runs")
-
-    def __init__(self, length: int, runs: Sequence[Sequence[int]], finish_reason: int) -> None:
-        self.token_ids = range(length)
-        self.logprobs: tuple[float, ...] = ()
-        self.version_runs = list(map(VersionRun._make, runs))
-        self.finish_reason = finish_reason
-
-
-@dataclass(slots=True)
-class TrainedGroup:
-    index: int  # prompt index in the workload
-    attempt: int
-    min_version: int
-    lengths: list[int]
-    prompt: int
-
-
-@dataclass
-class StepRecord:
-    """One training step: the trainer's timeline and what it trained."""
-
-    version: int  # the version this step produced
-    t_free: float  # the trainer was ready for this step's batch
-    t_data: float  # B groups were there
-    t_trained: float
-    t_published: float  # every engine serves `version`
-    train_s: float
-    sync_s: float
-    tokens: int  # response tokens trained
-    lengths_mean: float
-    staleness: list[int]
-    attempts: list[int]
-    longest: int
-
-
-class Counts:
-    """The core's observer: what Prometheus counts in the service."""
-
-    def __init__(self) -> None:
-        self.outcomes: Counter[str] = Counter()
-        self.committed_staleness: Counter[int] = Counter()
-        self.completed = 0
-        self.completed_tokens = 0
-        self.early_stops = 0
-        self.long_tail_actions: Counter[str] = Counter()
-
-    def outcome(self, outcome: str, reason: str, attempt: int) -> None:
-        self.outcomes[f"{outcome}:{reason}" if reason else outcome] += 1
-
-    def committed(self, staleness: int) -> None:
-        self.committed_staleness[staleness] += 1
-
-    def completions(self, count: int, tokens: int) -> None:
-        self.completed += count
-        self.completed_tokens += tokens
-
-    def early_stop(self) -> None:
-        self.early_stops += 1
-
-    def long_tail(self, action: LongTailAction, tokens: int = 0) -> None:
-        self.long_tail_actions[str(action)] += 1
 
 
 @dataclass(eq=False)
@@ -134,20 +61,6 @@ class Gw:
     paused: bool = False
     resuming: bool = False  # a weight update's reload is scheduled
     version: int = 0
-
-
-@dataclass
-class SimResult:
-    steps: list[StepRecord]
-    counts: Counts
-    sim_s: float
-    engines: int
-    busy_s: float
-    decode_tokens: int
-    prefill_tokens: float
-    aborted_tokens: int
-    preemptions: int
-    events: int
 
 
 class Simulation:
