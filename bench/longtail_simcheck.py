@@ -16,9 +16,8 @@ from longtail_runs import (
     DATA,
     MAX_RESPONSE_LENGTH,
     MODES,
+    PASS_N,
     SYNC_MODES,
-    TEMPERATURE,
-    N,
     Run,
     bench_config,
     run_tag,
@@ -62,7 +61,8 @@ def simulator_check(rate: float, runs: dict[str, list[Run]], out: Path, logs: Pa
     by `asyncdapo simulate calibrate` from the gateways' step logs of the first rep's runs (every
     mode), the weight fan-out, trainer compute and verifier latency of those runs, the workload
     replayed from real generations of the same warm start on the same dataset (`asyncdapo data
-    longtail-stats --trace`; the `tiny-longtail` preset at the runs' sync valid ratio when absent);
+    longtail-stats --trace` over every problem, row k replaying its problem, a requeued attempt the
+    same problem's next 8 responses); the `tiny-longtail` preset at the runs' sync valid ratio when absent);
     each mode's own RunConfig, simulated for the same steps. Prints measured vs simulated; agreement
     is not required (reported)."""
     from asyncdapo.simulate.comparison import ideal, mode_report
@@ -107,11 +107,11 @@ def simulator_check(rate: float, runs: dict[str, list[Run]], out: Path, logs: Pa
         "verifier": VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s if call_s == call_s else 0.005),
     })  # fmt: skip
     (sim_dir / "cluster.json").write_text(prof.model_dump_json(indent=1))
-    trace = DATA.parent / "stats" / f"trace-train-v{rate:g}-t{TEMPERATURE:g}.jsonl"
+    trace = DATA.parent / "stats" / f"replay-train-v{rate:g}.jsonl"
     sync_runs = [r for m in SYNC_MODES for r in runs.get(m, [])]
     if trace.exists():
         wl: Any = load_replay(trace, MAX_RESPONSE_LENGTH, 0)
-        wl_name = f"replay of {trace} (real generations, n = {N})"
+        wl_name = f"replay of {trace} (real generations of each row's problem, seed 1, {PASS_N} per problem)"
     else:
         over = {}
         if sync_runs:

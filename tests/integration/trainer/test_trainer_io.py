@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from asyncdapo.data.verl_format import Example
-from asyncdapo.prompts import PromptRecord
+from asyncdapo.prompts import PromptRecord, epoch_order
 from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
-from asyncdapo.trainer.data_feed import COUNTER_TOO_LONG, Cursor, PromptFeed, epoch_order
+from asyncdapo.trainer.data_feed import COUNTER_TOO_LONG, Cursor, PromptFeed
 from asyncdapo.trainer.groups_reader import GroupDropReason, GroupsReader, classify
 from asyncdapo.v1 import common_pb2, rollout_pb2
 

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from asyncdapo.redis_keys import RunKeys, decode_map
 
 FIELDS = ("id", "prompt_token_ids", "prompt_text", "ground_truth", "data_source", "epoch", "index")
@@ -34,6 +36,14 @@ class PromptRecordError(ValueError):
 def prompt_id(epoch: int, index: int) -> str:
     """The queue id of dataset row `index` queued in `epoch` (unique over the whole run)."""
     return f"e{epoch}-{index}"
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order the trainer queues dataset rows 0..n-1 in `epoch` (`data.seed`, `data.shuffle`);
+    the simulator feeds prompts in the same order."""
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch]).permutation(n)
 
 
 @dataclass(frozen=True)

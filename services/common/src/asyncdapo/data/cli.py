@@ -29,8 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="0.3",
         help="comma-separated target valid-group rates (within the reach CLASS_VALID_RATE gives)",
     )
-    lt.add_argument("--size", type=int, default=112, help="problems per dataset (distinct)")
+    lt.add_argument("--size", type=int, default=112, help="problems per dataset (distinct; at most)")
     lt.add_argument("--seed", type=int, default=0)
+    lt.add_argument(
+        "--pass-rates",
+        help="a `longtail-stats --trace` over problems.parquet: mix each dataset from the problems' measured "
+        "pass rates (asyncdapo.data.pass_rates) instead of the per-class valid rates",
+    )
+    lt.add_argument(
+        "--n", type=int, default=8, help="the group size the valid rate is for (with --pass-rates)"
+    )
     lt.set_defaults(func=_longtail)
 
     lts = dsub.add_parser(
@@ -81,18 +89,27 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _longtail(args: argparse.Namespace) -> int:
-    from asyncdapo.data.longtail import dataset, problems
+    from asyncdapo.data.longtail import dataset, dataset_by_pass_rates, problems
+    from asyncdapo.data.pass_rates import load_pass_rates
     from asyncdapo.data.verl_format import write_examples
 
     out = Path(args.out)
     for suffix in ("parquet", "jsonl"):
         write_examples(problems(), out / f"problems.{suffix}")
+    rates = load_pass_rates(Path(args.pass_rates), len(problems())) if args.pass_rates else None
     for rate in (float(r) for r in args.valid_rates.split(",") if r.strip()):
-        rows = dataset(rate, size=args.size, seed=args.seed)
+        how = ""
+        if rates is None:
+            rows = dataset(rate, size=args.size, seed=args.seed)
+        else:
+            rows, mix_ = dataset_by_pass_rates(rate, rates, args.n, max_size=args.size, seed=args.seed)
+            how = (
+                f", {mix_.low} from the low-valid stratum, expected valid rate {mix_.expected_valid_rate:.3f}"
+            )
         for suffix in ("parquet", "jsonl"):
             write_examples(rows, out / f"train-v{rate:g}.{suffix}")
         mix = {d: sum(e.extra_info["difficulty"] == d for e in rows) for d in ("easy", "medium", "hard")}
-        print(f"valid rate {rate:g}: {len(rows)} problems {mix} -> {out}/train-v{rate:g}.parquet")
+        print(f"valid rate {rate:g}: {len(rows)} problems {mix}{how} -> {out}/train-v{rate:g}.parquet")
     print(f"all {len(problems())} problems (the warm-start's) -> {out}/problems.parquet")
     return 0
 

@@ -39,6 +39,7 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
+from asyncdapo.data.pass_rates import Mix, PassRate, mix_for, relabel
 from asyncdapo.data.verl_format import DatasetError, Example
 
 DATA_SOURCE = "asyncdapo/synthetic-longtail"
@@ -161,6 +162,12 @@ def problems() -> list[Example]:
     return [_problem(a, op, b, i) for i, (a, op, b) in enumerate(triples)]
 
 
+def problem_index(e: Example) -> int:
+    """The position of a dataset row's problem in `problems()`."""
+    a, op, b = int(e.extra_info["a"]), str(e.extra_info["op"]), int(e.extra_info["b"])
+    return OPS.index(op) * len(OPERANDS) ** 2 + a * len(OPERANDS) + b
+
+
 def medium_fraction(valid_rate: float, class_valid: dict[Difficulty, float] | None = None) -> float:
     """The share of medium problems (the rest split evenly between easy and hard) whose expected
     valid rate is `valid_rate`, from the per-class rates; DatasetError when it is out of reach."""
@@ -199,7 +206,14 @@ def dataset(
             )
         chosen += rng.sample(pool, k)
     rng.shuffle(chosen)
-    return [
-        Example(e.prompt, e.ground_truth, e.data_source, i, {**e.extra_info, "valid_rate_target": valid_rate})
-        for i, e in enumerate(chosen)
-    ]
+    return relabel(chosen, valid_rate)
+
+
+def dataset_by_pass_rates(
+    valid_rate: float, rates: list[PassRate], n: int, max_size: int = 112, seed: int = 0
+) -> tuple[list[Example], Mix]:
+    """The dataset for `valid_rate` mixed from each problem's measured pass rate
+    (`asyncdapo.data.pass_rates`): reaches lower rates than the class mix, at fewer problems."""
+    mix = mix_for(valid_rate, rates, n, max_size, seed)
+    every = problems()
+    return relabel([every[i] for i in mix.indices], valid_rate), mix

@@ -304,3 +304,34 @@ async def measure(
             samples.append(Sample(len(out.token_ids), out.finish is Finish.LENGTH, bool(verdict.acc)))
         groups.append(GroupSample(str(e.extra_info.get("difficulty", "")), tuple(samples), len(prompts[i])))
     return groups
+
+
+def dataset_trace(
+    rows: Sequence[Any], problem_lines: Sequence[dict[str, Any]], stem: str
+) -> list[dict[str, Any]]:
+    """A replay trace for a long-tail dataset from a trace over all of its problems (`--trace` of
+    `problems.parquet`, one line per problem in `longtail.problems()` order): line k is row k's
+    problem, every response of it kept (m ≥ 2n replays a requeued attempt from the same problem's
+    next block: `asyncdapo.simulate.replay`)."""
+    from asyncdapo.data.longtail import problem_index
+
+    out = []
+    for k, e in enumerate(rows):
+        line = problem_lines[problem_index(e)]
+        out.append({**line, "prompt_id": f"{stem}-{k}"})
+    return out
+
+
+def trace_groups(
+    lines: Sequence[dict[str, Any]], n: int, cap: int, klass: Sequence[str]
+) -> list[GroupSample]:
+    """The groups of n a trace holds (each line cut into ⌊m / n⌋ blocks), for `summarize`; a
+    response at `cap` tokens counts as truncated (the trace keeps no finish reason)."""
+    groups = []
+    for line, k in zip(lines, klass, strict=True):
+        lengths, acc = [int(x) for x in line["lengths"]], [bool(x) for x in line["acc"]]
+        for b in range(len(lengths) // n):
+            s = slice(b * n, (b + 1) * n)
+            samples = tuple(Sample(x, x >= cap, a) for x, a in zip(lengths[s], acc[s], strict=True))
+            groups.append(GroupSample(k, samples, int(line.get("prompt_tokens", 0))))
+    return groups

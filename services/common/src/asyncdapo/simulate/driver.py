@@ -27,7 +27,7 @@ from typing import Any
 
 from asyncdapo.config import LongTailPolicy, PauseMode, RolloutMode, RunConfig
 from asyncdapo.errors import AsyncdapoError
-from asyncdapo.prompts import PromptRecord
+from asyncdapo.prompts import PromptRecord, epoch_order, prompt_id
 from asyncdapo.scheduler.core import Abort, Command, Dispatch, Redispatch, RolloutCore, ScoreResponse
 from asyncdapo.scheduler.eligible import EligibleIndex
 from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
@@ -128,6 +128,7 @@ class Simulation:
         self.verifier_batch = cfg.reward.verifier_batch_size
         self._linger = False
         self.next_prompt = 0
+        self._orders: dict[int, Any] = {}  # the current epoch's row order (replayed datasets)
         self.aborted_tokens = 0
         self._admit_pending = False
         self._finish_pending = False
@@ -390,11 +391,18 @@ class Simulation:
         if want <= 0:
             return
         recs = []
+        size = getattr(self.workload, "dataset_size", None)
         for _ in range(want):
-            i = self.next_prompt
+            epoch, i = 0, self.next_prompt
             self.next_prompt += 1
+            if size:  # a replayed dataset: the trainer's own epoch order over its rows
+                epoch, pos = divmod(i, size)
+                if epoch not in self._orders:
+                    d = self.cfg.data
+                    self._orders = {epoch: epoch_order(size, d.seed, epoch, d.shuffle)}
+                i = int(self._orders[epoch][pos])
             plen = self.workload.prompt_length(i)
-            recs.append(PromptRecord(f"e0-{i}", range(plen), "", "sim", "sim", 0, i))  # type: ignore[arg-type]
+            recs.append(PromptRecord(prompt_id(epoch, i), range(plen), "", "sim", "sim", epoch, i))  # type: ignore[arg-type]
         self.run.push(recs)
 
     def _admit_round(self, _: Any = None) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 import redis
 
 from asyncdapo.data.verl_format import Example
-from asyncdapo.prompts import PromptRecord, prompt_id, queue_prompts
+from asyncdapo.prompts import PromptRecord, epoch_order, prompt_id, queue_prompts
 from asyncdapo.redis_keys import TRAINER_PROMPTS_QUEUED, TRAINER_PROMPTS_TOO_LONG, RunKeys, decode_counters
 from asyncdapo.redis_keys import text as as_text
 
@@ -53,12 +53,6 @@ class Cursor:
         """From a dict with str or bytes keys/values (an HGETALL reply or a checkpoint)."""
         norm = decode_counters(d)
         return cls(epoch=norm["epoch"], position=norm["position"])
-
-
-def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    if not shuffle:
-        return np.arange(n)
-    return np.random.default_rng([seed, epoch]).permutation(n)
 
 
 class PromptFeed:
