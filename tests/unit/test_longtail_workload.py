@@ -222,3 +222,26 @@ def test_answer_weight_marks_the_boxed_answer_and_weighs_its_loss() -> None:
     assert plen == 2 and ids[-1] == 99 and ans == 2 + 3  # the 4th word starts the answer
     ids, plen, ans = _demonstrated([7], "no answer here", Tok(), "\\boxed{")
     assert ans == len(ids) - 1  # only the EOS
+
+
+def test_a_problem_trace_becomes_a_dataset_trace_and_its_groups() -> None:
+    """Row k of a dataset replays its own problem's line; the line's 2n responses are two groups,
+    a response at the cap counted as truncated."""
+    from asyncdapo.data.longtail import dataset_by_pass_rates, problems
+    from asyncdapo.data.longtail_stats import dataset_trace, summarize, trace_groups
+    from asyncdapo.data.pass_rates import PassRate
+
+    every = problems()
+    lines = [
+        {"prompt_id": f"problems-{i}", "prompt_tokens": 20, "lengths": [i, 512] * 4, "acc": [1, 0] * 4}
+        for i in range(len(every))
+    ]
+    rates = [PassRate(0 if e.extra_info["difficulty"] == "hard" else 16, 32) for e in every]
+    rows, mix = dataset_by_pass_rates(0.5, rates, 4, max_size=40)
+    trace = dataset_trace(rows, lines, "train-v0.5")
+    assert [t["lengths"][0] for t in trace] == mix.indices
+    assert [t["prompt_id"] for t in trace] == [f"train-v0.5-{k}" for k in range(len(rows))]
+    groups = trace_groups(trace, 4, 512, [str(e.extra_info["difficulty"]) for e in rows])
+    assert len(groups) == 2 * len(rows) and all(g.valid for g in groups)
+    st = summarize(groups, 512, 64)
+    assert st.truncated_rate == pytest.approx(0.5) and st.valid_rate == 1.0

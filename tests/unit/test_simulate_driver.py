@@ -172,3 +172,46 @@ def test_weight_update_modes_other_than_keep(update: str) -> None:
     keep = run("fully-async")[1]
     if update == "wait":  # draining holds the weights back until the longest response ends
         assert min(st.sync_s for st in res.steps) > min(st.sync_s for st in keep.steps[:4])
+
+
+def test_replay_of_a_problem_trace_follows_the_trainers_order_and_requeues_the_same_problem(
+    tmp_path: Path,
+) -> None:
+    """A trace with 4n responses per line (one per dataset row): the simulator feeds rows in the
+    trainer's seeded epoch order, and attempt a of a row replays that row's block (a - 1) mod 4."""
+    from asyncdapo.prompts import epoch_order
+    from asyncdapo.simulate.replay import load_replay
+
+    rows = 12
+    lines = [
+        {
+            "prompt_tokens": 40 + k,
+            "lengths": [1000 * k + r for r in range(4 * N)],
+            "acc": [r % 2 for r in range(4 * N)],
+        }
+        for k in range(rows)
+    ]
+    trace = tmp_path / "problems.jsonl"
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cfg = mode_config(RunConfig.model_validate(RUN), "async")
+    wl = load_replay(trace, cfg.data.max_response_length)
+    assert wl.dataset_size == rows and wl.prompt_length(5) == 45
+    for attempt, block in ((1, 0), (2, 1), (4, 3), (5, 0)):
+        assert wl.attempt(5, attempt, N).lengths == [5000 + block * N + r for r in range(N)]
+    sim = Simulation(cfg, load_cluster("h100-7b", 4), wl, 1)
+    sim._feed(rows + 3 - cfg.data.prompt_queue_watermark)  # one epoch and the start of the next
+    order0 = epoch_order(rows, cfg.data.seed, 0, cfg.data.shuffle).tolist()
+    order1 = epoch_order(rows, cfg.data.seed, 1, cfg.data.shuffle).tolist()
+    assert order0 != list(range(rows))  # shuffled, as the trainer does by default
+    assert list(sim.run.queue)[: rows + 3] == [f"e0-{i}" for i in order0] + [f"e1-{i}" for i in order1[:3]]
+
+
+def test_replay_with_one_group_per_line_requeues_another_recorded_group(tmp_path: Path) -> None:
+    from asyncdapo.simulate.replay import STRIDE, load_replay
+
+    lines = [{"lengths": [10 * k + r for r in range(N)], "acc": [1] * N} for k in range(10)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    wl = load_replay(trace, 8192)
+    assert wl.attempt(2, 1, N).lengths[0] == 20
+    assert wl.attempt(2, 2, N).lengths[0] == 10 * ((2 + STRIDE) % 10)  # not the same responses again
