@@ -182,9 +182,16 @@ class ModeResult:
 
 
 def run_mode(
-    mode: str, cfg_dict: dict[str, Any], run_dir: Path, warmup: int, timeout_s: float, step_logs: bool = False
+    mode: str,
+    cfg_dict: dict[str, Any],
+    run_dir: Path,
+    warmup: int,
+    timeout_s: float,
+    step_logs: bool = False,
+    pools: list[str] | None = None,
 ) -> ModeResult:
-    """One whole run of the stack in `run_dir` (deleted first); everything started is stopped."""
+    """One whole run of the stack in `run_dir` (deleted first); everything started is stopped.
+    `pools`: each gateway's pool label (P-DSR's fast and heavy)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -194,7 +201,10 @@ def run_mode(
     t0 = time.monotonic()
     fanout_key = "asyncdapo_scheduler_publish_weights_seconds"
     with LocalStack(
-        cfg, StackOptions(config_path=config_path, run_dir=run_dir, gateways=2, step_logs=step_logs)
+        cfg,
+        StackOptions(
+            config_path=config_path, run_dir=run_dir, gateways=2, step_logs=step_logs, pools=pools or []
+        ),
     ) as stack:
         ep = stack.start(on_stage=lambda s: print(f"  [{mode}] starting {s}", flush=True))
         sched_port = {"scheduler": ep.metrics_ports["scheduler"]}

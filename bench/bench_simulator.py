@@ -5,16 +5,18 @@ a CPU profile fitted from those runs' own gateway step logs.
 Protocol
 1. Real runs, interleaved (rep 1: every config, rep 2: every config, …), each a whole
    `LocalStack` run of `--steps` training steps (the first `--warmup` left out) with
-   `--step-logs`: sync, async (`any`), async-fifo, fully-async (s = 1, keep). `pdsr` needs two
-   gateway pools: `LocalStack` can start them since the long-tail bench landed, but this bench does
-   not run them yet, and the output says so.
-2. Calibration on rep 1 only: `asyncdapo simulate calibrate`'s fit (`calibrate_files`) of every
-   rep-1 step log gives the engine's step costs; rep 1 also gives the weight fan-out (reload_s),
-   the trainer's time from the B-th group to the next announcement (trainer base_s), the verifier's
-   mean call latency (call_s); the rep-1 sync run fits the workload (`fit_workload`: the share of
-   valid groups among those judged, surplus included, as valid_rate; length_median scaled until
-   the preset's mean response length is the run's), and the committed groups of the rep-1 sync
-   and async-fifo runs (orders that do not favour short groups) its length structure
+   `--step-logs`: sync, async (`any`), async-fifo, fully-async (s = 1, keep), pdsr (async-fifo
+   with rollout.long_tail.policy pdsr; its two gateways are the `fast` and the `heavy` pool).
+2. Calibration, cross-fitted (default): for each rep v, a calibration on every other rep's runs
+   validates rep v, so no run is ever compared with a simulator fitted on it and every rep is
+   validated (`--cal-rep N`: the older protocol, rep N alone calibrates). A calibration:
+   `asyncdapo simulate calibrate`'s fit (`calibrate_files`) of its runs' step logs gives the
+   engine's step costs; its runs also give the weight fan-out (reload_s), the trainer's time from
+   the B-th group to the next announcement (trainer base_s), the verifier's mean call latency
+   (call_s); its sync runs fit the workload (`fit_workload`: the share of valid groups among those
+   judged, surplus included, as valid_rate; length_median scaled until the preset's mean response
+   length is the runs'), and the committed groups of its sync and async-fifo runs (orders that do
+   not favour short groups) its length structure
    (`fit_length_structure`: brief answers and their share, within- and between-group spread,
    wrong/right length ratio; `--preset-lengths` keeps the preset's). Host-CPU contention
    (`profile.HostCpuContention`; `--no-contention` leaves it out) from the per-service CPU time
@@ -25,16 +27,16 @@ Protocol
    KV capacity is the stack's: VLLM_CPU_KVCACHE_SPACE = 1 GiB at 1,024 B per token (2 layers x
    2 KV heads x 32 dims x 2 (K, V) x 4 B) = 1,048,576 tokens. Nothing else is stated: the
    Redis round trip and the abort fan-out keep the `cpu-tiny` profile's values.
-3. Validation on reps 2.. only: per config, the median over those runs of the mean rollout
-   s/step against the simulator's (the mean over `--sim-seeds` seeds of the same number of steps,
-   same warm-up) with the `tiny-longtail` workload preset (bench_e2e's workload, restated; its
-   valid_rate and length scale fitted as above); the ratio config / sync likewise. Also compared,
+3. Validation: per config, the median over the validated runs of the mean rollout s/step against
+   the simulator's (per fold the mean over `--sim-seeds` seeds of the same number of steps, same
+   warm-up; the median over folds) with the `tiny-longtail` workload preset (bench_e2e's workload,
+   restated; its valid_rate and length scale fitted as above); the ratio config / sync likewise. Also compared,
    as diagnostics: the step period (announcement to announcement), and counts the machine's load
    does not move: tokens generated per version (aborted included), completions per version,
    their mean length, tokens aborted per version. The real stack's own spread per config
    ((max - min) / median over every rep) is printed beside the errors. "Load-matched" re-runs the
    simulator per validation run with that run's own measured background load (other users' CPU:
-   an input from outside the stack), everything else still from rep 1.
+   an input from outside the stack), everything else from its fold's calibration.
 
 Rollout s/step, the same figure on both sides: per version v after warm-up, the weight fan-out
 that announced v + the time from v's announcement to the B-th group committed for step v + 1
@@ -66,7 +68,7 @@ from bench_e2e import CACHE
 from long_tail_workload import build_model
 from simulator_host_fit import fit_cluster
 from simulator_real_runs import CONFIGS, Run, run_all
-from simulator_validation import report
+from simulator_validation import Fold, report
 from simulator_workload_fit import fit_workload
 
 
@@ -74,7 +76,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3, help="real runs per config (one calibrates)")
     ap.add_argument(
-        "--cal-rep", type=int, default=1, help="the rep whose runs calibrate (the others validate)"
+        "--cal-rep",
+        type=int,
+        default=0,
+        help="0 (default): cross-fitted, each rep validated by a calibration on the others; "
+        "N: rep N alone calibrates, the others are validated",
     )
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
@@ -102,8 +108,8 @@ def main() -> int:
     args.configs = [c for c in args.configs.split(",") if c]
     if "sync" not in args.configs or args.reps < 2:
         ap.error("--configs must include sync (the ratio's base) and --reps be >= 2 (one calibrates)")
-    if not 1 <= args.cal_rep <= args.reps:
-        ap.error("--cal-rep must be one of the reps")
+    if not 0 <= args.cal_rep <= args.reps:
+        ap.error("--cal-rep must be 0 (cross-fitted) or one of the reps")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.monotonic()
     if not args.reuse:
@@ -132,29 +138,40 @@ def main() -> int:
         print(f"  rep {rep} {m:12s} rollout {r.rollout_s:6.3f}  period {r.period_s:6.3f}  steps {len(r.rollout_times):2d}  "
               f"valid {r.status['rollout/valid_group_ratio']:.2f}  tokens/version {r.tokens_per_version:6.0f}  "
               f"load {r.loadavg[0]:.1f} / {r.loadavg[1]:.1f}  engines slowed {r.engine_stretch:.2f}x")  # fmt: skip
-    c = args.cal_rep
-    cal = [runs[(c, m)] for m in args.configs]
     cores = len(os.sched_getaffinity(0))
-    cluster, fit_summary, per_run = fit_cluster(
-        cal, cores, contention=not args.no_contention, background=args.background
-    )
-    structure = (
-        None if args.preset_lengths else [runs[(c, m)] for m in ("sync", "async-fifo") if m in args.configs]
-    )
-    workload = fit_workload(args.workload, runs[(c, "sync")], structure)
-    print(f"\ncalibration (rep {c} only): {fit_summary}")
-    print(f"  {cluster.source.split('; ', 1)[1]}")
-    for name, x in per_run.items():
-        print(f"    {name:12s} control plane {x['control_cpu_s']:6.2f} CPU s for {x['completions']:5.0f} completions "
-              f"({x['control_cpu_per_completion_ms']:.2f} ms each), {x['versions']:.0f} versions over {x['wall_s']:.1f} s; "
-              f"trainer {x['trainer_cpu_s']:.2f} CPU s, gateways {x['gateways_cpu_s']:.2f} CPU s, "
-              f"background {x['background_cores']:.2f} cores, {x['background_threads']:.1f} threads; engines slowed {x['engine_stretch']:.2f}x (run delay), {x['model_stretch']:.2f}x (model)")  # fmt: skip
-    shown = {k: round(v, 3) for k, v in workload.items()}
-    print(f"  workload {args.workload} fitted to rep {c} (sync: valid_rate, mean length; sync + async-fifo "
-          f"committed groups: length structure): {shown}")  # fmt: skip
-    (args.out / "cpu-fitted.json").write_text(cluster.model_dump_json(indent=1))
-
-    report(args, runs, cluster, workload, per_run, t0)
+    reps = list(range(1, args.reps + 1))
+    if args.cal_rep:  # one rep calibrates, the others are validated
+        plan = [([args.cal_rep], [r for r in reps if r != args.cal_rep])]
+    else:  # cross-fitted: rep v is validated by a calibration on the other reps
+        plan = [([r for r in reps if r != v], [v]) for v in reps]
+    folds = []
+    for cal_reps, val_reps in plan:
+        cal = [runs[(c, m)] for c in cal_reps for m in args.configs]
+        calib = fit_cluster(cal, cores, contention=not args.no_contention, background=args.background)
+        structure = (
+            None
+            if args.preset_lengths
+            else [runs[(c, m)] for c in cal_reps for m in ("sync", "async-fifo") if m in args.configs]
+        )
+        workload = fit_workload(args.workload, [runs[(c, "sync")] for c in cal_reps], structure)
+        folds.append(Fold(cal_reps, val_reps, calib, workload))
+        reps_s = ",".join(map(str, cal_reps))
+        print(
+            f"\ncalibration on rep(s) {reps_s} (validates rep(s) {','.join(map(str, val_reps))}): {calib.summary}"
+        )
+        print(f"  {calib.profile.source.split('; ', 1)[1]}")
+        for name, x in calib.per_run.items():
+            print(f"    {name:18s} control plane {x['control_cpu_s']:6.2f} CPU s for {x['completions']:5.0f} completions "
+                  f"({x['control_cpu_per_completion_ms']:.2f} ms each), {x['versions']:.0f} versions over {x['wall_s']:.1f} s; "
+                  f"trainer {x['trainer_cpu_s']:.2f} CPU s, gateways {x['gateways_cpu_s']:.2f} CPU s, "
+                  f"background {x['background_cores']:.2f} cores, {x['background_threads']:.1f} threads; engines slowed {x['engine_stretch']:.2f}x (run delay), {x['model_stretch']:.2f}x (model)")  # fmt: skip
+        shown = {k: round(v, 3) for k, v in workload.items()}
+        print(f"  workload {args.workload} fitted to rep(s) {reps_s} (sync: valid_rate, mean length; sync + "
+              f"async-fifo committed groups: length structure): {shown}")  # fmt: skip
+        (args.out / f"cpu-fitted-cal{reps_s.replace(',', '')}.json").write_text(
+            calib.profile.model_dump_json(indent=1)
+        )
+    report(args, runs, folds, t0)
     return 0
 
 

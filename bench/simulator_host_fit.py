@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,29 +64,35 @@ OURS_FLOATING = (*CONTROL, "trainer")
 # load average -> other processes' runnable threads on our cores: fitted on the calibration runs
 # (fit_host) so that the model's engine slow-down matches the one measured there (schedstat run
 # delay of the engine threads): not every thread the load average counts competes for our cores
-THREADS = {"scale": 1.0}
+# (`threads_scale`, one per calibration)
 
 
-def background_threads(r: Run) -> float:
+def run_key(r: Run) -> str:
+    """A run's name across reps: `rep2/async-fifo`."""
+    return f"{r.dir.parent.name}/{r.dir.name}"
+
+
+def background_threads(r: Run, threads_scale: float = 1.0) -> float:
     """Other processes' runnable threads during run `r`: its 1-min load average (mean of start and
     end of training) less the stack's own runnable threads (its engines, and its floating CPU
-    rate: control plane and trainer). An input from outside the stack."""
+    rate: control plane and trainer), times the calibration's `threads_scale`. An input from
+    outside the stack."""
     w = r.window()
     engines = len(gateway_groups(w[1])) if w is not None else 2
     ours = cpu_delta(w[0], w[1], OURS_FLOATING) / max(w[1]["t"] - w[0]["t"], 1e-9) if w is not None else 0.0
-    return THREADS["scale"] * max(0.0, statistics.fmean(r.loadavg) - engines - ours)
+    return threads_scale * max(0.0, statistics.fmean(r.loadavg) - engines - ours)
 
 
-def host_for(host: HostCpuContention, r: Run) -> HostCpuContention:
+def host_for(host: HostCpuContention, r: Run, threads_scale: float) -> HostCpuContention:
     """`host` with run `r`'s own background (threads or cores, whichever `host` models)."""
     if host.background_threads > 0 or host.background_cores == 0:
-        return host.model_copy(update={"background_threads": background_threads(r)})
+        return host.model_copy(update={"background_threads": background_threads(r, threads_scale)})
     return host.model_copy(update={"background_cores": background_cores(r)})
 
 
 def fit_host(
     cal: list[Run], cores: int, max_share: float = 0.5, background: str = "threads"
-) -> tuple[HostCpuContention, dict[str, Any]]:
+) -> tuple[HostCpuContention, dict[str, Any], float]:
     """The contention model's inputs from the calibration runs' CPU samples, over each run's
     measured versions: control-plane CPU = completion_cpu_s x completions + version_cpu_s x versions
     (non-negative least squares over the runs); the trainer's demand = its CPU / its compute time
@@ -112,12 +119,12 @@ def fit_host(
         if r.dir.name != "fully-async":
             tr_cpu += cpu_delta(a, b, ("trainer",))
             tr_wall += sum(r.trainer_times)
-        per_run[r.dir.name] = {
+        per_run[run_key(r)] = {
             "control_cpu_s": ctl, "completions": completions, "versions": versions, "wall_s": dt,
             "control_cpu_per_completion_ms": 1e3 * ctl / max(completions, 1),
             "trainer_cpu_s": cpu_delta(a, b, ("trainer",)), "gateways_cpu_s": cpu_delta(a, b, gateway_groups(b)),
             "background_cores": ((b["host_busy_s"] - a["host_busy_s"]) - ours) / dt,
-            "background_threads": background_threads(r),
+            "background_threads": background_threads(r),  # at scale 1; rescaled below
             "engine_stretch": measured_stretch(a, b, engine_threads(b)),
         }  # fmt: skip
     X, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
@@ -137,29 +144,30 @@ def fit_host(
     for r in cal:  # the intervals of each run where an engine stepped
         a, b = r.window()  # type: ignore[misc]
         xs = [x for x in r.cpu if a["t"] <= x["t"] <= b["t"]]
-        pairs[r.dir.name] = [(x, y) for x, y in itertools.pairwise(xs) if stepping_gateways(x, y)]
+        pairs[run_key(r)] = [(x, y) for x, y in itertools.pairwise(xs) if stepping_gateways(x, y)]
 
-    def modelled(r: Run) -> float:
-        ps = pairs[r.dir.name]
-        return statistics.fmean(model_stretch(x, y, host_for(host, r)) for x, y in ps) if ps else 1.0
+    def modelled(r: Run, scale: float) -> float:
+        ps = pairs[run_key(r)]
+        return statistics.fmean(model_stretch(x, y, host_for(host, r, scale)) for x, y in ps) if ps else 1.0
 
-    if background == "threads":  # the load average's scale: modelled slow-down = measured, on rep 1
-        measured = sum(per_run[r.dir.name]["engine_stretch"] for r in cal)
+    scale = 1.0
+    if (
+        background == "threads"
+    ):  # the load average's scale: modelled slow-down = measured, on the calibration runs
+        measured = sum(per_run[run_key(r)]["engine_stretch"] for r in cal)
         lo, hi = 0.0, 2.0
         for _ in range(30):
-            THREADS["scale"] = (lo + hi) / 2
-            lo, hi = (
-                (lo, THREADS["scale"]) if sum(modelled(r) for r in cal) > measured else (THREADS["scale"], hi)
-            )
-        THREADS["scale"] = (lo + hi) / 2
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if sum(modelled(r, mid) for r in cal) > measured else (mid, hi)
+        scale = (lo + hi) / 2
         host = host.model_copy(
-            update={"background_threads": statistics.fmean(background_threads(r) for r in cal)}
+            update={"background_threads": statistics.fmean(background_threads(r, scale) for r in cal)}
         )
         for r in cal:
-            per_run[r.dir.name]["background_threads"] = background_threads(r)
+            per_run[run_key(r)]["background_threads"] = background_threads(r, scale)
     for r in cal:
-        per_run[r.dir.name]["model_stretch"] = modelled(r)
-    return host, per_run
+        per_run[run_key(r)]["model_stretch"] = modelled(r, scale)
+    return host, per_run, scale
 
 
 def model_stretch(a: dict[str, Any], b: dict[str, Any], host: HostCpuContention) -> float:
@@ -176,14 +184,14 @@ def model_stretch(a: dict[str, Any], b: dict[str, Any], host: HostCpuContention)
     return host.stretch(max(0.0, floating), max(stepping_gateways(a, b), 1))
 
 
-def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
+def stretch_of(runs: list[Run], host: HostCpuContention, threads_scale: float) -> Any:
     """stretch(step_log_path, t): the contention model's stretch at unix time t in the run that
     wrote the log (`model_stretch` over the CPU sample interval around t). The engine costs are
     fitted on step intervals divided by it: the simulator multiplies them by the same formula,
     so the fit is of the step without the floating work the model accounts for (the gateway's own
     frontend, pinned to its engine's core, stays in the step cost)."""
     by_dir = {r.dir.resolve(): r for r in runs}
-    hosts = {r.dir.name: host_for(host, r) for r in runs}
+    hosts = {run_key(r): host_for(host, r, threads_scale) for r in runs}
 
     def stretch(path: Path, t: float) -> float:
         r = by_dir[path.resolve().parent.parent]  # RUN/logs/gateway-N.steps.jsonl
@@ -191,25 +199,47 @@ def stretch_of(runs: list[Run], host: HostCpuContention) -> Any:
         i = bisect.bisect_right([x["t"] for x in xs], t)
         if i <= 0 or i >= len(xs):
             return 1.0
-        return model_stretch(xs[i - 1], xs[i], hosts[r.dir.name])
+        return model_stretch(xs[i - 1], xs[i], hosts[run_key(r)])
 
     return stretch
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """What one set of calibration runs gives the simulator: the fitted profile, the engine fit's
+    summary, per-run host figures and the load average's scale (`background_threads`)."""
+
+    profile: ClusterProfile
+    summary: str
+    per_run: dict[str, Any]
+    threads_scale: float
+
+    def host_for(self, r: Run) -> HostCpuContention:
+        assert self.profile.host is not None, "a calibration without the contention model has no host"
+        return host_for(self.profile.host, r, self.threads_scale)
+
+
 def fit_cluster(
     cal: list[Run], cores: int, contention: bool = True, max_share: float = 0.5, background: str = "threads"
-) -> tuple[ClusterProfile, str, dict[str, Any]]:
+) -> Calibration:
     logs = [p for r in cal for p in r.step_logs]
     if not logs:
         raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
-    host, per_run = fit_host(cal, cores, max_share, background) if contention else (None, {})
-    stretch = stretch_of(cal, host) if host is not None else None
+    host: HostCpuContention | None = None
+    per_run: dict[str, Any] = {}
+    scale = 1.0
+    if contention:
+        host, per_run, scale = fit_host(cal, cores, max_share, background)
+    stretch = stretch_of(cal, host, scale) if host is not None else None
     fitted, fit = calibrate_files(logs, KV_CAPACITY, stretch=stretch)
     reload_s = statistics.median(r.fanout for r in cal)
     s0 = [r for r in cal if r.dir.name != "fully-async"]
     if host is not None:  # measured beside other load (engines idle): its uncontended time
         train_s = statistics.median(
-            t / host_for(host, r).trainer_stretch(host.trainer_cores + host_for(host, r).background_cores, 0)
+            t
+            / host_for(host, r, scale).trainer_stretch(
+                host.trainer_cores + host_for(host, r, scale).background_cores, 0
+            )
             for r in s0
             for t in r.trainer_times
         )
@@ -218,7 +248,7 @@ def fit_cluster(
     # measured beside other load: the verifier call without it (the simulator slows it again)
     call_s = statistics.median(
         r.mean_of("asyncdapo_scheduler_verifier_latency_seconds")
-        / (host_for(host, r).others if host else 1.0)
+        / (host_for(host, r, scale).others if host else 1.0)
         for r in cal
     )
     engine = fitted.engine.model_copy(update={"pause_s": 0.0, "reload_s": reload_s})
@@ -226,7 +256,7 @@ def fit_cluster(
         f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
         f"completion + {host.version_cpu_s * 1e3:.1f} ms per version, trainer {host.trainer_cores:.2f} cores, "
         f"background {host.background_cores:.2f} cores / {host.background_threads:.2f} runnable threads "
-        f"(load average above ours x {THREADS['scale']:.2f})"
+        f"(load average above ours x {scale:.2f})"
         if host is not None
         else "; no host contention model"
     )
@@ -242,4 +272,4 @@ def fit_cluster(
         source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
         f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
     )
-    return prof, fit.summary(), per_run
+    return Calibration(prof, fit.summary(), per_run, scale)

@@ -18,7 +18,9 @@ from bench_e2e import bench_config, run_mode
 from asyncdapo.config import RunConfig
 from asyncdapo.simulate.modes import mode_config
 
-CONFIGS = ("sync", "async", "async-fifo", "fully-async")
+CONFIGS = ("sync", "async", "async-fifo", "fully-async", "pdsr")
+# P-DSR's two gateway pools: gateway 0 `fast`, gateway 1 `heavy` (the simulator: heavy_fraction 0.5)
+POOLS = {"pdsr": ["fast", "heavy"]}
 KV_CAPACITY = 1 << 20  # 1 GiB / 1,024 B per token (see the docstring)
 MAX_RESPONSE_LENGTH = 160
 LR = 1e-5
@@ -180,4 +182,5 @@ def run_all(args: argparse.Namespace, model: Path) -> None:
                 f"== rep {rep}/{args.reps} {mode}: {args.steps} steps, load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-            run_mode(mode, cfg, args.out / f"rep{rep}" / mode, args.warmup, args.timeout_s, step_logs=True)
+            run_mode(mode, cfg, args.out / f"rep{rep}" / mode, args.warmup, args.timeout_s, step_logs=True,
+                     pools=POOLS.get(mode))  # fmt: skip

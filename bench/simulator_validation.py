@@ -1,7 +1,11 @@
-"""bench_simulator's comparison: the simulator run on the fitted profile and workload over the same
-steps as the real runs, each figure's validation table (measured on the validation reps against
-simulated, the ratios to sync, the real stack's own spread), the load-matched re-run, summary.json
-and the `RESULT` line.
+"""bench_simulator's comparison: the simulator run on each fold's fitted profile and workload over
+the same steps as the real runs, each figure's validation table (measured on the validated reps
+against simulated, the ratios to sync, the real stack's own spread), the load-matched re-run,
+summary.json and the `RESULT` line.
+
+A fold is a calibration (runs of some reps) and the reps it validates, never a rep it was fitted
+on: cross-fitted (default), fold v calibrates on every rep but v and validates v; `--cal-rep N`,
+one fold: rep N calibrates, the others are validated.
 """
 
 from __future__ import annotations
@@ -10,12 +14,13 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
-from simulator_host_fit import host_for
-from simulator_real_runs import Run, real_config
+from simulator_host_fit import Calibration
+from simulator_real_runs import POOLS, Run, real_config
 
 from asyncdapo.config import RunConfig
 from asyncdapo.simulate.driver import Simulation
@@ -28,6 +33,14 @@ NOT_WORKLOAD = ("target_mean_length", "fitted_on_responses")
 LOAD_SEEDS = 5
 
 
+@dataclass(frozen=True)
+class Fold:
+    cal_reps: list[int]
+    val_reps: list[int]
+    calibration: Calibration
+    workload: dict[str, float]
+
+
 def simulate(
     mode: str, cluster: ClusterProfile, workload: dict[str, float], args: argparse.Namespace
 ) -> list[tuple[float, ...]]:
@@ -35,6 +48,8 @@ def simulate(
     tokens generated per version (aborted included), completions per version, their mean length,
     aborted tokens per version)."""
     cfg = mode_config(RunConfig.model_validate(real_config("async", Path("unused"), args.steps)), mode)
+    if mode in POOLS:  # the real runs' pools: one gateway each
+        cluster = cluster.model_copy(update={"heavy_fraction": POOLS[mode].count("heavy") / len(POOLS[mode])})
     out: list[tuple[float, ...]] = []
     for seed in range(args.sim_seeds):
         over = {k: v for k, v in workload.items() if k not in NOT_WORKLOAD}
@@ -69,35 +84,40 @@ FIGURES: list[tuple[str, Any]] = [
 ]
 
 
-def report(
-    args: argparse.Namespace,
-    runs: dict[tuple[int, str], Run],
-    cluster: ClusterProfile,
-    workload: dict[str, float],
-    per_run: dict[str, Any],
-    t0: float,
-) -> None:
-    """Validation on every rep but the calibration one: the tables, summary.json, the RESULT line."""
-    c = args.cal_rep
-    valid_rate = workload["valid_rate"]
-    val = [r for r in range(1, args.reps + 1) if r != c]
-    sim_runs = {m: simulate(m, cluster, workload, args) for m in args.configs}
+def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: list[Fold], t0: float) -> None:
+    """Validation of every fold on the reps it did not calibrate on: the tables, summary.json, the
+    RESULT line."""
+    validated = sorted(r for f in folds for r in f.val_reps)
+    sim_runs = [
+        {m: simulate(m, f.calibration.profile, f.workload, args) for m in args.configs} for f in folds
+    ]
     rel: dict[str, float] = {}
     rat: dict[str, float] = {}
     spread: dict[str, float] = {}
-    summary: dict[str, Any] = {"calibration": cluster.model_dump(), "workload": workload, "figures": {},
-                               "host_calibration": per_run}  # fmt: skip
-    print(f"\nvalidation (reps {','.join(map(str, val))}: median of the runs; simulator: mean of {args.sim_seeds} seeds, "
-          f"workload {args.workload} at valid_rate {valid_rate:.2f}; ratio = config / sync; real spread = "
-          f"(max - min) / median of every rep, calibration included):")  # fmt: skip
+    summary: dict[str, Any] = {
+        "folds": [
+            {"cal_reps": f.cal_reps, "val_reps": f.val_reps, "calibration": f.calibration.profile.model_dump(),
+             "workload": f.workload, "host_calibration": f.calibration.per_run}
+            for f in folds
+        ],
+        "figures": {},
+    }  # fmt: skip
+    how = (
+        "cross-fitted: rep v against the simulator calibrated on the other reps"
+        if len(folds) > 1
+        else f"reps {','.join(map(str, validated))} against the simulator calibrated on rep {folds[0].cal_reps[0]}"
+    )
+    rates = ", ".join(f"{f.workload['valid_rate']:.2f}" for f in folds)
+    print(f"\nvalidation ({how}; measured: median of the validated runs; simulated: median over folds of the mean "
+          f"of {args.sim_seeds} seeds, workload {args.workload} at valid_rate {rates}; ratio = config / sync; "
+          f"real spread = (max - min) / median of every rep):")  # fmt: skip
     for k, (name, get) in enumerate(FIGURES):
-        meas = {m: statistics.median(get(runs[(rep, m)]) for rep in val) for m in args.configs}
-        sim = {m: statistics.fmean(x[k] for x in sim_runs[m]) for m in args.configs}
-        print(f"\n{name:22s} {'measured':>9s} {'(runs)':>20s} {'simulated':>9s} {'(sd)':>7s} {'rel err':>8s} "
-              f"{'ratio meas':>10s} {'ratio sim':>9s} {'abs err':>8s} {f'rep {c} (cal)':>11s} {'real spread':>11s}")  # fmt: skip
+        meas = {m: statistics.median(get(runs[(rep, m)]) for rep in validated) for m in args.configs}
+        per_fold = {m: [statistics.fmean(x[k] for x in sr[m]) for sr in sim_runs] for m in args.configs}
+        sim = {m: statistics.median(per_fold[m]) for m in args.configs}
+        print(f"\n{name:22s} {'measured':>9s} {'(runs)':>20s} {'simulated':>9s} {'(folds)':>20s} {'rel err':>8s} "
+              f"{'ratio meas':>10s} {'ratio sim':>9s} {'abs err':>8s} {'real spread':>11s}")  # fmt: skip
         for m in args.configs:
-            sims = [x[k] for x in sim_runs[m]]
-            sd = statistics.stdev(sims) if len(sims) > 1 else 0.0
             err = sim[m] / meas[m] - 1 if meas[m] else float("nan")
             rm = meas[m] / meas["sync"] if meas["sync"] else float("nan")
             rs = sim[m] / sim["sync"] if sim["sync"] else float("nan")
@@ -108,27 +128,30 @@ def report(
                 spread[m] = spr
                 if m != "sync":
                     rat[m] = abs(rs - rm)
-            runs_s = " ".join(f"{get(runs[(rep, m)]):.3g}" for rep in val)
-            print(f"{m:22s} {meas[m]:9.4g} {runs_s:>20s} {sim[m]:9.4g} {sd:7.3g} {err:+8.1%} {rm:10.3f} {rs:9.3f} "
-                  f"{abs(rs - rm):8.3f} {get(runs[(c, m)]):11.4g} {spr:11.1%}")  # fmt: skip
-        summary["figures"][name] = {"measured": meas, "simulated": sim}
+            runs_s = " ".join(f"{get(runs[(rep, m)]):.3g}" for rep in validated)
+            folds_s = " ".join(f"{x:.3g}" for x in per_fold[m])
+            print(f"{m:22s} {meas[m]:9.4g} {runs_s:>20s} {sim[m]:9.4g} {folds_s:>20s} {err:+8.1%} {rm:10.3f} "
+                  f"{rs:9.3f} {abs(rs - rm):8.3f} {spr:11.1%}")  # fmt: skip
+        summary["figures"][name] = {"measured": meas, "simulated": sim, "simulated_per_fold": per_fold}
     load_matched: dict[str, Any] = {}
-    if cluster.host is not None:
-        # the same model, calibrated on rep 1 only, with one input replaced: the background load
-        # (other users' CPU, an input from outside the stack) each validation run met
-        print(f"\nrollout s/step, load-matched (per validation run: the simulator with that run's measured "
-              f"background load; {LOAD_SEEDS} seeds each; everything else calibrated on rep {c}):")  # fmt: skip
+    if all(f.calibration.profile.host is not None for f in folds):
+        # the same model and calibration, one input replaced: the background load (other users'
+        # CPU, an input from outside the stack) each validated run met
+        print(f"\nrollout s/step, load-matched (per validated run: its fold's simulator with that run's measured "
+              f"background load; {LOAD_SEEDS} seeds each):")  # fmt: skip
         print(f"{'':22s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s} {'ratio meas':>10s} {'ratio sim':>9s} "
               f"{'abs err':>8s}   per run: background, measured / simulated")  # fmt: skip
         per: dict[str, list[tuple[float, float, float]]] = {}
-        for m in args.configs:
-            for rep in val:
-                r = runs[(rep, m)]
-                host = host_for(cluster.host, r)
-                bgc = host.background_threads or host.background_cores
-                one = argparse.Namespace(**{**vars(args), "sim_seeds": LOAD_SEEDS})
-                lm_sims = simulate(m, cluster.model_copy(update={"host": host}), workload, one)
-                per.setdefault(m, []).append((bgc, r.rollout_s, statistics.fmean(x[0] for x in lm_sims)))
+        one = argparse.Namespace(**{**vars(args), "sim_seeds": LOAD_SEEDS})
+        for f in folds:
+            prof = f.calibration.profile
+            for m in args.configs:
+                for rep in f.val_reps:
+                    r = runs[(rep, m)]
+                    host = f.calibration.host_for(r)
+                    bgc = host.background_threads or host.background_cores
+                    lm_sims = simulate(m, prof.model_copy(update={"host": host}), f.workload, one)
+                    per.setdefault(m, []).append((bgc, r.rollout_s, statistics.fmean(x[0] for x in lm_sims)))
         lm_meas = {m: statistics.median(x[1] for x in per[m]) for m in args.configs}
         lm_sim = {m: statistics.median(x[2] for x in per[m]) for m in args.configs}
         lm_rel, lm_rat = {}, {}
@@ -140,7 +163,6 @@ def report(
             runs_s = "  ".join(f"{b:.2f}: {x:.3g} / {y:.3g}" for b, x, y in per[m])
             print(f"{m:22s} {lm_meas[m]:9.4g} {lm_sim[m]:9.4g} {lm_rel[m]:+8.1%} {rm:10.3f} {rs:9.3f} {abs(rs - rm):8.3f}   {runs_s}")  # fmt: skip
         load_matched = {"per_run": per, "rel_err": lm_rel, "ratio_abs_err": lm_rat}
-    print("\npdsr: not run (this bench does not start two gateway pools yet)")
     summary.update(
         rel_err=rel, ratio_abs_err=rat, real_spread=spread, sim_runs=sim_runs, load_matched=load_matched
     )
@@ -148,10 +170,11 @@ def report(
     max_rel = max(abs(x) for x in rel.values())
     max_rat = max(rat.values(), default=0.0)
     s0 = [m for m in args.configs if m != "fully-async"]
+    cal = "cross" if len(folds) > 1 else str(folds[0].cal_reps[0])
     print(
         f"RESULT configs={','.join(args.configs)} max_rel_err={max_rel:.3f} ratio_abs_err={max_rat:.3f} "
         f"max_rel_err_s0={max(abs(rel[m]) for m in s0):.3f} real_spread_max={max(spread.values()):.3f} "
-        f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} cal_rep={c} reps={args.reps} "
+        f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} calibration={cal} reps={args.reps} "
         + (
             f"load_matched_max_rel_err={max(abs(x) for x in load_matched['rel_err'].values()):.3f} "
             f"load_matched_ratio_abs_err={max(load_matched['ratio_abs_err'].values(), default=0.0):.3f} "

@@ -97,18 +97,23 @@ def fit_length_structure(groups: list[dict[str, Any]], cap: int) -> dict[str, fl
     return out
 
 
-def fit_workload(preset: str, sync_run: Run, structure_runs: list[Run] | None = None) -> dict[str, float]:
+def fit_workload(
+    preset: str, sync_runs: list[Run], structure_runs: list[Run] | None = None
+) -> dict[str, float]:
     """The preset fitted to the calibration runs: its within-group length structure on the
     committed groups of `structure_runs` (`fit_length_structure`), its valid_rate and length scale
-    on one sync run (sync judges and completes every prompt it admits, so its valid share and mean
-    response length are the workload's, unbiased by early stop): length_median is scaled until the
-    preset's mean capped length is the run's mean completed length."""
-    st = sync_run.status
-    target = st["rollout/generated_tokens"] / max(st["rollout/completions"], 1)
+    on the sync runs pooled (sync judges and completes every prompt it admits, so its valid share
+    and mean response length are the workload's, unbiased by early stop): length_median is scaled
+    until the preset's mean capped length is the runs' mean completed length."""
+    sts = [r.status for r in sync_runs]
+    target = sum(st["rollout/generated_tokens"] for st in sts) / max(
+        sum(st["rollout/completions"] for st in sts), 1
+    )
     # sync judges whole batches: the valid groups past B are "dropped:surplus", valid all the same
-    out = st["rollout/outcomes"]
-    valid = out.get("valid", 0) + out.get("dropped:surplus", 0)
-    over: dict[str, float] = {"valid_rate": valid / max(valid + out.get("filtered", 0), 1)}
+    outs = [st["rollout/outcomes"] for st in sts]
+    valid = sum(o.get("valid", 0) + o.get("dropped:surplus", 0) for o in outs)
+    filtered = sum(o.get("filtered", 0) for o in outs)
+    over: dict[str, float] = {"valid_rate": valid / max(valid + filtered, 1)}
     info: dict[str, float] = {}
     if structure_runs:
         groups = [g for r in structure_runs for g in r.groups]
