@@ -26,10 +26,13 @@ What the warm-start teaches (one demonstration, drawn afresh every time the SFT 
 
 Which groups are valid (reward variance under `filter_metric: acc`): medium problems almost always
 (half right, half wrong), hard never (all wrong), easy ones only when a response hits the cap (their
-long problems). The dataset for a target valid rate mixes the three classes in the proportion that
-gives it, using per-class valid rates measured on real generations (`CLASS_VALID_RATE`, from
-`asyncdapo data longtail-stats`; docs/workloads.md); the measured rate of each dataset is published
-there too. Nothing here is random at run time: problems, datasets and demonstrations are seeded.
+long problems). Two ways to a dataset for a target valid rate: `dataset` mixes the three classes in
+the proportion that gives it, using per-class valid rates measured on real generations
+(`CLASS_VALID_RATE`, from `asyncdapo data longtail-stats`); `dataset_by_pass_rates` mixes problems
+by their own measured pass rates (`asyncdapo.data.pass_rates`), which reaches the low rates the
+class mix cannot with a warm start that learned the classes only in part (what bench-longtail
+uses; docs/workloads.md publishes each dataset's measured figures). Nothing here is random at run
+time: problems, datasets and demonstrations are seeded.
 """
 
 from __future__ import annotations
