@@ -198,6 +198,11 @@ def test_replay_of_a_problem_trace_follows_the_trainers_order_and_requeues_the_s
     assert wl.dataset_size == rows and wl.prompt_length(5) == 45
     for attempt, block in ((1, 0), (2, 1), (4, 3), (5, 0)):
         assert wl.attempt(5, attempt, N).lengths == [5000 + block * N + r for r in range(N)]
+    # another seed: another recorded realisation of the same problem, still aligned with its row
+    other = load_replay(trace, cfg.data.max_response_length, seed=2)
+    assert other.prompt_length(5) == 45 and other.attempt(5, 1, N).lengths == [
+        5000 + 2 * N + r for r in range(N)
+    ]
     sim = Simulation(cfg, load_cluster("h100-7b", 4), wl, 1)
     sim._feed(rows + 3 - cfg.data.prompt_queue_watermark)  # one epoch and the start of the next
     order0 = epoch_order(rows, cfg.data.seed, 0, cfg.data.shuffle).tolist()
@@ -215,3 +220,4 @@ def test_replay_with_one_group_per_line_requeues_another_recorded_group(tmp_path
     wl = load_replay(trace, 8192)
     assert wl.attempt(2, 1, N).lengths[0] == 20
     assert wl.attempt(2, 2, N).lengths[0] == 10 * ((2 + STRIDE) % 10)  # not the same responses again
+    assert load_replay(trace, 8192, seed=1).attempt(2, 1, N).lengths[0] == 10 * ((2 + STRIDE) % 10)

@@ -5,15 +5,16 @@ A trace is JSONL, one line per group as the run judged it — filtered groups in
 (`lengths`: each response's length in tokens, `acc`: 1 right, 0 wrong). The groups stream alone
 is not a trace: it holds only the valid groups, and a replay of it would never filter.
 
-Prompt `i` of the simulation replays line `(i + seed) mod N` (the simulator feeds prompts in the trainer's
-own seeded epoch order over the N lines, so a trace made from the run's dataset, line k = row k,
-replays each problem where the real run drew it, at seed 0). A line may hold m ≥ 2n responses (a
-`longtail-stats --trace --n 32` at group size 8): attempt `a` of its prompt then replays block
-`(a − 1) mod ⌊m / n⌋` of n responses — the same problem, other samples, as a requeued
-attempt in the real run draws new seeds. A line of fewer than 2n responses has one block; attempt
-`a` then replays line `(i + seed + (a − 1) · 7919) mod N`, another recorded group, since replaying
-the same responses would bring an aborted-for-long prompt back exactly as long. A response recorded
-at the run's cap is treated as cut there (its natural length is unknown beyond it).
+The simulator feeds prompts in the trainer's own seeded epoch order over the N lines, so a trace
+made from the run's dataset (line k = row k) replays each problem where the real run drew it.
+A line's responses are cut into ⌊m / n⌋ blocks of n; let `b = a − 1 + seed` for attempt `a`. With
+m ≥ 2n (a `longtail-stats --trace --n 32` at group size 8) attempt `a` of prompt `i` replays block
+`b mod blocks` of line `i mod N`: a requeued attempt replays the same problem's next samples, as a
+requeued attempt in the real run draws new seeds, and the seed picks another of its recorded
+realisations. With one block per line it replays line `(i + b · 7919) mod N`, another recorded
+group, since the same responses would bring an aborted-for-long prompt back exactly as long. A prompt's length is
+its own line's. A response recorded at the run's cap is treated as cut there (its natural length
+is unknown beyond it).
 """
 
 from __future__ import annotations
@@ -52,25 +53,20 @@ class ReplayWorkload:
         return len(self.groups)
 
     def prompt_length(self, index: int) -> int:
-        return self.groups[(index + self.seed) % len(self.groups)][0]
+        return self.groups[index % len(self.groups)][0]
 
     def attempt(self, index: int, attempt: int, n: int) -> Attempt:
         """Attempt `attempt` (1-based) of prompt `index`: n recorded responses (module docstring)."""
-        _, lengths, right = self.groups[(index + self.seed) % len(self.groups)]
+        size = len(self.groups)
+        blocks = len(self.groups[index % size][1]) // n
+        b = attempt - 1 + self.seed
+        line = index % size if blocks != 1 else (index + b * STRIDE) % size
+        _, lengths, right = self.groups[line]
         if len(lengths) < n:
             raise WorkloadError(
                 f"replay: a recorded group has {len(lengths)} responses, the run asks for n = {n}"
             )
-        blocks = len(lengths) // n
-        if blocks >= 2:
-            lo = ((attempt - 1) % blocks) * n
-        else:
-            _, lengths, right = self.groups[(index + self.seed + (attempt - 1) * STRIDE) % len(self.groups)]
-            lo = 0
-            if len(lengths) < n:
-                raise WorkloadError(
-                    f"replay: a recorded group has {len(lengths)} responses, the run asks for n = {n}"
-                )
+        lo = (b % (len(lengths) // n)) * n
         return Attempt(
             [x if x < self.cap else self.cap + 1 for x in lengths[lo : lo + n]],
             [bool(r) for r in right[lo : lo + n]],
