@@ -100,6 +100,13 @@ def main() -> int:
         help="other users' load as runnable threads (load average) or as the CPU they used",
     )
     ap.add_argument(
+        "--max-share",
+        type=float,
+        default=0.5,
+        help="the contention model's largest share of a busy engine's core that floating work takes "
+        "(HostCpuContention.max_share; 0.5: one floating thread beside the engine's)",
+    )
+    ap.add_argument(
         "--preset-lengths",
         action="store_true",
         help="keep the preset's within-group length structure (fit only valid_rate and the length scale)",
@@ -147,7 +154,13 @@ def main() -> int:
     folds = []
     for cal_reps, val_reps in plan:
         cal = [runs[(c, m)] for c in cal_reps for m in args.configs]
-        calib = fit_cluster(cal, cores, contention=not args.no_contention, background=args.background)
+        calib = fit_cluster(
+            cal,
+            cores,
+            contention=not args.no_contention,
+            max_share=args.max_share,
+            background=args.background,
+        )
         structure = (
             None
             if args.preset_lengths
