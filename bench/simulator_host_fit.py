@@ -204,6 +204,28 @@ def stretch_of(runs: list[Run], host: HostCpuContention, threads_scale: float) -
     return stretch
 
 
+def fit_trainer_interference(cal: list[Run], host: HostCpuContention, scale: float, train_s: float) -> float:
+    """The trainer's slow-down beside stepping engines beyond the fair share: from the calibration's
+    s >= 1 runs (the trainer computes while both engines generate the next version, and never waits
+    for data: its step is `trainer_times`), the factor on the model's `slow` that makes
+    train_s x trainer_stretch equal their median measured step; 1 without such runs."""
+    s1 = [r for r in cal if r.dir.name == "fully-async"]
+    times = [t for r in s1 for t in r.trainer_times]
+    if not times or train_s <= 0:
+        return 1.0
+    share = min(1.0, host.trainer_cores)
+    if share <= 0:
+        return 1.0
+    engines = statistics.median(len(gateway_groups(r.cpu[-1])) for r in s1 if r.cpu)
+    h = host_for(host, s1[0], scale).model_copy(update={"trainer_interference": 1.0})
+    base = h.trainer_stretch(
+        host.trainer_cores + h.background_cores, engines
+    )  # its slow = 1 + (base - 1) / share
+    slow = 1.0 + (base - 1.0) / share
+    want = 1.0 + (statistics.median(times) / train_s - 1.0) / share
+    return max(1.0, want / slow)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """What one set of calibration runs gives the simulator: the fitted profile, the engine fit's
@@ -245,6 +267,10 @@ def fit_cluster(
         )
     else:
         train_s = statistics.median(t for r in s0 for t in r.trainer_times)
+    if host is not None:
+        host = host.model_copy(
+            update={"trainer_interference": fit_trainer_interference(cal, host, scale, train_s)}
+        )
     # measured beside other load: the verifier call without it (the simulator slows it again)
     call_s = statistics.median(
         r.mean_of("asyncdapo_scheduler_verifier_latency_seconds")
@@ -256,7 +282,8 @@ def fit_cluster(
         f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
         f"completion + {host.version_cpu_s * 1e3:.1f} ms per version, trainer {host.trainer_cores:.2f} cores, "
         f"background {host.background_cores:.2f} cores / {host.background_threads:.2f} runnable threads "
-        f"(load average above ours x {scale:.2f})"
+        f"(load average above ours x {scale:.2f}), trainer interference beside stepping engines "
+        f"x {host.trainer_interference:.2f}"
         if host is not None
         else "; no host contention model"
     )

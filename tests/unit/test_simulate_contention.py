@@ -59,6 +59,12 @@ def test_trainer_stretch_by_hand() -> None:
     # part stretches, 1 + 0.4 x (1.8 - 1)
     io_bound = HOST.model_copy(update={"trainer_cores": 0.4})
     assert io_bound.trainer_stretch(1.8, 2) == pytest.approx(1.32)
+    # interference beside stepping engines multiplies the fair-share slow-down, never idle engines':
+    # 1.8 x 1.25 = 2.25 with two stepping engines; 1 + 0.4 x (2.25 - 1) = 1.5 for the I/O-bound one
+    noisy = HOST.model_copy(update={"trainer_interference": 1.25})
+    assert noisy.trainer_stretch(1.8, 2) == pytest.approx(2.25)
+    assert noisy.trainer_stretch(1.8, 0) == 1.0
+    assert noisy.model_copy(update={"trainer_cores": 0.4}).trainer_stretch(1.8, 2) == pytest.approx(1.5)
 
 
 def test_an_engine_step_takes_the_stretch_times_its_time() -> None:

@@ -143,6 +143,13 @@ class HostCpuContention(_Model):
     window_s: float = Field(
         0.1, gt=0.0, description="Time constant of the control plane's CPU rate (exponential average, s)."
     )
+    trainer_interference: float = Field(
+        1.0,
+        ge=1.0,
+        description="Factor on the trainer's CPU-bound time while engines step beside it, beyond the fair "
+        "share (shared caches and memory bandwidth); fitted from runs where the trainer computed beside "
+        "stepping engines (s >= 1), 1 without them.",
+    )
 
     def lost_share(self, floating_cores: float, busy_engines: float) -> float:
         """Share of each busy engine's core taken by `floating_cores` of other demand."""
@@ -163,9 +170,12 @@ class HostCpuContention(_Model):
     def trainer_stretch(self, floating_cores: float, busy_engines: float) -> float:
         """Factor on the trainer's time: its CPU share (`trainer_cores`, at most all of its time;
         the rest is I/O: checkpoint, snapshot, Redis) takes floating demand (the trainer's
-        included) over what floating work can get, when that is less."""
+        included) over what floating work can get, when that is less, times `trainer_interference`
+        while engines step."""
         capacity = (self.cores - busy_engines) + busy_engines * self.max_share
         slow = (max(1.0, floating_cores / capacity) if capacity > 0 else 1.0) * self.others
+        if busy_engines > 0:
+            slow *= self.trainer_interference
         return 1.0 + min(1.0, self.trainer_cores) * (slow - 1.0)
 
 
