@@ -149,8 +149,9 @@ def _cpu_run(mode: str, host: HostCpuContention | None) -> tuple[float, float]:
 
 def test_the_driver_stretches_engines_by_the_floating_demand() -> None:
     plain = _cpu_run("sync", None)
-    # a host with no other demand changes nothing
-    assert _cpu_run("sync", HostCpuContention(cores=2)) == plain
+    # a host with no other demand changes nothing (the trainer's time is integrated in ticks: to
+    # float rounding)
+    assert _cpu_run("sync", HostCpuContention(cores=2)) == pytest.approx(plain, rel=1e-9)
     # two cores of background: whether one engine steps (1 core spills onto it) or two (1 each),
     # an engine gives up its fair-share cap, half its core: every step takes 2x (the verifier's and
     # Redis' round trips are not stretched, so the order of events may differ a little)
@@ -162,6 +163,38 @@ def test_the_driver_stretches_engines_by_the_floating_demand() -> None:
     # control-plane CPU per completion slows the engines, a little
     busy, _ = _cpu_run("sync", HostCpuContention(cores=2, completion_cpu_s=0.002, background_cores=0.5))
     assert plain[0] < busy < 2 * plain[0]
+
+
+def _train_times(mode: str, host: HostCpuContention | None) -> list[float]:
+    run = {
+        "name": "sim",
+        "data": {"train_batch_size": 8, "max_response_length": 160, "max_prompt_length": 64},
+        "rollout": {"n": 8, "max_concurrent_prompts": 24},
+        "trainer": {"ppo_mini_batch_size": 8},
+    }
+    cfg = mode_config(RunConfig.model_validate(run), mode)
+    res = Simulation(
+        cfg, CPU_TINY.model_copy(update={"host": host}), load_workload("tiny-longtail", 0), 8
+    ).simulate()
+    return [s.train_s for s in res.steps]
+
+
+def test_the_trainer_is_slowed_for_as_long_as_engines_step_beside_it() -> None:
+    """Fully async: the next version's rollout overlaps a step for part of it, so the step takes
+    between its uncontended time and its time fully stretched (the rate follows the engines'
+    state through the step instead of being fixed when it starts)."""
+    base = _train_times("fully-async", None)
+    host = HostCpuContention(cores=2, trainer_cores=1.0, trainer_interference=1.5)
+    # both engines stepping the whole step: 2 x 0.5 cores of capacity for its 1 core (no fair-share
+    # slow-down), times the interference
+    full = host.trainer_stretch(1.0, 2)
+    assert full == pytest.approx(1.5)
+    got = _train_times("fully-async", host)
+    ratios = [g / b for g, b in zip(got, base, strict=True)]
+    assert all(1.0 - 1e-9 <= r <= full + 1e-9 for r in ratios)
+    assert any(1.02 < r < full - 0.02 for r in ratios)  # partly overlapped steps exist
+    # sync trains while every engine idles: its steps keep their uncontended time
+    assert _train_times("sync", host) == pytest.approx(_train_times("sync", None))
 
 
 def test_length_max_bounds_natural_lengths() -> None:

@@ -44,6 +44,7 @@ from asyncdapo.v1 import common_pb2
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 CLAIM_CHUNK = 64  # Rollout's default claim_chunk
 LINGER_S = 0.002  # ScoreBatcher's linger_s
+TRAIN_TICK_S = 0.005  # CPU profiles: how often the trainer's contended rate is re-read
 
 
 class SimulationError(AsyncdapoError, RuntimeError):
@@ -100,6 +101,7 @@ class Simulation:
         self._cpu_rate = 0.0  # control plane's CPU demand (cores), exponential average
         self._cpu_t = 0.0
         self._training = False  # the trainer computes (not the weight fan-out)
+        self._train_left = self._train_at = 0.0  # CPU profiles: its uncontended work left, and since when
         if self.host is not None:
             for g in self.gws:
                 g.engine.stretch = self._host_stretch
@@ -477,9 +479,6 @@ class Simulation:
         resp_tokens = sum(sum(g.lengths) for g in batch)
         train_s = self.cluster.trainer.step_s(tokens, self.B * self.n) + self.cluster.trainer.publish_s
         self.trainer_busy = True
-        if self.host is not None:  # the trainer computes on cores the engines may be stepping on
-            self._training = True
-            train_s *= self.host.trainer_stretch(self._floating_cores(), self._busy_engines())
         lengths = [x for g in batch for x in g.lengths]
         self._step = {
             "t_free": self.t_free,
@@ -491,7 +490,28 @@ class Simulation:
             "attempts": [g.attempt for g in batch],
             "longest": max(lengths, default=0),
         }
-        self.clock.after(train_s, self._trained)
+        if self.host is None:
+            self.clock.after(train_s, self._trained)
+            return
+        # the trainer computes on cores the engines may be stepping on: its rate, 1 / stretch, follows
+        # the engines' state through the step (re-read every TRAIN_TICK_S of virtual time), where the
+        # real engines and trainer slow each other for as long as they overlap
+        self._training = True
+        self._train_left = train_s  # uncontended seconds of training still to do
+        self._train_tick()
+
+    def _train_tick(self, rate: float | None = None) -> None:
+        assert self.host is not None
+        now = self.clock.now
+        if rate is not None:
+            self._train_left -= (now - self._train_at) * rate
+        if self._train_left <= 1e-9:
+            self._step["train_s"] = now - self._step["t_data"]
+            self._trained()
+            return
+        rate = 1.0 / self.host.trainer_stretch(self._floating_cores(), self._busy_engines())
+        self._train_at = now
+        self.clock.after(min(TRAIN_TICK_S, self._train_left / rate), self._train_tick, rate)
 
     def _trained(self, _: Any = None) -> None:
         self._training = False
