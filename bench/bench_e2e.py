@@ -267,9 +267,10 @@ def run_mode(
     )
 
 
-def scrape_all(ports: dict[str, int]) -> dict[str, float]:
+def scrape_all(ports: dict[str, int], labelled: bool = False) -> dict[str, float]:
     """Histogram sums/counts and counters of the scheduler and the gateways, summed over labels
-    and gateways (diagnostics: where a step's rollout time goes)."""
+    and gateways (diagnostics: where a step's rollout time goes); with `labelled`, each labelled
+    sample is also kept under `name{k=v,…}` (summed over gateways)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -282,6 +283,10 @@ def scrape_all(ports: dict[str, int]) -> dict[str, float]:
             for sample in fam.samples:
                 if sample.name.endswith(("_sum", "_count", "_total")):
                     out[sample.name] = out.get(sample.name, 0.0) + sample.value
+                    if labelled and sample.labels:
+                        labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                        key = f"{sample.name}{{{labels}}}"
+                        out[key] = out.get(key, 0.0) + sample.value
     return out
 
 

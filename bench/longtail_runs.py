@@ -16,6 +16,7 @@ import grpc
 import yaml
 
 # bench/ is on sys.path: the script is run as `python bench/bench_longtail.py`
+from bench_e2e import scrape_all
 from rollout_timeline import GroupsWatcher, WeightsWatcher, generation_times
 
 from asyncdapo.config import RunConfig
@@ -85,22 +86,7 @@ def bench_config(name: str, mode: str, train_file: Path, steps: int, lr: float) 
 def scrape(ports: dict[str, int]) -> dict[str, float]:
     """Counters and histogram sums/counts of the scheduler and gateways, summed over gateways;
     a labelled sample is kept under `name{k=v,…}` too."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for name, port in ports.items():
-        if name != "scheduler" and not name.startswith("gateway-"):
-            continue
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name.endswith(("_sum", "_count", "_total")):
-                    out[s.name] = out.get(s.name, 0.0) + s.value
-                    if s.labels:
-                        key = s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
-                        out[key] = out.get(key, 0.0) + s.value
-    return out
+    return scrape_all(ports, labelled=True)
 
 
 POOL_COUNTERS = {
