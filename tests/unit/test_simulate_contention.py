@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,8 +134,8 @@ def test_brief_answers_are_a_share_of_every_group() -> None:
     assert math.isclose(float(np.median(np.log(worked))), math.log(40), abs_tol=0.15)
 
 
-def _cpu_run(mode: str, host: HostCpuContention | None) -> tuple[float, float]:
-    """(engine busy seconds, mean trainer step seconds) of a small run on cpu-tiny."""
+def _cpu_sim(mode: str, host: HostCpuContention | None, versions: int) -> Any:
+    """A small run on cpu-tiny (B = 8, n = 8, 160-token cap) with `host`'s contention."""
     run = {
         "name": "sim",
         "data": {"train_batch_size": 8, "max_response_length": 160, "max_prompt_length": 64},
@@ -143,7 +144,12 @@ def _cpu_run(mode: str, host: HostCpuContention | None) -> tuple[float, float]:
     }
     cfg = mode_config(RunConfig.model_validate(run), mode)
     cluster = CPU_TINY.model_copy(update={"host": host})
-    res = Simulation(cfg, cluster, load_workload("tiny-longtail", 0), 4).simulate()
+    return Simulation(cfg, cluster, load_workload("tiny-longtail", 0), versions).simulate()
+
+
+def _cpu_run(mode: str, host: HostCpuContention | None) -> tuple[float, float]:
+    """(engine busy seconds, mean trainer step seconds) of a 4-version run."""
+    res = _cpu_sim(mode, host, 4)
     return res.busy_s, sum(s.train_s for s in res.steps) / len(res.steps)
 
 
@@ -166,17 +172,7 @@ def test_the_driver_stretches_engines_by_the_floating_demand() -> None:
 
 
 def _train_times(mode: str, host: HostCpuContention | None) -> list[float]:
-    run = {
-        "name": "sim",
-        "data": {"train_batch_size": 8, "max_response_length": 160, "max_prompt_length": 64},
-        "rollout": {"n": 8, "max_concurrent_prompts": 24},
-        "trainer": {"ppo_mini_batch_size": 8},
-    }
-    cfg = mode_config(RunConfig.model_validate(run), mode)
-    res = Simulation(
-        cfg, CPU_TINY.model_copy(update={"host": host}), load_workload("tiny-longtail", 0), 8
-    ).simulate()
-    return [s.train_s for s in res.steps]
+    return [s.train_s for s in _cpu_sim(mode, host, 8).steps]
 
 
 def test_the_trainer_is_slowed_for_as_long_as_engines_step_beside_it() -> None:
