@@ -393,7 +393,7 @@ class Simulation:
         if want <= 0:
             return
         recs = []
-        size = getattr(self.workload, "dataset_size", None)
+        size = self.workload.dataset_size
         for _ in range(want):
             epoch, i = 0, self.next_prompt
             self.next_prompt += 1

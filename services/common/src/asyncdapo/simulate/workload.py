@@ -126,6 +126,11 @@ class Sampler(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def dataset_size(self) -> int | None:
+        """Rows of the replayed dataset (fed in the trainer's epoch order); None: an unbounded model."""
+        ...
+
     def prompt_length(self, index: int) -> int: ...
 
     def attempt(self, index: int, attempt: int, n: int) -> Attempt: ...
@@ -148,6 +153,10 @@ class Workload:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def dataset_size(self) -> int | None:
+        return None  # prompts are drawn from the spec, not a dataset
 
     def _chunk(self, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         got = self._chunks.get(c)
