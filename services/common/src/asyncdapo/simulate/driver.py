@@ -126,6 +126,11 @@ class Simulation:
         self.score_q: list[ScoreResponse] = []
         # id(request) -> where it runs and its natural length (the core never reads it)
         self._placed: dict[int, tuple[Gw, Seq, int]] = {}
+        # the transport's latencies: requests dispatched but not yet on their engine (id(seq)), and
+        # the time a finished response takes to reach the scheduler
+        self.dispatch_s = cluster.dispatch_s
+        self.reply_s = cluster.reply_s
+        self._transit: set[int] = set()
         self.verifier_free = cfg.reward.verifier_concurrency
         self.verifier_batch = cfg.reward.verifier_batch_size
         self._linger = False
@@ -204,13 +209,20 @@ class Simulation:
 
     def _abort_task(self, task: PromptTask) -> None:
         for req in list(task.live.values()):
-            placed = self._placed.pop(id(req), None)
-            if placed is not None and placed[1].state != DONE:
-                g, seq, _ = placed
+            placed = self._placed.get(id(req))
+            if placed is None or placed[1].state == DONE:  # gone, or finished with its reply in transit
+                continue
+            del self._placed[id(req)]
+            g, seq, _ = placed
+            if id(seq) in self._transit:  # aborted before it reached its engine
+                self._transit.discard(id(seq))
+                seq.state = DONE
+                self.aborted_tokens += seq.gen
+            else:
                 self.aborted_tokens += g.engine.abort(seq)
-                self.core.aborted(req, seq.gen)  # the abort reply's length, as the dispatcher passes it
-                g.in_flight -= 1
-                self._view(g)
+            self.core.aborted(req, seq.gen)  # the abort reply's length, as the dispatcher passes it
+            g.in_flight -= 1
+            self._view(g)
         # nothing reads a cancelled task's live requests again (the dispatcher skips them, late
         # finishes are dropped): without them the task and its requests form no reference cycle
         # and are freed as soon as the core lets go of the task
@@ -285,8 +297,20 @@ class Simulation:
         self._placed[id(req)] = (g, seq, natural)
         task.gateways.add(g.address)
         g.in_flight += 1
-        g.engine.submit(seq)
         self._dirty[g] = None  # _view(g)
+        delay = self.dispatch_s
+        if delay > 0:
+            self._transit.add(id(seq))
+            self.clock.after(delay, self._arrive, (g, seq))
+        else:
+            g.engine.submit(seq)
+
+    def _arrive(self, placed: tuple[Gw, Seq]) -> None:
+        """A dispatched request reaches its engine (unless it was aborted on the way)."""
+        g, seq = placed
+        if id(seq) in self._transit:
+            self._transit.discard(id(seq))
+            g.engine.submit(seq)
 
     # ------------------------------------------------------------------ host CPU (CPU profiles)
     def _control_cores(self) -> float:
@@ -318,6 +342,13 @@ class Simulation:
     def _on_finish(self, seq: Seq) -> None:
         if self.host is not None:
             self._cpu_work(self.host.completion_cpu_s)
+        if self.reply_s:
+            self.clock.after(self.reply_s, self._replied, seq)
+        else:
+            self._replied(seq)
+
+    def _replied(self, seq: Seq) -> None:
+        """The scheduler holds a finished response: the core takes it."""
         req: Request = seq.owner
         g, _, natural = self._placed.pop(id(req))
         g.in_flight -= 1

@@ -189,6 +189,17 @@ class ClusterProfile(_Model):
     abort_s: float = Field(
         0.005, ge=0.0, description="Abort fan-out until the engines drop the requests (s)."
     )
+    dispatch_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="From the scheduler's dispatch until the engine can schedule the request (gRPC, "
+        "gateway, engine IPC) (s). 0: at once.",
+    )
+    reply_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="From the engine finishing a request until the scheduler holds the reply (s). 0: at once.",
+    )
     heavy_fraction: float = Field(
         0.25, gt=0.0, lt=1.0, description="pdsr: share of the engines in the heavy pool."
     )

@@ -1,0 +1,68 @@
+"""The simulator's transport latencies (`ClusterProfile.dispatch_s`, `reply_s`): a request reaches
+its engine, and a finished response the scheduler, that much later; a request aborted on its way
+never reaches its engine, and a response finished while its group was aborted is dropped — and
+the dispatcher's books (in-flight counts) stay exact through both."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from asyncdapo.config import RunConfig
+from asyncdapo.simulate.driver import Simulation
+from asyncdapo.simulate.modes import mode_config
+from asyncdapo.simulate.presets import load_workload
+from asyncdapo.simulate.profile import load_cluster
+
+B, N, VERSIONS = 16, 8, 5
+RUN: dict[str, Any] = {
+    "name": "sim",
+    "data": {"train_batch_size": B, "max_response_length": 8192, "max_prompt_length": 1024},
+    "rollout": {"n": N, "max_concurrent_prompts": 3 * B},
+    "reward": {"overlong_buffer": {"len": 1024}},
+    "trainer": {"ppo_mini_batch_size": B},
+}
+
+
+def simulate(mode: str, dispatch_s: float = 0.0, reply_s: float = 0.0) -> tuple[Simulation, Any]:
+    cfg = mode_config(RunConfig.model_validate(RUN), mode)
+    cluster = load_cluster("h100-7b", 8).model_copy(update={"dispatch_s": dispatch_s, "reply_s": reply_s})
+    sim = Simulation(cfg, cluster, load_workload("rollpacker-14b"), VERSIONS)
+    return sim, sim.simulate()
+
+
+@pytest.mark.parametrize("mode", ["async", "pdsr", "fully-async"])
+def test_invariants_and_in_flight_books_hold_with_latencies(mode: str) -> None:
+    sim, res = simulate(mode, dispatch_s=0.2, reply_s=0.1)
+    s = sim.cfg.rollout.max_staleness
+    assert [st.version for st in res.steps] == list(range(1, VERSIONS + 1))
+    assert all(len(st.staleness) == B and all(0 <= x <= s for x in st.staleness) for st in res.steps)
+    assert len(sim.run.groups) == VERSIONS * B + len(sim.stream) + sim.credited
+    # every request the dispatcher counts in flight on a gateway is placed there, and only those
+    placed = Counter(g.address for g, _, _ in sim._placed.values())
+    assert {g.address: g.in_flight for g in sim.gws if g.in_flight} == dict(placed)
+    # a request still on its way is not on any engine
+    on_engines = {id(q) for g in sim.gws for q in g.engine.waiting}
+    assert not on_engines & sim._transit
+    if mode != "fully-async":
+        assert res.counts.outcomes["requeued:early_stop"] > 0  # aborts met requests in transit too
+
+
+def test_sync_rollout_pays_the_round_trip_once_per_version_at_least() -> None:
+    """Sync: every version's generation starts with a dispatch and ends with a reply, so each
+    rollout is longer by at least dispatch_s + reply_s (more when stragglers wait on both)."""
+    _, base = simulate("sync")
+    _, slow = simulate("sync", dispatch_s=0.5, reply_s=0.25)
+    gen = [st.t_data - st.t_free for st in base.steps]
+    gen_slow = [st.t_data - st.t_free for st in slow.steps]
+    extra = statistics.fmean(gen_slow) - statistics.fmean(gen)
+    assert 0.75 - 1e-6 <= extra <= 3 * 0.75, (gen, gen_slow)
+
+
+def test_zero_latency_is_the_immediate_path() -> None:
+    a = simulate("async")[1]
+    b = simulate("async", dispatch_s=0.0, reply_s=0.0)[1]
+    assert (a.sim_s, a.decode_tokens, a.aborted_tokens) == (b.sim_s, b.decode_tokens, b.aborted_tokens)
