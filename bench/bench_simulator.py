@@ -67,9 +67,9 @@ from pathlib import Path
 from bench_e2e import CACHE
 from long_tail_workload import build_model
 from simulator_host_fit import fit_cluster
-from simulator_real_runs import CONFIGS, Run, run_all
-from simulator_validation import Fold, report
-from simulator_workload_fit import fit_workload
+from simulator_real_runs import CONFIGS, Run, real_config, run_all
+from simulator_validation import Fold, WorkloadInput, report
+from simulator_workload_fit import ensure_replay_trace, fit_workload, replay_workloads
 
 
 def main() -> int:
@@ -85,7 +85,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--workload", default="tiny-longtail")
+    ap.add_argument(
+        "--workload",
+        default="replay",
+        help="replay (default): real generations of the bench's dataset by its model, 32 per problem, "
+        "measured apart from the runs; or a preset name (e.g. tiny-longtail), fitted to the calibration runs",
+    )
     ap.add_argument("--sim-seeds", type=int, default=20)
     ap.add_argument("--out", type=Path, default=Path("runs/bench-simulator"))
     ap.add_argument("--timeout-s", type=float, default=240.0, help="per real run, training phase")
@@ -132,6 +137,15 @@ def main() -> int:
             CACHE / "tiny-model", CACHE / "data" / "train.parquet", CACHE / "tiny-model-sft-longtail"
         )
         run_all(args, model)
+    replays = None
+    if args.workload == "replay":
+        model = CACHE / "tiny-model-sft-longtail"
+        trace = ensure_replay_trace(
+            model, CACHE / "data" / "train.parquet", CACHE / "bench-simulator" / "replay-train.jsonl"
+        )
+        replays = replay_workloads(
+            trace, int(real_config("async", Path("unused"), args.steps)["rollout"]["n"])
+        )
     runs = {
         (rep, m): Run(args.out / f"rep{rep}" / m, args.warmup)
         for rep in range(1, args.reps + 1)
@@ -161,12 +175,16 @@ def main() -> int:
             max_share=args.max_share,
             background=args.background,
         )
-        structure = (
-            None
-            if args.preset_lengths
-            else [runs[(c, m)] for c in cal_reps for m in ("sync", "async-fifo") if m in args.configs]
-        )
-        workload = fit_workload(args.workload, [runs[(c, "sync")] for c in cal_reps], structure)
+        workload: WorkloadInput
+        if replays is not None:
+            workload = replays
+        else:
+            structure = (
+                None
+                if args.preset_lengths
+                else [runs[(c, m)] for c in cal_reps for m in ("sync", "async-fifo") if m in args.configs]
+            )
+            workload = fit_workload(args.workload, [runs[(c, "sync")] for c in cal_reps], structure)
         folds.append(Fold(cal_reps, val_reps, calib, workload))
         reps_s = ",".join(map(str, cal_reps))
         print(
@@ -178,9 +196,10 @@ def main() -> int:
                   f"({x['control_cpu_per_completion_ms']:.2f} ms each), {x['versions']:.0f} versions over {x['wall_s']:.1f} s; "
                   f"trainer {x['trainer_cpu_s']:.2f} CPU s, gateways {x['gateways_cpu_s']:.2f} CPU s, "
                   f"background {x['background_cores']:.2f} cores, {x['background_threads']:.1f} threads; engines slowed {x['engine_stretch']:.2f}x (run delay), {x['model_stretch']:.2f}x (model)")  # fmt: skip
-        shown = {k: round(v, 3) for k, v in workload.items()}
-        print(f"  workload {args.workload} fitted to rep(s) {reps_s} (sync: valid_rate, mean length; sync + "
-              f"async-fifo committed groups: length structure): {shown}")  # fmt: skip
+        if isinstance(workload, dict):
+            shown = {k: round(v, 3) for k, v in workload.items()}
+            print(f"  workload {args.workload} fitted to rep(s) {reps_s} (sync: valid_rate, mean length; sync + "
+                  f"async-fifo committed groups: length structure): {shown}")  # fmt: skip
         (args.out / f"cpu-fitted-cal{reps_s.replace(',', '')}.json").write_text(
             calib.profile.model_dump_json(indent=1)
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from asyncdapo.simulate.calibrate import calibrate_files, nnls
 from asyncdapo.simulate.profile import (
     CPU_TINY,
     ClusterProfile,
+    EngineProfile,
     HostCpuContention,
     TrainerProfile,
     VerifierProfile,
@@ -241,6 +243,44 @@ class Calibration:
         return host_for(self.profile.host, r, self.threads_scale)
 
 
+def fit_dispatch(cal: list[Run], engine: EngineProfile, rtt_s: float) -> tuple[float, int]:
+    """The transport's latency from dispatch to the engine (`ClusterProfile.dispatch_s`), and on
+    how many versions it was measured.
+
+    Per version of an s = 0 run, the first engine step after the version's announcement (the bound
+    rises and admission starts then) ends this much later than one admission round trip plus that
+    step's modelled time (`engine`: its prefill and decode); the median over every measured
+    version. The step log's time is when the step's output reached the gateway's frontend, so the
+    figure also holds the engine-to-frontend leg of a reply (the profile's `reply_s` stays 0). It is
+    measured where it is on the critical path — every version starts with it — and charged to every
+    dispatch; a request handed to a busy gateway mid-version may travel faster (pdsr's hand-offs to
+    the heavy pool show about 8 ms from the capped step to the continuation's first step).
+    """
+    gaps = []
+    for r in cal:
+        if r.dir.name == "fully-async":  # s = 1: the next version's groups were dispatched long before
+            continue
+        lines = sorted(
+            (x for p in r.step_logs for x in map(json.loads, p.read_text().splitlines()) if x["decode"] or x["prefill_reqs"]),
+            key=lambda x: x["t"],
+        )  # fmt: skip
+        times = [x["t"] for x in lines]
+        for v in r.versions():
+            i = bisect.bisect_right(times, r.announced[v])
+            if i == len(lines):
+                continue
+            x = lines[i]
+            step = (
+                engine.base_s
+                + engine.per_seq_s * x["decode"]
+                + engine.prefill_per_token_s * x["prefill_tokens"]
+            )
+            gaps.append(x["t"] - r.announced[v] - rtt_s - step)
+    if not gaps:
+        return 0.0, 0
+    return max(0.0, statistics.median(gaps)), len(gaps)
+
+
 def fit_cluster(
     cal: list[Run], cores: int, contention: bool = True, max_share: float = 0.5, background: str = "threads"
 ) -> Calibration:
@@ -278,6 +318,7 @@ def fit_cluster(
         for r in cal
     )
     engine = fitted.engine.model_copy(update={"pause_s": 0.0, "reload_s": reload_s})
+    dispatch_s, dispatch_n = fit_dispatch(cal, engine, CPU_TINY.redis_rtt_s)
     hs = (
         f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
         f"completion + {host.version_cpu_s * 1e3:.1f} ms per version, trainer {host.trainer_cores:.2f} cores, "
@@ -295,8 +336,10 @@ def fit_cluster(
         verifier=VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s),
         redis_rtt_s=CPU_TINY.redis_rtt_s,
         abort_s=CPU_TINY.abort_s,
+        dispatch_s=dispatch_s,
         host=host,
         source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
+        f"dispatch {dispatch_s * 1e3:.1f} ms (median of {dispatch_n} version starts), "
         f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
     )
     return Calibration(prof, fit.summary(), per_run, scale)

@@ -27,10 +27,15 @@ from asyncdapo.simulate.driver import Simulation
 from asyncdapo.simulate.modes import mode_config
 from asyncdapo.simulate.presets import load_workload
 from asyncdapo.simulate.profile import ClusterProfile
+from asyncdapo.simulate.replay import ReplayWorkload
 
 # ------------------------------------------------------------------------- simulated side
 NOT_WORKLOAD = ("target_mean_length", "fitted_on_responses")
 LOAD_SEEDS = 5
+
+
+# a preset's fitted parameters, or the replays of a recorded trace (one per realisation)
+WorkloadInput = dict[str, float] | list[ReplayWorkload]
 
 
 @dataclass(frozen=True)
@@ -38,22 +43,32 @@ class Fold:
     cal_reps: list[int]
     val_reps: list[int]
     calibration: Calibration
-    workload: dict[str, float]
+    workload: WorkloadInput
+
+
+def describe(workload: WorkloadInput) -> dict[str, Any]:
+    if isinstance(workload, list):
+        return {"replay": workload[0].spec.source, "realisations": len(workload)}
+    return dict(workload)
 
 
 def simulate(
-    mode: str, cluster: ClusterProfile, workload: dict[str, float], args: argparse.Namespace
+    mode: str, cluster: ClusterProfile, workload: WorkloadInput, args: argparse.Namespace
 ) -> list[tuple[float, ...]]:
-    """Per seed, over the same steps as a real run: (mean rollout s/step, mean step period s,
-    tokens generated per version (aborted included), completions per version, their mean length,
-    aborted tokens per version)."""
+    """Per seed (a replay: per realisation; the simulator draws nothing else at random, so more
+    seeds would repeat them), over the same steps as a real run: (mean rollout s/step, mean step
+    period s, tokens generated per version (aborted included), completions per version, their mean
+    length, aborted tokens per version)."""
     cfg = mode_config(RunConfig.model_validate(real_config("async", Path("unused"), args.steps)), mode)
     if mode in POOLS:  # the real runs' pools: one gateway each
         cluster = cluster.model_copy(update={"heavy_fraction": POOLS[mode].count("heavy") / len(POOLS[mode])})
-    out: list[tuple[float, ...]] = []
-    for seed in range(args.sim_seeds):
+    if isinstance(workload, list):
+        wls: list[Any] = workload
+    else:
         over = {k: v for k, v in workload.items() if k not in NOT_WORKLOAD}
-        wl = load_workload(args.workload, seed, **over)
+        wls = [load_workload(args.workload, seed, **over) for seed in range(args.sim_seeds)]
+    out: list[tuple[float, ...]] = []
+    for wl in wls:
         res = Simulation(cfg, cluster, wl, args.steps).simulate()
         # StepRecord i is the step that trained version i's rollout: index i <-> the real version i
         steps = res.steps[args.warmup : args.steps]
@@ -97,7 +112,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
     summary: dict[str, Any] = {
         "folds": [
             {"cal_reps": f.cal_reps, "val_reps": f.val_reps, "calibration": f.calibration.profile.model_dump(),
-             "workload": f.workload, "host_calibration": f.calibration.per_run}
+             "workload": describe(f.workload), "host_calibration": f.calibration.per_run}
             for f in folds
         ],
         "figures": {},
@@ -107,10 +122,14 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
         if len(folds) > 1
         else f"reps {','.join(map(str, validated))} against the simulator calibrated on rep {folds[0].cal_reps[0]}"
     )
-    rates = ", ".join(f"{f.workload['valid_rate']:.2f}" for f in folds)
+    first = folds[0].workload
+    if isinstance(first, list):
+        wl_s = f"{len(first)} realisations each, workload {first[0].spec.source}"
+    else:
+        rates = ", ".join(f"{f.workload['valid_rate']:.2f}" for f in folds if isinstance(f.workload, dict))
+        wl_s = f"{args.sim_seeds} seeds each, workload {args.workload} fitted, at valid_rate {rates}"
     print(f"\nvalidation ({how}; measured: median of the validated runs; simulated: median over folds of the mean "
-          f"of {args.sim_seeds} seeds, workload {args.workload} at valid_rate {rates}; ratio = config / sync; "
-          f"real spread = (max - min) / median of every rep):")  # fmt: skip
+          f"over {wl_s}; ratio = config / sync; real spread = (max - min) / median of every rep):")  # fmt: skip
     for k, (name, get) in enumerate(FIGURES):
         meas = {m: statistics.median(get(runs[(rep, m)]) for rep in validated) for m in args.configs}
         per_fold = {m: [statistics.fmean(x[k] for x in sr[m]) for sr in sim_runs] for m in args.configs}
@@ -181,7 +200,12 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
             if load_matched
             else ""
         )
-        + f"contention={int(not args.no_contention)} background={args.background} fitted_lengths={int(not args.preset_lengths)} "
-        f"wall_s={time.monotonic() - t0:.0f}",
+        + f"contention={int(not args.no_contention)} background={args.background} "
+        + (
+            "workload=replay "
+            if isinstance(first, list)
+            else f"workload={args.workload} fitted_lengths={int(not args.preset_lengths)} "
+        )
+        + f"wall_s={time.monotonic() - t0:.0f}",
         flush=True,
     )

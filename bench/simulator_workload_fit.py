@@ -1,11 +1,16 @@
-"""bench_simulator's workload fit: the workload preset's valid rate and length scale fitted to a
-real sync run, and its within-group length structure (brief answers, within- and between-group
-spread, wrong/right length ratio) to the committed groups of runs whose order does not favour short
-groups.
+"""bench_simulator's workload: by default a replay of real generations of the bench's own dataset
+(`ensure_replay_trace`, measured apart from the runs); with `--workload PRESET` the preset fitted
+instead — its valid rate and length scale to a real sync run, its within-group length structure
+(brief answers, within- and between-group spread, wrong/right length ratio) to the committed groups
+of runs whose order does not favour short groups.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +19,7 @@ import numpy as np
 from simulator_real_runs import MAX_RESPONSE_LENGTH, Run
 
 from asyncdapo.simulate.presets import load_workload
+from asyncdapo.simulate.replay import ReplayWorkload, load_replay
 from asyncdapo.simulate.workload import sample_stats
 
 
@@ -131,3 +137,50 @@ def fit_workload(
     if info:
         over["fitted_on_responses"] = info["fitted_on_responses"]
     return over
+
+
+# ------------------------------------------------------------------------- replay (the default)
+REPLAY_PER_PROBLEM = 32  # real generations per problem: 4 blocks of n = 8, one per realisation
+REPLAY_SEED = 1  # vLLM's sampling seed for them: not the real runs' own generations
+
+
+def ensure_replay_trace(model: Path, data: Path, out: Path, temperature: float = 1.0) -> Path:
+    """The replay trace of the bench's dataset: REPLAY_PER_PROBLEM real vLLM generations of every
+    problem by the runs' own warm-started model (`asyncdapo data longtail-stats --trace`), built
+    once and cached (rebuilt when the model's stamp, the data or the settings change). It is
+    measured apart from the real runs (its own sampling seed) and is never fitted to them."""
+    stamp = out.with_suffix(".json")
+    model_stamp = model / "longtail.json"
+    key = {
+        "model": str(model),
+        "model_recipe": json.loads(model_stamp.read_text()) if model_stamp.exists() else None,
+        "data": str(data),
+        "data_bytes": data.stat().st_size,
+        "n": REPLAY_PER_PROBLEM,
+        "seed": REPLAY_SEED,
+        "temperature": temperature,
+        "max_response_length": MAX_RESPONSE_LENGTH,
+    }
+    if out.exists() and stamp.exists() and json.loads(stamp.read_text()) == key:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "asyncdapo.cli", "data", "longtail-stats", "--model", str(model),
+        "--data", str(data), "--n", str(REPLAY_PER_PROBLEM), "--max-response-length", str(MAX_RESPONSE_LENGTH),
+        "--trace", str(out), "--temperature", str(temperature), "--seed", str(REPLAY_SEED),
+        "--json", str(out.with_name(out.stem + "-stats.json")),
+    ]  # fmt: skip
+    print(
+        f"replay trace: {REPLAY_PER_PROBLEM} generations per problem of {data} ({' '.join(cmd[2:])})",
+        flush=True,
+    )
+    subprocess.run(cmd, check=True)
+    stamp.write_text(json.dumps(key))
+    return out
+
+
+def replay_workloads(trace: Path, n: int) -> list[ReplayWorkload]:
+    """One replay per block of n recorded responses per problem: realisation k's attempt a of a
+    problem replays block (a - 1 + k) mod blocks (`asyncdapo.simulate.replay`), so the simulated
+    runs differ only in which real generations they meet, as the real reps do."""
+    return [load_replay(trace, MAX_RESPONSE_LENGTH, k) for k in range(REPLAY_PER_PROBLEM // n)]
