@@ -76,3 +76,22 @@ def test_a_short_or_broken_log_is_a_clear_error(tmp_path: Path) -> None:
     write_log(tmp_path / "short.jsonl", steps=5)
     with pytest.raises(ProfileError, match="usable step intervals"):
         calibrate_files([tmp_path / "short.jsonl"], CAP)
+
+
+def test_the_profile_caps_sequences_as_the_gateway_does(tmp_path: Path) -> None:
+    """A gateway run with defaults gives vLLM max_num_seqs = its --max-concurrency default: the
+    fitted profile caps running sequences there, and a log that ran more is refused, not fitted
+    with a cap it never had."""
+    import argparse
+
+    from asyncdapo.gateway import cli as gateway_cli
+    from asyncdapo.simulate.profile import GATEWAY_MAX_NUM_SEQS
+
+    parser = argparse.ArgumentParser()
+    gateway_cli.register(parser.add_subparsers())
+    assert parser.parse_args(["gateway"]).max_concurrency == GATEWAY_MAX_NUM_SEQS
+    write_log(tmp_path / "g0.jsonl")
+    prof, _ = calibrate_files([tmp_path / "g0.jsonl"], CAP)
+    assert prof.engine.max_num_seqs == GATEWAY_MAX_NUM_SEQS
+    with pytest.raises(ProfileError, match="ran 32 sequences at once, more than max_num_seqs 16"):
+        calibrate_files([tmp_path / "g0.jsonl"], CAP, max_num_seqs=16)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncdapo.simulate.profile import ClusterProfile, EngineProfile, ProfileError
+from asyncdapo.simulate.profile import GATEWAY_MAX_NUM_SEQS, ClusterProfile, EngineProfile, ProfileError
 
 GAP_FACTOR = 5.0
 NAMES = ("base_s", "per_seq_s", "per_kv_token_s", "prefill_per_token_s")
@@ -126,7 +126,7 @@ def fit_steps(X: np.ndarray, y: np.ndarray, dropped: int = 0) -> Fit:
 def calibrate_files(
     paths: list[Path],
     capacity: int,
-    max_num_seqs: int = 256,
+    max_num_seqs: int = GATEWAY_MAX_NUM_SEQS,
     stretch: Callable[[Path, float], float] | None = None,
 ) -> tuple[ClusterProfile, Fit]:
     """`stretch(path, t)`: the host-contention factor of that log's engine at unix time t (None:
@@ -134,7 +134,14 @@ def calibrate_files(
     Xs, ys, dropped = [], [], 0
     for p in paths:
         at = None if stretch is None else functools.partial(stretch, p)
-        X, y, d = design(read_steps(p), capacity, at)
+        rows = read_steps(p)
+        most = max((int(r["running"]) for r in rows), default=0)
+        if most > max_num_seqs:
+            raise ProfileError(
+                f"--step-log {p}: the engine ran {most} sequences at once, more than max_num_seqs "
+                f"{max_num_seqs}: pass the gateway's --max-concurrency as --max-num-seqs"
+            )
+        X, y, d = design(rows, capacity, at)
         Xs.append(X)
         ys.append(y)
         dropped += d

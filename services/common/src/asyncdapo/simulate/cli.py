@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from asyncdapo.config_cli import add_overrides_argument
+from asyncdapo.simulate.profile import GATEWAY_MAX_NUM_SEQS
 
 DEFAULT_MODES = "sync,async,fully-async,pdsr"
 
@@ -53,7 +54,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     # calibrate
     p.add_argument("--step-log", nargs="+", default=[], help="calibrate: gateway --step-log files")
     p.add_argument("--kv-capacity-tokens", type=int, help="calibrate: the engines' KV cache size in tokens")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="calibrate: the engines' max_num_seqs")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=GATEWAY_MAX_NUM_SEQS,
+        help="calibrate: the engines' max_num_seqs (default: the gateway's --max-concurrency default, "
+        f"{GATEWAY_MAX_NUM_SEQS}; the step logs' largest running count must not exceed it)",
+    )
     p.add_argument("-o", "--profile-out", help="calibrate: write the cluster profile here (JSON)")
     add_overrides_argument(p)
     p.set_defaults(func=_main)

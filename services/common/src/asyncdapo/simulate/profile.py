@@ -43,6 +43,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# the rollout gateway's --max-concurrency default, which it passes to vLLM as max_num_seqs (a unit
+# test keeps the two equal): what the step logs of gateways run with defaults were capped at
+GATEWAY_MAX_NUM_SEQS = 64
+
+
 class EngineProfile(_Model):
     base_s: float = Field(ge=0.0, description="Fixed cost of one engine step (s).")
     per_seq_s: float = Field(0.0, ge=0.0, description="Per running sequence in the step (s).")
