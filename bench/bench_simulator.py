@@ -116,6 +116,12 @@ def main() -> int:
         action="store_true",
         help="keep the preset's within-group length structure (fit only valid_rate and the length scale)",
     )
+    ap.add_argument(
+        "--dispatch-s",
+        type=float,
+        default=None,
+        help="the simulator's dispatch latency instead of the one fitted on the version starts (an ablation)",
+    )
     args = ap.parse_args()
     args.configs = [c for c in args.configs.split(",") if c]
     if "sync" not in args.configs or args.reps < 2:
@@ -174,6 +180,7 @@ def main() -> int:
             contention=not args.no_contention,
             max_share=args.max_share,
             background=args.background,
+            dispatch_s=args.dispatch_s,
         )
         workload: WorkloadInput
         if replays is not None:

@@ -282,8 +282,14 @@ def fit_dispatch(cal: list[Run], engine: EngineProfile, rtt_s: float) -> tuple[f
 
 
 def fit_cluster(
-    cal: list[Run], cores: int, contention: bool = True, max_share: float = 0.5, background: str = "threads"
+    cal: list[Run],
+    cores: int,
+    contention: bool = True,
+    max_share: float = 0.5,
+    background: str = "threads",
+    dispatch_s: float | None = None,
 ) -> Calibration:
+    """`dispatch_s`: the transport latency to use instead of the fitted one (an ablation)."""
     logs = [p for r in cal for p in r.step_logs]
     if not logs:
         raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
@@ -318,7 +324,11 @@ def fit_cluster(
         for r in cal
     )
     engine = fitted.engine.model_copy(update={"pause_s": 0.0, "reload_s": reload_s})
-    dispatch_s, dispatch_n = fit_dispatch(cal, engine, CPU_TINY.redis_rtt_s)
+    if dispatch_s is None:
+        dispatch_s, dispatch_n = fit_dispatch(cal, engine, CPU_TINY.redis_rtt_s)
+    else:
+        dispatch_n = 0
+    how_dispatch = f"median of {dispatch_n} version starts" if dispatch_n else "set"
     hs = (
         f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
         f"completion + {host.version_cpu_s * 1e3:.1f} ms per version, trainer {host.trainer_cores:.2f} cores, "
@@ -339,7 +349,7 @@ def fit_cluster(
         dispatch_s=dispatch_s,
         host=host,
         source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
-        f"dispatch {dispatch_s * 1e3:.1f} ms (median of {dispatch_n} version starts), "
+        f"dispatch {dispatch_s * 1e3:.1f} ms ({how_dispatch}), "
         f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
     )
     return Calibration(prof, fit.summary(), per_run, scale)
