@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
 
 install: $(STAMP) redis prometheus
 
@@ -134,6 +134,11 @@ bench-longtail: install $(CACHE)/tiny-model/config.json
 # the CPU profile, reps 2-3 validate it). About 20 min on 2 cores.
 bench-simulator: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 	$(BIN)/python bench/bench_simulator.py
+
+# The same validation on bench-longtail's 512-token model and valid-rate-0.3 dataset (builds
+# bench-longtail's assets first when they are missing: ~20 min).
+bench-simulator-longtail: install $(CACHE)/tiny-model/config.json
+	$(BIN)/python bench/bench_simulator.py --bench longtail-v0.3
 
 # What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
 bench-redis-fsync: install

@@ -189,9 +189,11 @@ def run_mode(
     timeout_s: float,
     step_logs: bool = False,
     pools: list[str] | None = None,
+    max_concurrency: int | None = None,
 ) -> ModeResult:
     """One whole run of the stack in `run_dir` (deleted first); everything started is stopped.
-    `pools`: each gateway's pool label (P-DSR's fast and heavy)."""
+    `pools`: each gateway's pool label (P-DSR's fast and heavy); `max_concurrency`: each gateway's
+    --max-concurrency (None: the gateway's default)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -203,7 +205,12 @@ def run_mode(
     with LocalStack(
         cfg,
         StackOptions(
-            config_path=config_path, run_dir=run_dir, gateways=2, step_logs=step_logs, pools=pools or []
+            config_path=config_path,
+            run_dir=run_dir,
+            gateways=2,
+            step_logs=step_logs,
+            pools=pools or [],
+            max_concurrency=max_concurrency,
         ),
     ) as stack:
         ep = stack.start(on_stage=lambda s: print(f"  [{mode}] starting {s}", flush=True))

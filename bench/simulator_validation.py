@@ -15,7 +15,6 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 # bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
@@ -59,7 +58,7 @@ def simulate(
     seeds would repeat them), over the same steps as a real run: (mean rollout s/step, mean step
     period s, tokens generated per version (aborted included), completions per version, their mean
     length, aborted tokens per version)."""
-    cfg = mode_config(RunConfig.model_validate(real_config("async", Path("unused"), args.steps)), mode)
+    cfg = mode_config(RunConfig.model_validate(real_config("async", args.bench, args.steps)), mode)
     if mode in POOLS:  # the real runs' pools: one gateway each
         cluster = cluster.model_copy(update={"heavy_fraction": POOLS[mode].count("heavy") / len(POOLS[mode])})
     if isinstance(workload, list):
@@ -193,7 +192,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
     print(
         f"RESULT configs={','.join(args.configs)} max_rel_err={max_rel:.3f} ratio_abs_err={max_rat:.3f} "
         f"max_rel_err_s0={max(abs(rel[m]) for m in s0):.3f} real_spread_max={max(spread.values()):.3f} "
-        f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} calibration={cal} reps={args.reps} "
+        f"goal_met={int(max_rel <= 0.10 and max_rat <= 0.05)} bench={args.bench.name} calibration={cal} reps={args.reps} "
         + (
             f"load_matched_max_rel_err={max(abs(x) for x in load_matched['rel_err'].values()):.3f} "
             f"load_matched_ratio_abs_err={max(load_matched['ratio_abs_err'].values(), default=0.0):.3f} "

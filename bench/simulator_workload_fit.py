@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 # bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
-from simulator_real_runs import MAX_RESPONSE_LENGTH, Run
+from simulator_real_runs import Run
 
 from asyncdapo.simulate.presets import load_workload
 from asyncdapo.simulate.replay import ReplayWorkload, load_replay
@@ -104,7 +104,7 @@ def fit_length_structure(groups: list[dict[str, Any]], cap: int) -> dict[str, fl
 
 
 def fit_workload(
-    preset: str, sync_runs: list[Run], structure_runs: list[Run] | None = None
+    preset: str, cap: int, sync_runs: list[Run], structure_runs: list[Run] | None = None
 ) -> dict[str, float]:
     """The preset fitted to the calibration runs: its within-group length structure on the
     committed groups of `structure_runs` (`fit_length_structure`), its valid_rate and length scale
@@ -123,12 +123,12 @@ def fit_workload(
     info: dict[str, float] = {}
     if structure_runs:
         groups = [g for r in structure_runs for g in r.groups]
-        info = fit_length_structure(groups, MAX_RESPONSE_LENGTH)
+        info = fit_length_structure(groups, cap)
         over.update({k: v for k, v in info.items() if k != "fitted_on_responses"})
     median = load_workload(preset).spec.length_median
     for _ in range(6):
         over["length_median"] = median
-        got = sample_stats(load_workload(preset, 0, **over), 8, MAX_RESPONSE_LENGTH, groups=1500).mean_length
+        got = sample_stats(load_workload(preset, 0, **over), 8, cap, groups=1500).mean_length
         brief = over.get("brief_fraction", 0.0) * over.get("brief_median", 0.0)
         # scale the worked answers only: the brief ones keep their fitted length
         median *= max(target - brief, 0.1) / max(got - brief, 0.1)
@@ -144,7 +144,7 @@ REPLAY_PER_PROBLEM = 32  # real generations per problem: 4 blocks of n = 8, one 
 REPLAY_SEED = 1  # vLLM's sampling seed for them: not the real runs' own generations
 
 
-def ensure_replay_trace(model: Path, data: Path, out: Path, temperature: float = 1.0) -> Path:
+def ensure_replay_trace(model: Path, data: Path, out: Path, cap: int, temperature: float) -> Path:
     """The replay trace of the bench's dataset: REPLAY_PER_PROBLEM real vLLM generations of every
     problem by the runs' own warm-started model (`asyncdapo data longtail-stats --trace`), built
     once and cached (rebuilt when the model's stamp, the data or the settings change). It is
@@ -159,14 +159,14 @@ def ensure_replay_trace(model: Path, data: Path, out: Path, temperature: float =
         "n": REPLAY_PER_PROBLEM,
         "seed": REPLAY_SEED,
         "temperature": temperature,
-        "max_response_length": MAX_RESPONSE_LENGTH,
+        "max_response_length": cap,
     }
     if out.exists() and stamp.exists() and json.loads(stamp.read_text()) == key:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "asyncdapo.cli", "data", "longtail-stats", "--model", str(model),
-        "--data", str(data), "--n", str(REPLAY_PER_PROBLEM), "--max-response-length", str(MAX_RESPONSE_LENGTH),
+        "--data", str(data), "--n", str(REPLAY_PER_PROBLEM), "--max-response-length", str(cap),
         "--trace", str(out), "--temperature", str(temperature), "--seed", str(REPLAY_SEED),
         "--json", str(out.with_name(out.stem + "-stats.json")),
     ]  # fmt: skip
@@ -179,8 +179,12 @@ def ensure_replay_trace(model: Path, data: Path, out: Path, temperature: float =
     return out
 
 
-def replay_workloads(trace: Path, n: int) -> list[ReplayWorkload]:
+def replay_workloads(trace: Path, n: int, cap: int) -> list[ReplayWorkload]:
     """One replay per block of n recorded responses per problem: realisation k's attempt a of a
     problem replays block (a - 1 + k) mod blocks (`asyncdapo.simulate.replay`), so the simulated
     runs differ only in which real generations they meet, as the real reps do."""
-    return [load_replay(trace, MAX_RESPONSE_LENGTH, k) for k in range(REPLAY_PER_PROBLEM // n)]
+    lines = [x for x in trace.read_text().splitlines() if x.strip()]
+    per = {len(json.loads(x)["lengths"]) for x in lines}
+    if per != {REPLAY_PER_PROBLEM}:
+        raise SystemExit(f"{trace}: {sorted(per)} responses per problem, want {REPLAY_PER_PROBLEM}")
+    return [load_replay(trace, cap, k) for k in range(REPLAY_PER_PROBLEM // n)]
