@@ -1,7 +1,8 @@
-"""The simulator's transport latencies (`ClusterProfile.dispatch_s`, `reply_s`): a request reaches
-its engine, and a finished response the scheduler, that much later; a request aborted on its way
-never reaches its engine, and a response finished while its group was aborted is dropped — and
-the dispatcher's books (in-flight counts) stay exact through both."""
+"""The simulator's transport latencies (`ClusterProfile.dispatch_s`, `reply_s`, `abort_s`): a
+request reaches its engine, a finished response the scheduler, an abort the engine, that much
+later; a request aborted on its way never reaches its engine, a response finished while its group
+was aborted is dropped (its tokens counted as aborted) — and the dispatcher's books (in-flight
+counts) stay exact through all three."""
 
 from __future__ import annotations
 
@@ -27,16 +28,19 @@ RUN: dict[str, Any] = {
 }
 
 
-def simulate(mode: str, dispatch_s: float = 0.0, reply_s: float = 0.0) -> tuple[Simulation, Any]:
+def simulate(
+    mode: str, dispatch_s: float = 0.0, reply_s: float = 0.0, abort_s: float = 0.0
+) -> tuple[Simulation, Any]:
     cfg = mode_config(RunConfig.model_validate(RUN), mode)
-    cluster = load_cluster("h100-7b", 8).model_copy(update={"dispatch_s": dispatch_s, "reply_s": reply_s})
+    latencies = {"dispatch_s": dispatch_s, "reply_s": reply_s, "abort_s": abort_s}
+    cluster = load_cluster("h100-7b", 8).model_copy(update=latencies)
     sim = Simulation(cfg, cluster, load_workload("rollpacker-14b"), VERSIONS)
     return sim, sim.simulate()
 
 
 @pytest.mark.parametrize("mode", ["async", "pdsr", "fully-async"])
 def test_invariants_and_in_flight_books_hold_with_latencies(mode: str) -> None:
-    sim, res = simulate(mode, dispatch_s=0.2, reply_s=0.1)
+    sim, res = simulate(mode, dispatch_s=0.2, reply_s=0.1, abort_s=0.15)
     s = sim.cfg.rollout.max_staleness
     assert [st.version for st in res.steps] == list(range(1, VERSIONS + 1))
     assert all(len(st.staleness) == B and all(0 <= x <= s for x in st.staleness) for st in res.steps)
@@ -66,3 +70,14 @@ def test_zero_latency_is_the_immediate_path() -> None:
     a = simulate("async")[1]
     b = simulate("async", dispatch_s=0.0, reply_s=0.0)[1]
     assert (a.sim_s, a.decode_tokens, a.aborted_tokens) == (b.sim_s, b.decode_tokens, b.aborted_tokens)
+
+
+def test_engines_generate_until_the_abort_reaches_them() -> None:
+    """Early stop's aborts take abort_s to reach the engines, which step the aborted requests
+    meanwhile: more tokens are aborted (wasted), and every one is counted."""
+    _, now = simulate("async")
+    _, late = simulate("async", abort_s=0.5)
+    assert late.aborted_tokens > now.aborted_tokens
+    # every token an engine decoded is either in a completion the core counted or aborted
+    for res in (now, late):
+        assert res.decode_tokens <= res.counts.completed_tokens + res.aborted_tokens

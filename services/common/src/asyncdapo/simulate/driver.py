@@ -212,22 +212,34 @@ class Simulation:
             placed = self._placed.get(id(req))
             if placed is None or placed[1].state == DONE:  # gone, or finished with its reply in transit
                 continue
-            del self._placed[id(req)]
-            g, seq, _ = placed
-            if id(seq) in self._transit:  # aborted before it reached its engine
-                self._transit.discard(id(seq))
-                seq.state = DONE
-                self.aborted_tokens += seq.gen
+            if id(placed[1]) not in self._transit and self.cluster.abort_s > 0:
+                # the abort travels to the engine, which steps the request until it arrives
+                self.clock.after(self.cluster.abort_s, self._abort_arrives, req)
             else:
-                self.aborted_tokens += g.engine.abort(seq)
-            self.core.aborted(req, seq.gen)  # the abort reply's length, as the dispatcher passes it
-            g.in_flight -= 1
-            self._view(g)
+                self._abort_arrives(req)
         # nothing reads a cancelled task's live requests again (the dispatcher skips them, late
         # finishes are dropped): without them the task and its requests form no reference cycle
         # and are freed as soon as the core lets go of the task
         task.live.clear()
         self.attempts.pop(task, None)
+
+    def _abort_arrives(self, req: Request) -> None:
+        """An abort reaches `req`'s engine (or catches it on its way there); a request that finished
+        meanwhile is left to its reply, which drops it."""
+        placed = self._placed.get(id(req))
+        if placed is None or placed[1].state == DONE:
+            return
+        del self._placed[id(req)]
+        g, seq, _ = placed
+        if id(seq) in self._transit:  # aborted before it reached its engine
+            self._transit.discard(id(seq))
+            seq.state = DONE
+            self.aborted_tokens += seq.gen
+        else:
+            self.aborted_tokens += g.engine.abort(seq)
+        self.core.aborted(req, seq.gen)  # the abort reply's length, as the dispatcher passes it
+        g.in_flight -= 1
+        self._view(g)
 
     # ------------------------------------------------------------------ dispatch
     def _view(self, g: Gw) -> None:
@@ -355,6 +367,8 @@ class Simulation:
         self._dirty[g] = None  # _view(g)
         task = req.task
         if task.cancelled or task.closed or task.live.get(req.idx) is not req:
+            if task.cancelled:  # it finished while its abort was on the way: generated for nothing
+                self.aborted_tokens += seq.gen
             return
         reason = STOP if seq.gen >= natural else LENGTH
         del task.live[req.idx]

@@ -192,7 +192,10 @@ class ClusterProfile(_Model):
     verifier: VerifierProfile = Field(default_factory=VerifierProfile)
     redis_rtt_s: float = Field(0.0005, ge=0.0, description="One Redis round trip of the scheduler (s).")
     abort_s: float = Field(
-        0.005, ge=0.0, description="Abort fan-out until the engines drop the requests (s)."
+        0.0,
+        ge=0.0,
+        description="Abort fan-out: from early stop until the engines drop the aborted requests, which "
+        "generate meanwhile (s). 0: at once.",
     )
     dispatch_s: float = Field(
         0.0,
