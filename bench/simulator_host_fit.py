@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,6 +332,9 @@ def fit_cluster(
         dispatch_s, dispatch_n = fit_dispatch(cal, engine, CPU_TINY.redis_rtt_s)
     else:
         dispatch_n = 0
+    # the scheduler's own measure of early stop's abort fan-out (until every gateway answered)
+    fanouts = [x for r in cal if math.isfinite(x := r.mean_of("asyncdapo_scheduler_abort_fanout_seconds"))]
+    abort_s = statistics.median(fanouts) if fanouts else CPU_TINY.abort_s
     how_dispatch = f"median of {dispatch_n} version starts" if dispatch_n else "set"
     hs = (
         f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
@@ -348,11 +352,11 @@ def fit_cluster(
         trainer=TrainerProfile(base_s=train_s, publish_s=0.0),
         verifier=VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s),
         redis_rtt_s=CPU_TINY.redis_rtt_s,
-        abort_s=CPU_TINY.abort_s,
+        abort_s=abort_s,
         dispatch_s=dispatch_s,
         host=host,
         source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
-        f"dispatch {dispatch_s * 1e3:.1f} ms ({how_dispatch}), "
+        f"dispatch {dispatch_s * 1e3:.1f} ms ({how_dispatch}), abort fan-out {abort_s * 1e3:.1f} ms, "
         f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
     )
     return Calibration(prof, fit.summary(), per_run, scale)
