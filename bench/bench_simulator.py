@@ -27,8 +27,8 @@ Protocol
    none of the stack's, where an engine stepped); the step costs are fitted on intervals divided
    by the model's stretch at their time. The KV capacity is the stack's: VLLM_CPU_KVCACHE_SPACE =
    1 GiB at 1,024 B per token (2 layers x 2 KV heads x 32 dims x 2 (K, V) x 4 B) = 1,048,576
-   tokens. Nothing else is stated: the Redis round trip and the abort fan-out keep the `cpu-tiny`
-   profile's values.
+   tokens. The abort fan-out is the scheduler's own measure (`abort_fanout_seconds`, median over
+   the runs). Nothing else is stated: the Redis round trip keeps the `cpu-tiny` profile's value.
 3. The workload (`--workload`): `replay` (default) replays real generations of the bench's own
    dataset, 32 per problem by the runs' model at their temperature (sampling seed 1, measured apart
    from the runs, never fitted to them; simulator_workload_fit.ensure_replay_trace), in the
