@@ -165,15 +165,15 @@ def main() -> int:
                 )
                 return 2
             build_model(CACHE / "tiny-model", CACHE / "data" / "train.parquet", bench.model)
-        if args.workload == "replay":
-            ensure_replay_trace(
-                bench.model, bench.train_file, bench.trace, bench.max_response_length, bench.temperature
-            )
-    else:  # bench-longtail's assets: its model, datasets and their replay traces (cached)
+    else:  # bench-longtail's assets: its model and datasets (cached)
         from bench_longtail import VALID_RATES, ensure_assets
 
         # all of bench-longtail's rates: its cache is keyed on the set, and this one is among them
         ensure_assets(list(VALID_RATES))
+    if args.workload == "replay":
+        ensure_replay_trace(
+            bench.model, bench.train_file, bench.trace, bench.max_response_length, bench.temperature
+        )
     if not args.reuse:
         run_all(args, bench)
     replays = None

@@ -39,7 +39,9 @@ class Bench:
     temperature: float
     batch: int  # train_batch_size (= ppo_mini_batch_size)
     max_concurrency: int  # each gateway's --max-concurrency: vLLM's max_num_seqs
-    trace: Path  # REPLAY_PER_PROBLEM real generations per problem of train_file (simulator_workload_fit)
+    trace: (
+        Path  # real generations of every problem of train_file (simulator_workload_fit.ensure_replay_trace)
+    )
     out: Path  # where the runs and the analysis go
     overlong_len: int = 32
 
@@ -53,7 +55,7 @@ BENCHES = {
     # bench-longtail's valid-rate-0.3 dataset and 512-token model (its assets: `make bench-longtail`)
     "longtail-v0.3": Bench(
         "longtail-v0.3", CACHE / "tiny-model-sft-lt512", CACHE / "longtail" / "data" / "train-v0.3.parquet",
-        512, 0.6, 4, 96, CACHE / "longtail" / "stats" / "replay-train-v0.3.jsonl",
+        512, 0.6, 4, 96, CACHE / "bench-simulator" / "replay-longtail-v0.3.jsonl",
         Path("runs/bench-simulator-longtail-v0.3"), overlong_len=64,
     ),
 }  # fmt: skip
