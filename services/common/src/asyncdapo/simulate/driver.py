@@ -27,7 +27,6 @@ from typing import Any
 
 from asyncdapo.config import LongTailPolicy, PauseMode, RolloutMode, RunConfig
 from asyncdapo.errors import AsyncdapoError
-from asyncdapo.prompts import PromptRecord, epoch_order, prompt_id
 from asyncdapo.scheduler.core import Abort, Command, Dispatch, Redispatch, RolloutCore, ScoreResponse
 from asyncdapo.scheduler.eligible import EligibleIndex
 from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
@@ -36,14 +35,16 @@ from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY
 from asyncdapo.scheduler.tasks import PromptTask, Request
 from asyncdapo.simulate.clock import VirtualClock
 from asyncdapo.simulate.engine_model import DONE, Engine, Seq
+from asyncdapo.simulate.host_load import HostLoad
 from asyncdapo.simulate.profile import ClusterProfile
+from asyncdapo.simulate.prompt_feed import PromptFeed
 from asyncdapo.simulate.records import Counts, SimResponse, SimResult, StepRecord, TrainedGroup
+from asyncdapo.simulate.verifier_model import VerifierModel
 from asyncdapo.simulate.workload import Attempt, Sampler
 from asyncdapo.v1 import common_pb2
 
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 CLAIM_CHUNK = 64  # Rollout's default claim_chunk
-LINGER_S = 0.002  # ScoreBatcher's linger_s
 TRAIN_TICK_S = 0.005  # CPU profiles: how often the trainer's contended rate is re-read
 
 
@@ -97,14 +98,13 @@ class Simulation:
             self.gws.append(Gw(f"gw{i}", eng, pool))
         self.by_engine = {id(g.engine): g for g in self.gws}
         # CPU profiles: the host's cores shared by engines, control plane and trainer
-        self.host = cluster.host
-        self._cpu_rate = 0.0  # control plane's CPU demand (cores), exponential average
-        self._cpu_t = 0.0
-        self._training = False  # the trainer computes (not the weight fan-out)
+        self.load = (
+            HostLoad(cluster.host, self.clock, self._busy_engines) if cluster.host is not None else None
+        )
         self._train_left = self._train_at = 0.0  # CPU profiles: its uncontended work left, and since when
-        if self.host is not None:
+        if self.load is not None:
             for g in self.gws:
-                g.engine.stretch = self._host_stretch
+                g.engine.stretch = self.load.engine_stretch
         self.labels = {g.pool for g in self.gws if g.pool}
         self.core = RolloutCore(
             cfg,
@@ -123,7 +123,6 @@ class Simulation:
         self.pending: deque[Request] = deque()
         # the answers of each attempt in flight, by task (a task is its attempt: identity, no key tuple)
         self.attempts: dict[PromptTask, Attempt] = {}
-        self.score_q: list[ScoreResponse] = []
         # id(request) -> where it runs and its natural length (the core never reads it)
         self._placed: dict[int, tuple[Gw, Seq, int]] = {}
         # the transport's latencies: requests dispatched but not yet on their engine (id(seq)), and
@@ -131,11 +130,15 @@ class Simulation:
         self.dispatch_s = cluster.dispatch_s
         self.reply_s = cluster.reply_s
         self._transit: set[int] = set()
-        self.verifier_free = cfg.reward.verifier_concurrency
-        self.verifier_batch = cfg.reward.verifier_batch_size
-        self._linger = False
-        self.next_prompt = 0
-        self._orders: dict[int, Any] = {}  # the current epoch's row order (replayed datasets)
+        self.verifier = VerifierModel(
+            self.clock,
+            cluster.verifier,
+            cfg.reward.verifier_batch_size,
+            cfg.reward.verifier_concurrency,
+            cluster.host.others if cluster.host is not None else 1.0,
+            self._scored,
+        )
+        self.prompts = PromptFeed(workload, cfg.data)
         self.aborted_tokens = 0
         self._admit_pending = False
         self._finish_pending = False
@@ -191,7 +194,7 @@ class Simulation:
         pumped = False
         for c in commands:
             if isinstance(c, ScoreResponse):  # the common case first
-                self.score_q.append(c)
+                self.verifier.queue.append(c)
             elif isinstance(c, Dispatch):
                 self.pending.extend(c.requests)
                 pumped = True
@@ -204,8 +207,7 @@ class Simulation:
                     self._abort_task(t)
         if pumped:
             self._pump()
-        if self.score_q:
-            self._score_soon()
+        self.verifier.send_soon()
 
     def _abort_task(self, task: PromptTask) -> None:
         for req in list(task.live.values()):
@@ -324,36 +326,12 @@ class Simulation:
             self._transit.discard(id(seq))
             g.engine.submit(seq)
 
-    # ------------------------------------------------------------------ host CPU (CPU profiles)
-    def _control_cores(self) -> float:
-        """The control plane's CPU demand now (cores): its impulses decayed over window_s."""
-        assert self.host is not None
-        now = self.clock.now
-        if now > self._cpu_t:
-            self._cpu_rate *= math.exp(-(now - self._cpu_t) / self.host.window_s)
-            self._cpu_t = now
-        return self._cpu_rate
-
-    def _cpu_work(self, cpu_s: float) -> None:
-        """`cpu_s` of control-plane CPU spent about now."""
-        if self.host is not None and cpu_s > 0:
-            self._cpu_rate = self._control_cores() + cpu_s / self.host.window_s
-
-    def _floating_cores(self) -> float:
-        h = self.host
-        assert h is not None
-        return self._control_cores() + h.background_cores + (h.trainer_cores if self._training else 0.0)
-
     def _busy_engines(self) -> int:
         return sum(1 for g in self.gws if g.engine.running)
 
-    def _host_stretch(self) -> float:
-        assert self.host is not None
-        return self.host.stretch(self._floating_cores(), max(1, self._busy_engines()))
-
     def _on_finish(self, seq: Seq) -> None:
-        if self.host is not None:
-            self._cpu_work(self.host.completion_cpu_s)
+        if self.load is not None:
+            self.load.cpu_work(self.load.host.completion_cpu_s)
         if self.reply_s:
             self.clock.after(self.reply_s, self._replied, seq)
         else:
@@ -382,26 +360,8 @@ class Simulation:
             self.clock.after(self.cluster.engine.reload_s, self._resume_one, g)
 
     # ------------------------------------------------------------------ verifier
-    def _score_soon(self) -> None:
-        """ScoreBatcher: a full batch goes at once, a partial one after `LINGER_S`."""
-        if len(self.score_q) >= self.verifier_batch:
-            self._score_some()
-        elif not self._linger:
-            self._linger = True
-            self.clock.after(LINGER_S, self._score_some)
-
-    def _score_some(self, _: Any = None) -> None:
-        self._linger = False
-        size = self.verifier_batch
-        v = self.cluster.verifier
-        while self.score_q and self.verifier_free:
-            batch, self.score_q = self.score_q[:size], self.score_q[size:]
-            self.verifier_free -= 1
-            took = v.call_s + v.per_item_s * len(batch)
-            self.clock.after(took * self.host.others if self.host is not None else took, self._scored, batch)
-
     def _scored(self, jobs: list[ScoreResponse]) -> None:
-        self.verifier_free += 1
+        """A verifier call answered: the scores recorded as the scheduler records them."""
         scored = []
         cap = self.cap
         for j in jobs:
@@ -423,8 +383,6 @@ class Simulation:
             self._kick_finisher()
         if self.core.counts.finished_groups != judged:  # the running valid rate moved
             self._kick_admission()
-        if self.score_q:
-            self._score_soon()
 
     # ------------------------------------------------------------------ admission and finisher
     def _kick_admission(self) -> None:
@@ -437,20 +395,7 @@ class Simulation:
         want = k + self.cfg.data.prompt_queue_watermark - self.queue.depth()
         if want <= 0:
             return
-        recs = []
-        size = self.workload.dataset_size
-        for _ in range(want):
-            epoch, i = 0, self.next_prompt
-            self.next_prompt += 1
-            if size:  # a replayed dataset: the trainer's own epoch order over its rows
-                epoch, pos = divmod(i, size)
-                if epoch not in self._orders:
-                    d = self.cfg.data
-                    self._orders = {epoch: epoch_order(size, d.seed, epoch, d.shuffle)}
-                i = int(self._orders[epoch][pos])
-            plen = self.workload.prompt_length(i)
-            recs.append(PromptRecord(prompt_id(epoch, i), range(plen), "", "sim", "sim", epoch, i))  # type: ignore[arg-type]
-        self.run.push(recs)
+        self.run.push(self.prompts.records(want))
 
     def _admit_round(self, _: Any = None) -> None:
         self._admit_pending = False
@@ -535,18 +480,18 @@ class Simulation:
             "attempts": [g.attempt for g in batch],
             "longest": max(lengths, default=0),
         }
-        if self.host is None:
+        if self.load is None:
             self.clock.after(train_s, self._trained)
             return
         # the trainer computes on cores the engines may be stepping on: its rate, 1 / stretch, follows
         # the engines' state through the step (re-read every TRAIN_TICK_S of virtual time), where the
         # real engines and trainer slow each other for as long as they overlap
-        self._training = True
+        self.load.training = True
         self._train_left = train_s  # uncontended seconds of training still to do
         self._train_tick()
 
     def _train_tick(self, rate: float | None = None) -> None:
-        assert self.host is not None
+        assert self.load is not None
         now = self.clock.now
         if rate is not None:
             self._train_left -= (now - self._train_at) * rate
@@ -554,12 +499,13 @@ class Simulation:
             self._step["train_s"] = now - self._step["t_data"]
             self._trained()
             return
-        rate = 1.0 / self.host.trainer_stretch(self._floating_cores(), self._busy_engines())
+        rate = 1.0 / self.load.trainer_stretch()
         self._train_at = now
         self.clock.after(min(TRAIN_TICK_S, self._train_left / rate), self._train_tick, rate)
 
     def _trained(self, _: Any = None) -> None:
-        self._training = False
+        if self.load is not None:
+            self.load.training = False
         self._step["t_trained"] = self.clock.now
         mode = self.cfg.rollout.weight_update_mode
         self._step["mode"] = mode.value
@@ -621,8 +567,8 @@ class Simulation:
         self._dirty.clear()
         for x in self.gws:
             self._update_view(x)
-        if self.host is not None:
-            self._cpu_work(self.host.version_cpu_s)
+        if self.load is not None:
+            self.load.cpu_work(self.load.host.version_cpu_s)
         self.core.weights_published(new, f"sim://v{new}")
         self.trainer_busy = False
         self.t_free = self.clock.now
