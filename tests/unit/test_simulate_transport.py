@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from test_simulate_driver import RUN, B  # the same run as the driver's tests
 
 from asyncdapo.config import RunConfig
 from asyncdapo.simulate.driver import Simulation
@@ -18,14 +19,7 @@ from asyncdapo.simulate.modes import mode_config
 from asyncdapo.simulate.presets import load_workload
 from asyncdapo.simulate.profile import load_cluster
 
-B, N, VERSIONS = 16, 8, 5
-RUN: dict[str, Any] = {
-    "name": "sim",
-    "data": {"train_batch_size": B, "max_response_length": 8192, "max_prompt_length": 1024},
-    "rollout": {"n": N, "max_concurrent_prompts": 3 * B},
-    "reward": {"overlong_buffer": {"len": 1024}},
-    "trainer": {"ppo_mini_batch_size": B},
-}
+VERSIONS = 5
 
 
 def simulate(
