@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from simulator_real_runs import (
     stepping_gateways,
 )
 
-from asyncdapo.simulate.calibrate import calibrate_files, nnls
+from asyncdapo.simulate.calibrate import calibrate_files, nnls, read_steps
 from asyncdapo.simulate.profile import (
     CPU_TINY,
     GATEWAY_MAX_NUM_SEQS,
@@ -263,9 +262,9 @@ def fit_dispatch(cal: list[Run], engine: EngineProfile, rtt_s: float) -> tuple[f
         if r.dir.name == "fully-async":  # s = 1: the next version's groups were dispatched long before
             continue
         lines = sorted(
-            (x for p in r.step_logs for x in map(json.loads, p.read_text().splitlines()) if x["decode"] or x["prefill_reqs"]),
+            (x for p in r.step_logs for x in read_steps(p) if x["decode"] or x["prefill_reqs"]),
             key=lambda x: x["t"],
-        )  # fmt: skip
+        )
         times = [x["t"] for x in lines]
         for v in r.versions():
             i = bisect.bisect_right(times, r.announced[v])

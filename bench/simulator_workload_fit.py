@@ -204,8 +204,9 @@ def replay_workloads(trace: Path, n: int, cap: int) -> list[ReplayWorkload]:
     problem replays block (a - 1 + k) mod blocks (`asyncdapo.simulate.replay`), so the simulated
     runs differ only in which real generations they meet, as the real reps do."""
     want = REPLAY_PER_SEED * len(REPLAY_SEEDS)
-    lines = [x for x in trace.read_text().splitlines() if x.strip()]
-    per = {len(json.loads(x)["lengths"]) for x in lines}
+    first = load_replay(trace, cap, 0)
+    per = {len(lengths) for _, lengths, _ in first.groups}
     if per != {want}:
         raise SystemExit(f"{trace}: {sorted(per)} responses per problem, want {want}")
-    return [load_replay(trace, cap, k) for k in range(want // n)]
+    # one parse of the trace: the realisations differ only in their seed
+    return [first] + [ReplayWorkload(first.groups, cap, trace.name, k) for k in range(1, want // n)]
