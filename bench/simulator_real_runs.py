@@ -39,9 +39,7 @@ class Bench:
     temperature: float
     batch: int  # train_batch_size (= ppo_mini_batch_size)
     max_concurrency: int  # each gateway's --max-concurrency: vLLM's max_num_seqs
-    trace: (
-        Path  # real generations of every problem of train_file (simulator_workload_fit.ensure_replay_trace)
-    )
+    trace: Path  # real generations of train_file's problems (ensure_replay_trace)
     out: Path  # where the runs and the analysis go
     overlong_len: int = 32
 
