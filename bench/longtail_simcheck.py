@@ -189,8 +189,9 @@ def simulator_check(rate: float, runs: dict[str, list[Run]], out: Path, logs: Pa
             for line in p.read_text().splitlines():
                 d = json.loads(line)
                 if any(a <= d["t"] <= b for a, b in wins):
-                    busy += (e.base_s + e.per_seq_s * (d["decode"] + d["prefill_reqs"])
-                             + e.per_kv_token_s * d["kv"] * e.kv_capacity_tokens + e.prefill_per_token_s * d["prefill_tokens"])  # fmt: skip
+                    busy += e.step_s(
+                        d["decode"] + d["prefill_reqs"], d["kv"] * e.kv_capacity_tokens, d["prefill_tokens"]
+                    )
         recompute = sum(r.pools["heavy"]["prefill"] - r.pools["heavy"]["prefix_hits"] for r in pd)
         share = e.prefill_per_token_s * recompute / busy if busy else float("nan")
         print(f"pdsr recompute priced by the fitted profile: {recompute:.0f} prefill tokens on heavy x "

@@ -271,11 +271,7 @@ def fit_dispatch(cal: list[Run], engine: EngineProfile, rtt_s: float) -> tuple[f
             if i == len(lines):
                 continue
             x = lines[i]
-            step = (
-                engine.base_s
-                + engine.per_seq_s * x["decode"]
-                + engine.prefill_per_token_s * x["prefill_tokens"]
-            )
+            step = engine.step_s(int(x["decode"]), 0, int(x["prefill_tokens"]))
             gaps.append(x["t"] - r.announced[v] - rtt_s - step)
     if not gaps:
         return 0.0, 0

@@ -51,6 +51,31 @@ def test_step_time_is_the_linear_formula() -> None:
     assert p.step_s(3, 1000, 50) == pytest.approx(BASE + 3 * PER_SEQ + 1000 * PER_KV + 50 * PREFILL)
 
 
+def test_the_sequences_cost_is_piecewise_linear_with_knots() -> None:
+    p = profile(seq_slopes=((4, 0.0005), (10, 0.0002)))  # type: ignore[arg-type]
+    assert p.seq_s(3) == pytest.approx(3 * PER_SEQ)
+    assert p.seq_s(4) == pytest.approx(4 * PER_SEQ)
+    assert p.seq_s(7) == pytest.approx(4 * PER_SEQ + 3 * 0.0005)
+    assert p.seq_s(25) == pytest.approx(4 * PER_SEQ + 6 * 0.0005 + 15 * 0.0002)
+    assert p.step_s(7, 1000) == pytest.approx(BASE + p.seq_s(7) + 1000 * PER_KV)
+    for bad in (((4, 0.1), (4, 0.2)), ((10, 0.1), (4, 0.2)), ((0, 0.1),), ((4, -0.1),)):
+        with pytest.raises(ValueError, match="seq_slopes"):
+            profile(seq_slopes=bad)  # type: ignore[arg-type]
+
+
+def test_an_engine_steps_at_the_piecewise_cost() -> None:
+    """Twenty equal requests decode together: every decode step costs the piecewise formula at 20
+    sequences, not the linear one."""
+    p = profile(per_kv_token_s=0.0, prefill_per_token_s=0.0, seq_slopes=((8, 0.0002),))  # type: ignore[arg-type]
+    r = Rig(p)
+    for i in range(20):
+        r.submit(f"r{i}", 10, 50)
+    r.run()
+    step = BASE + 8 * PER_SEQ + 12 * 0.0002
+    assert step < BASE + 20 * PER_SEQ  # the knot matters here
+    assert [t for t, _ in r.done.values()] == [pytest.approx(50 * step, rel=1e-9)] * 20
+
+
 def test_one_request_takes_its_prefill_and_decode_steps() -> None:
     r = Rig(profile())
     r.submit("a", 100, 500)

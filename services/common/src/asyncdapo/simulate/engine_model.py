@@ -104,9 +104,8 @@ class Engine:
         # CPU profiles with host contention (profile.HostCpuContention): the factor on the step
         # time of the segment being planned, read once per segment; None on GPU profiles
         self.stretch: Callable[[], float] | None = None
-        self._a, self._b, self._c, self._d = (
+        self._a, self._c, self._d = (
             profile.base_s,
-            profile.per_seq_s,
             profile.per_kv_token_s,
             profile.prefill_per_token_s,
         )
@@ -419,7 +418,7 @@ class Engine:
                 # >= 1: settling preempted until one more step fits, admission left that room
                 k_o = max(1, (self.cap - (self.kv_const + N * D + self.kv_pf)) // N)  # kv_used()
             k = max(1, min(k_p, k_f, k_o))
-            A = self._a + self._b * (N + self.n_pf) + self._d * chunk
+            A = self._a + self.p.seq_s(N + self.n_pf) + self._d * chunk
             C, K0 = self._c, float(self.kv_const + N * D)
         if self.stretch is not None:
             f = self.stretch()

@@ -1,11 +1,14 @@
 """Cluster profiles: what an engine, the trainer, the verifier and the scheduler's round trips cost.
 
-An `EngineProfile` is one vLLM engine (one gateway): the time of one engine step as a linear
-function of what the step does,
+An `EngineProfile` is one vLLM engine (one gateway): the time of one engine step as a function of
+what the step does, linear but for the sequences' part,
 
-    step_s = base_s + per_seq_s * sequences + per_kv_token_s * kv_tokens + prefill_per_token_s * prefill_tokens
+    step_s = base_s + seq_s(sequences) + per_kv_token_s * kv_tokens + prefill_per_token_s * prefill_tokens
 
-(`sequences`: running requests in the step; `kv_tokens`: context tokens the decoders attend to;
+(`sequences`: running requests in the step; `seq_s` is `per_seq_s * sequences`, or piecewise linear
+in them with `seq_slopes` — on a CPU engine a further sequence costs less the more run (measured:
+0.11-0.14 ms each up to 8, 0.04-0.05 ms beyond 32, docs/simulator.md), and one slope fitted over
+every batch overstates small batches by ~20 %; `kv_tokens`: context tokens the decoders attend to;
 `prefill_tokens`: prompt tokens computed in the step), its KV capacity in tokens, `max_num_seqs`
 and the chunked-prefill token budget per step (`max_num_batched_tokens`), and what a weight update
 costs it (pause + resume, the in-place reload, and whether requests held across a reload recompute
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from asyncdapo.errors import AsyncdapoError
 
@@ -50,7 +53,15 @@ GATEWAY_MAX_NUM_SEQS = 64
 
 class EngineProfile(_Model):
     base_s: float = Field(ge=0.0, description="Fixed cost of one engine step (s).")
-    per_seq_s: float = Field(0.0, ge=0.0, description="Per running sequence in the step (s).")
+    per_seq_s: float = Field(
+        0.0, ge=0.0, description="Per running sequence in the step (s); up to the first knot of seq_slopes."
+    )
+    seq_slopes: tuple[tuple[int, float], ...] = Field(
+        (),
+        description="Piecewise-linear sequence cost: (k, slope) pairs with k ascending; from the k-th "
+        "running sequence on, each further one costs `slope` (s) instead of the previous slope. "
+        "Empty: linear, per_seq_s each.",
+    )
     per_kv_token_s: float = Field(0.0, ge=0.0, description="Per context token the decoders attend to (s).")
     prefill_per_token_s: float = Field(0.0, ge=0.0, description="Per prompt token prefilled (s).")
     kv_capacity_tokens: int = Field(1 << 20, ge=1, description="KV cache size in tokens.")
@@ -66,10 +77,33 @@ class EngineProfile(_Model):
         "weights (the gateway resets running requests' prefix cache): a prefill of every context.",
     )
 
+    @field_validator("seq_slopes")
+    @classmethod
+    def _knots_ascend(cls, v: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+        knots = [k for k, _ in v]
+        if any(k < 1 for k in knots) or knots != sorted(set(knots)):
+            raise ValueError(f"seq_slopes: knots must be distinct, ascending and >= 1, got {knots}")
+        if any(s < 0 for _, s in v):
+            raise ValueError("seq_slopes: slopes must be >= 0")
+        return v
+
+    def seq_s(self, seqs: int) -> float:
+        """The sequences' part of a step running `seqs` of them."""
+        if not self.seq_slopes:
+            return self.per_seq_s * seqs
+        first = self.seq_slopes[0][0]
+        cost = self.per_seq_s * min(seqs, first)
+        for i, (k, slope) in enumerate(self.seq_slopes):
+            if seqs <= k:
+                break
+            upper = self.seq_slopes[i + 1][0] if i + 1 < len(self.seq_slopes) else seqs
+            cost += slope * (min(seqs, upper) - k)
+        return cost
+
     def step_s(self, seqs: int, kv_tokens: int = 0, prefill_tokens: int = 0) -> float:
         return (
             self.base_s
-            + self.per_seq_s * seqs
+            + self.seq_s(seqs)
             + self.per_kv_token_s * kv_tokens
             + self.prefill_per_token_s * prefill_tokens
         )
