@@ -3,6 +3,8 @@ preemption and version runs across a reload — each against arithmetic done by 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from asyncdapo.simulate.clock import VirtualClock
@@ -168,3 +170,23 @@ def test_keep_across_a_reload_splits_version_runs() -> None:
     assert gen == 400
     assert [v for v, _ in s.runs] == [0, 1] and sum(c for _, c in s.runs) == 400
     assert r.engine.prefill_tokens > 50  # the held context was recomputed with the new weights
+
+
+def test_a_recompute_costs_the_held_context_not_whole_budgets() -> None:
+    """After a reload a held request's context (prompt + tokens so far) is recomputed in chunks of
+    at most max_num_batched_tokens: ceil(context / budget) steps costing that context's prefill,
+    the last chunk what is left."""
+    budget = 64
+    r = Rig(profile(per_seq_s=0.0, per_kv_token_s=0.0, max_num_batched_tokens=budget))
+    r.submit("a", 50, 400)
+    r.clock.at(1.0, lambda _: r.engine.pause("keep"))
+    r.clock.at(1.5, lambda _: r.engine.resume(1))
+    r.run()
+    t, gen = r.done["a"]
+    # the prefill step (BASE + 50 PREFILL) samples token 1, each decode step (BASE) one more; the
+    # step in progress at t = 1 ends: 100 tokens held
+    held = math.ceil((1.0 - PREFILL * 50) / BASE)
+    context = 50 + held
+    assert context == 150 and r.engine.prefill_tokens == pytest.approx(50 + context)
+    recompute_steps = math.ceil(context / budget)  # 3: 64 + 64 + 22 tokens, not 3 x 64
+    assert t == pytest.approx(1.5 + (recompute_steps + 400 - held) * BASE + PREFILL * context, rel=1e-9)

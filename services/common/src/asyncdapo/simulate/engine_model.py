@@ -391,8 +391,10 @@ class Engine:
         N = self.n_dec
         A: float
         if self.recompute_left > 0:
-            chunk = float(self.budget)
-            k = max(1, math.ceil(self.recompute_left / chunk))
+            # k steps of at most the budget, the context split evenly over them: the last chunk of
+            # a recompute is what is left, not a whole budget
+            k = max(1, math.ceil(self.recompute_left / self.budget))
+            chunk = self.recompute_left / k
             A = self._a + self._d * chunk
             C, K0, adv, recompute, N = self._c, float(self.kv_used()), False, True, 0
         else:
