@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,6 +279,21 @@ def fit_dispatch(cal: list[Run], engine: EngineProfile, rtt_s: float) -> tuple[f
     return max(0.0, statistics.median(gaps)), len(gaps)
 
 
+def batched_tokens(step_logs: list[Path]) -> int:
+    """vLLM's token budget per step as the gateways ran it (their log's "max_num_batched_tokens=N"
+    line): on CPU the gateway sets it to hold every slot's whole context (gateway/vllm_engine.py),
+    so no prefill or recompute is chunked, which the profile's default 8,192 would do."""
+    found = set()
+    for p in step_logs:
+        log = p.with_name(p.name.replace(".steps.jsonl", ".log"))
+        found |= {
+            int(m) for m in re.findall(r"max_num_batched_tokens=(\d+)", log.read_text(errors="replace"))
+        }
+    if len(found) != 1:
+        raise SystemExit(f"the gateways' logs name {sorted(found) or 'no'} max_num_batched_tokens (want one)")
+    return found.pop()
+
+
 def fit_cluster(
     cal: list[Run],
     cores: int,
@@ -322,7 +338,9 @@ def fit_cluster(
         / (host_for(host, r, scale).others if host else 1.0)
         for r in cal
     )
-    engine = fitted.engine.model_copy(update={"pause_s": 0.0, "reload_s": reload_s})
+    engine = fitted.engine.model_copy(
+        update={"pause_s": 0.0, "reload_s": reload_s, "max_num_batched_tokens": batched_tokens(logs)}
+    )
     if dispatch_s is None:
         dispatch_s, dispatch_n = fit_dispatch(cal, engine, CPU_TINY.redis_rtt_s)
     else:
