@@ -11,7 +11,9 @@ Protocol
 1. Real runs, interleaved (rep 1: every config, rep 2: every config, …), each a whole
    `LocalStack` run of `--steps` training steps (the first `--warmup` left out) with
    `--step-logs`: sync, async (`any`), async-fifo, fully-async (s = 1, keep), pdsr (async-fifo
-   with rollout.long_tail.policy pdsr; its two gateways are the `fast` and the `heavy` pool).
+   with rollout.long_tail.policy pdsr; its two gateways are the `fast` and the `heavy` pool). Rep r
+   samples with rollout.seed = r - 1, so that the three runs of a config are three draws of the
+   workload (with one seed they drew the same generations: one draw, whatever the rep count).
 2. Calibration, cross-fitted (default): for each rep v, a calibration on every other rep's runs
    validates rep v, so no run is ever compared with a simulator fitted on it and every rep is
    validated (`--cal-rep N`: the older protocol, rep N alone calibrates). A calibration:
@@ -30,9 +32,9 @@ Protocol
    tokens. The abort fan-out is the scheduler's own measure (`abort_fanout_seconds`, median over
    the runs). Nothing else is stated: the Redis round trip keeps the `cpu-tiny` profile's value.
 3. The workload (`--workload`): `replay` (default) replays real generations of the bench's own
-   dataset, 32 per problem by the runs' model at their temperature (sampling seed 1, measured apart
-   from the runs, never fitted to them; simulator_workload_fit.ensure_replay_trace), in the
-   trainer's epoch order, one simulated run per block of n (4 realisations). A preset name
+   dataset, 128 per problem by the runs' model at their temperature (sampling seeds 1-4, 32 each,
+   measured apart from the runs, never fitted to them; simulator_workload_fit.ensure_replay_trace),
+   in the trainer's epoch order, one simulated run per block of n (16 realisations). A preset name
    (e.g. `tiny-longtail`) fits that preset instead (`fit_workload`): the share of valid groups
    among those its sync runs judged, surplus included, as valid_rate; length_median scaled until
    the preset's mean response length is the runs'; the within-group length structure on the
@@ -44,7 +46,9 @@ Protocol
    likewise. Also compared, as diagnostics: the step period (announcement to announcement), and
    counts the machine's load does not move: tokens generated per version (aborted included),
    completions per version, their mean length, tokens aborted per version. The real stack's own
-   spread per config ((max - min) / median over every rep) is printed beside the errors.
+   spread per config ((max - min) / median over every rep) is printed beside the errors, and the
+   workload's own noise on one run's ratio to sync (`workload_noise`: its standard deviation over
+   the simulator's realisations, config and sync on the same draw; RESULT ratio_sd_one_run_max).
    "Load-matched" re-runs the simulator per validation run with that run's own measured
    background load (other users' CPU: an input from outside the stack), everything else from its
    fold's calibration.

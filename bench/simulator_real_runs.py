@@ -211,9 +211,14 @@ class Run:
 
 
 def run_all(args: argparse.Namespace, bench: Bench) -> None:
+    """Every config, rep by rep (interleaved). Rep r samples with rollout.seed r - 1: with one seed
+    every rep drew the same generations (sync's tokens per version were identical across reps), so
+    a config's three runs were one draw of the workload, and their median could sit anywhere in
+    the spread of draws the simulator's realisations average over."""
     for rep in range(1, args.reps + 1):
         for mode in args.configs:
             cfg = real_config(mode, bench, args.steps)
+            cfg["rollout"]["seed"] = rep - 1
             print(
                 f"== rep {rep}/{args.reps} {mode}: {args.steps} steps, load {os.getloadavg()[0]:.1f}",
                 flush=True,
