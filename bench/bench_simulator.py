@@ -26,7 +26,11 @@ Protocol
    (`profile.HostCpuContention`; `--no-contention` leaves it out) from the per-service CPU time
    `cpu_sampler` records during every run: control-plane CPU (scheduler + verifier + Redis) per
    completion and per version, the trainer's CPU share, the background (host busy time that was
-   none of the stack's, where an engine stepped); the step costs are fitted on intervals divided
+   none of the stack's, where an engine stepped; `--background threads`: the load average less
+   the stack's own, which on a quiet machine read 1.1-1.5 phantom threads in the s = 1 runs of
+   the long-tail bench's third run: the trainer's torch threads and checkpoint I/O count in the
+   load average beyond its CPU rate, and the 1-min average lags from one run into the next —
+   that made the simulated s = 1 +86 % there); the step costs are fitted on intervals divided
    by the model's stretch at their time. The KV capacity is the stack's: VLLM_CPU_KVCACHE_SPACE =
    1 GiB at 1,024 B per token (2 layers x 2 KV heads x 32 dims x 2 (K, V) x 4 B) = 1,048,576
    tokens. The abort fan-out is the scheduler's own measure (`abort_fanout_seconds`, median over
@@ -124,8 +128,10 @@ def main() -> int:
     ap.add_argument(
         "--background",
         choices=("threads", "cores"),
-        default="threads",
-        help="other users' load as runnable threads (load average) or as the CPU they used",
+        default="cores",
+        help="other users' load as the CPU they used (default: host busy time that was none of the "
+        "stack's) or as runnable threads (the load average less the stack's own: on a quiet machine it "
+        "read up to 1.5 phantom threads in s = 1 runs, the trainer's threads and I/O beyond its CPU rate)",
     )
     ap.add_argument(
         "--max-share",
