@@ -189,4 +189,5 @@ def test_a_recompute_costs_the_held_context_not_whole_budgets() -> None:
     context = 50 + held
     assert context == 150 and r.engine.prefill_tokens == pytest.approx(50 + context)
     recompute_steps = math.ceil(context / budget)  # 3: 64 + 64 + 22 tokens, not 3 x 64
+    assert gen == 400
     assert t == pytest.approx(1.5 + (recompute_steps + 400 - held) * BASE + PREFILL * context, rel=1e-9)
