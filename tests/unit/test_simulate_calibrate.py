@@ -62,22 +62,6 @@ def test_calibrate_command_writes_a_loadable_profile(
 ) -> None:
     write_log(tmp_path / "g0.jsonl")
     out = tmp_path / "cpu.json"
-    rc = main(
-        [
-            "simulate",
-            "calibrate",
-            "--step-log",
-            str(tmp_path / "g0.jsonl"),
-            "--kv-capacity-tokens",
-            str(CAP),
-            "-o",
-            str(out),
-        ]
-    )
-    assert rc == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("RESULT steps=")
-    assert load_cluster(str(out)).engine.base_s == pytest.approx(TRUE["base_s"], rel=0.15)
-    assert [k for k, _ in load_cluster(str(out)).engine.seq_slopes] == [8, 32]
     args = [
         "simulate",
         "calibrate",
@@ -86,6 +70,10 @@ def test_calibrate_command_writes_a_loadable_profile(
         "--kv-capacity-tokens",
         str(CAP),
     ]
+    assert main([*args, "-o", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("RESULT steps=")
+    assert load_cluster(str(out)).engine.base_s == pytest.approx(TRUE["base_s"], rel=0.15)
+    assert [k for k, _ in load_cluster(str(out)).engine.seq_slopes] == [8, 32]
     assert main([*args, "-o", str(out), "--seq-knots", "none"]) == 0
     assert "seq_slopes_ms=none" in capsys.readouterr().out
     assert load_cluster(str(out)).engine.seq_slopes == ()
