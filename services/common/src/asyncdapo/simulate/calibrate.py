@@ -183,9 +183,7 @@ def calibrate_files(
         Xs.append(X)
         ys.append(y)
         dropped += d
-    fit = fit_steps(
-        np.vstack(Xs), np.concatenate(ys), dropped, seq_knots(max_num_seqs) if knots is None else knots
-    )
+    fit = fit_steps(np.vstack(Xs), np.concatenate(ys), dropped, knots)
     c = fit.coef
     engine = EngineProfile(
         base_s=c["base_s"],

@@ -6,9 +6,10 @@ what the step does, linear but for the sequences' part,
     step_s = base_s + seq_s(sequences) + per_kv_token_s * kv_tokens + prefill_per_token_s * prefill_tokens
 
 (`sequences`: running requests in the step; `seq_s` is `per_seq_s * sequences`, or piecewise linear
-in them with `seq_slopes` — on a CPU engine a further sequence costs less the more run (measured:
-0.11-0.14 ms each up to 8, 0.04-0.05 ms beyond 32, docs/simulator.md), and one slope fitted over
-every batch overstates small batches by ~20 %; `kv_tokens`: context tokens the decoders attend to;
+in them with `seq_slopes` — on a CPU engine a further sequence costs less the more run (fitted on
+the demo bench: 0.06-0.08 ms each up to 32, 0.035-0.037 ms beyond), and one slope fitted over
+every batch overstated the steps of 1-3 sequences by 13-27 % (docs/simulator.md); `kv_tokens`:
+context tokens the decoders attend to;
 `prefill_tokens`: prompt tokens computed in the step), its KV capacity in tokens, `max_num_seqs`
 and the chunked-prefill token budget per step (`max_num_batched_tokens`), and what a weight update
 costs it (pause + resume, the in-place reload, and whether requests held across a reload recompute
@@ -58,9 +59,9 @@ class EngineProfile(_Model):
     )
     seq_slopes: tuple[tuple[int, float], ...] = Field(
         (),
-        description="Piecewise-linear sequence cost: (k, slope) pairs with k ascending; from the k-th "
-        "running sequence on, each further one costs `slope` (s) instead of the previous slope. "
-        "Empty: linear, per_seq_s each.",
+        description="Piecewise-linear sequence cost: (k, slope) pairs with k ascending; beyond k running "
+        "sequences each further one costs `slope` (s) instead of the previous slope. Empty: linear, "
+        "per_seq_s each.",
     )
     per_kv_token_s: float = Field(0.0, ge=0.0, description="Per context token the decoders attend to (s).")
     prefill_per_token_s: float = Field(0.0, ge=0.0, description="Per prompt token prefilled (s).")
