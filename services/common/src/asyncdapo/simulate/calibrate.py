@@ -33,7 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncdapo.simulate.profile import GATEWAY_MAX_NUM_SEQS, ClusterProfile, EngineProfile, ProfileError
+from asyncdapo.simulate.profile import (
+    GATEWAY_MAX_NUM_SEQS,
+    ClusterProfile,
+    EngineProfile,
+    ProfileError,
+    knots_ascend,
+)
 
 GAP_FACTOR = 5.0
 NAMES = ("base_s", "per_seq_s", "per_kv_token_s", "prefill_per_token_s")
@@ -167,7 +173,7 @@ def calibrate_files(
     the intervals are fitted as they are, contention included); `knots`: of the sequences'
     piecewise-linear cost (None: `seq_knots(max_num_seqs)`; (): one slope)."""
     knots = seq_knots(max_num_seqs) if knots is None else knots
-    if any(k < 1 for k in knots) or list(knots) != sorted(set(knots)):
+    if not knots_ascend(knots):
         raise ProfileError(f"--seq-knots: distinct ascending counts >= 1, got {','.join(map(str, knots))}")
     Xs, ys, dropped = [], [], 0
     for p in paths:

@@ -29,6 +29,7 @@ arithmetic and assumptions in their `source` fields (docs/simulator.md lists the
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,11 @@ class _Model(BaseModel):
 # the rollout gateway's --max-concurrency default, which it passes to vLLM as max_num_seqs (a unit
 # test keeps the two equal): what the step logs of gateways run with defaults were capped at
 GATEWAY_MAX_NUM_SEQS = 64
+
+
+def knots_ascend(knots: Sequence[int]) -> bool:
+    """Knots of a piecewise-linear sequence cost: distinct, ascending, each >= 1."""
+    return all(k >= 1 for k in knots) and list(knots) == sorted(set(knots))
 
 
 class EngineProfile(_Model):
@@ -82,7 +88,7 @@ class EngineProfile(_Model):
     @classmethod
     def _knots_ascend(cls, v: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
         knots = [k for k, _ in v]
-        if any(k < 1 for k in knots) or knots != sorted(set(knots)):
+        if not knots_ascend(knots):
             raise ValueError(f"seq_slopes: knots must be distinct, ascending and >= 1, got {knots}")
         if any(s < 0 for _, s in v):
             raise ValueError("seq_slopes: slopes must be >= 0")
