@@ -123,6 +123,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
     sim_runs = [
         {m: simulate(m, f.calibration.profile, f.workload, args) for m in args.configs} for f in folds
     ]
+    ratio_sd = workload_noise(sim_runs, args.configs)
     rel: dict[str, float] = {}
     rat: dict[str, float] = {}
     spread: dict[str, float] = {}
@@ -170,7 +171,6 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
                   f"{rs:9.3f} {abs(rs - rm):8.3f} {spr:11.1%}")  # fmt: skip
         summary["figures"][name] = {"measured": meas, "simulated": sim, "simulated_per_fold": per_fold}
         if k == 0:
-            ratio_sd = workload_noise(sim_runs, args.configs)
             shown = ", ".join(f"{m} {x:.3f}" for m, x in ratio_sd.items())
             print(f"{'':22s} ratio to sync of one run, its spread from the workload draw alone (sd over the "
                   f"simulator's realisations, paired): {shown}")  # fmt: skip
