@@ -96,8 +96,12 @@ async def test_load_reports_in_flight_and_streams(sim_gateway_factory, gateway_t
     gw = sim_gateway_factory(max_concurrency=2)
     async with GatewayClient(gw.target, token=gateway_token) as c:
         tasks = [asyncio.create_task(c.generate(f"r{i}", [1, 2, 3], LONG)) for i in range(3)]
-        await asyncio.sleep(0.1)
+        # until the three requests reached the gateway (a fixed 0.1 s was too short under CI's load)
+        deadline = time.monotonic() + 5.0
         load = await c.get_load()
+        while load.running + load.waiting < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            load = await c.get_load()
         assert (load.running, load.waiting, load.capacity) == (2, 1, 2)
         assert (load.gateway_id, load.pool, load.engine, load.paused, load.draining) == (
             "sim-test",
