@@ -209,6 +209,7 @@ def run_mode(
             run_dir=run_dir,
             gateways=2,
             step_logs=step_logs,
+            response_logs=step_logs,  # the simulator's traces: engine steps and the run's own generations
             pools=pools or [],
             max_concurrency=max_concurrency,
         ),
@@ -362,7 +363,8 @@ def main() -> int:
     ap.add_argument(
         "--step-logs",
         action="store_true",
-        help="each gateway logs every vLLM engine step to OUT/MODE/logs/gateway-N.steps.jsonl (gateway README)",
+        help="each gateway logs every vLLM engine step to OUT/MODE/logs/gateway-N.steps.jsonl (gateway README), "
+        "the scheduler every training response to OUT/MODE/logs/scheduler.responses.jsonl",
     )
     args = ap.parse_args()
     if args.warmup < 1 or args.steps <= args.warmup + 1:

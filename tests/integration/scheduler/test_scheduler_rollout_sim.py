@@ -286,3 +286,49 @@ async def test_requests_wait_out_a_paused_gateway_and_go_when_it_resumes(redis_u
             "bound after the gateway resumed",
             state=lambda: rollout_state(ro, redis_url, "t"),
         )
+
+
+async def test_response_log_holds_every_judged_and_cut_response_once(redis_url: str, tmp_path: Path) -> None:
+    """`--response-log`: the trained groups' responses are there with their lengths and verdicts,
+    the early stop's cancelled requests as `aborted` / `late`, and no response twice."""
+    import json
+    from collections import Counter
+
+    from asyncdapo.scheduler.response_log import ResponseLog
+
+    cfg = run_config(rollout={"admission": {"policy": "greedy"}})
+    load_prompts(redis_url, "t", ["mixed", "all0"] * 30)
+    log_path = tmp_path / "responses.jsonl"
+    responses = ResponseLog(log_path)
+    async with (
+        sim_gateways(2) as gws,
+        scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer(), response_log=responses) as ro,
+    ):
+        ro.start_run()
+        await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of version 0")
+        await ro.wait_idle(10)
+        aborted_requests = ro.dispatcher.aborted_requests
+    responses.close()
+    lines = [json.loads(x) for x in log_path.read_text().splitlines()]
+    events = Counter(x["event"] for x in lines)
+    assert events["judged"] > 0 and events["aborted"] > 0, events
+    assert set(events) <= {"judged", "aborted", "late"}
+    assert events["aborted"] <= aborted_requests
+    # one line per response of an attempt, whatever became of it
+    keys = Counter((x["pid"], x["attempt"], x["idx"]) for x in lines)
+    assert max(keys.values()) == 1
+    judged = {(x["pid"], x["attempt"], x["idx"]): x for x in lines if x["event"] == "judged"}
+    for x in judged.values():
+        rule = "mixed" if int(x["pid"].split("-")[1]) % 2 == 0 else "all0"
+        assert x["acc"] == (float(x["idx"] % 2 == 0) if rule == "mixed" else 0.0)
+        assert x["tokens"] > 0 and x["prompt_tokens"] > 0
+    # every trained group is there whole, with the lengths the trainer receives
+    gs = groups(redis_url, "t")
+    assert len(gs) == 4
+    for g in gs:
+        attempts = {a for p, a, _ in judged if p == g.prompt_id}
+        lengths = [
+            sorted(judged[(g.prompt_id, a, i)]["tokens"] for i in range(4) if (g.prompt_id, a, i) in judged)
+            for a in attempts
+        ]
+        assert sorted(len(r.token_ids) for r in g.responses) in lengths

@@ -48,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="each vLLM gateway logs every engine step to logs/gateway-N.steps.jsonl (see the gateway README)",
     )
+    p.add_argument(
+        "--response-logs",
+        action="store_true",
+        help="the scheduler logs every training response (judged, aborted, late) to "
+        "logs/scheduler.responses.jsonl: a trace of the run's own generations for `asyncdapo simulate --replay`",
+    )
     state = p.add_mutually_exclusive_group()
     state.add_argument("--fresh", action="store_true", help="delete the run directory's state and start over")
     state.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
@@ -89,6 +95,7 @@ def _up(args: argparse.Namespace) -> int:
         engine=args.engine,
         max_model_len=args.max_model_len,
         step_logs=args.step_logs,
+        response_logs=args.response_logs,
     )
     with interrupt_on(signal.SIGTERM, signal.SIGHUP):  # a `kill` or a closed terminal: as Ctrl-C
         return run_local(cfg, opts, timeout_s=args.timeout_s, live=not args.quiet)

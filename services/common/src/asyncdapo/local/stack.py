@@ -43,6 +43,7 @@ class StackOptions:
     max_model_len: int | None = None  # None: data.max_prompt_length + data.max_response_length
     gateway_ready_timeout_s: float = 300.0
     step_logs: bool = False  # vllm: each gateway writes logs/gateway-N.steps.jsonl (one line per step)
+    response_logs: bool = False  # the scheduler writes logs/<name>.responses.jsonl (every training response)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -271,6 +272,11 @@ class LocalStack:
                     "--token-file",
                     str(self.token_file),
                     "--start",
+                    *(
+                        ["--response-log", str(self.logs / f"{name}.responses.jsonl")]
+                        if self.opts.response_logs
+                        else []
+                    ),
                 ),
                 ready=lambda: grpc_ready(self.ep.scheduler),
                 ready_timeout_s=120,

@@ -39,7 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--replay",
-        help="a recorded trace (JSONL of groups: prompt_tokens, lengths, acc) instead of --workload",
+        help="a recorded run instead of --workload: a groups trace (JSONL: prompt_tokens, lengths, acc; "
+        "`longtail-stats --trace`) or a scheduler --response-log (the run's own generations, attempt by attempt)",
+    )
+    p.add_argument(
+        "--replay-pool",
+        help="with a --response-log --replay: a groups trace of the same dataset for what the log cannot say "
+        "(aborted responses' lengths, attempts the run never made; default: the log's own judged responses)",
     )
     p.add_argument("--valid-rate", type=float, help="override the workload's valid rate (groups of n_ref)")
     p.add_argument(
@@ -123,18 +129,25 @@ def _simulate(args: argparse.Namespace) -> int:
         write_json,
         write_png,
     )
-    from asyncdapo.simulate.driver import Simulation, check_supported
+    from asyncdapo.simulate.driver import Simulation, SimulationError, check_supported
     from asyncdapo.simulate.modes import mode_config
     from asyncdapo.simulate.presets import load_workload
     from asyncdapo.simulate.profile import load_cluster
     from asyncdapo.simulate.replay import load_replay
+    from asyncdapo.simulate.run_replay import is_response_log, load_run_replay
     from asyncdapo.simulate.workload import Sampler
 
     base = load_run_config(args.config, args.overrides)
     cluster = load_cluster(args.cluster, args.engines)
     workload: Sampler
-    if args.replay:
-        workload = load_replay(Path(args.replay), base.data.max_response_length, args.seed)
+    cap = base.data.max_response_length
+    if args.replay_pool and not (args.replay and is_response_log(Path(args.replay))):
+        raise SimulationError("--replay-pool goes with a --replay that is a scheduler --response-log")
+    if args.replay and is_response_log(Path(args.replay)):
+        pool = load_replay(Path(args.replay_pool), cap, args.seed) if args.replay_pool else None
+        workload = load_run_replay(Path(args.replay), cap, pool)
+    elif args.replay:
+        workload = load_replay(Path(args.replay), cap, args.seed)
     else:
         workload = load_workload(args.workload, args.seed, valid_rate=args.valid_rate)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -297,7 +297,9 @@ class Simulation:
     def _attempt(self, task: PromptTask) -> Attempt:
         a = self.attempts.get(task)
         if a is None:
-            a = self.attempts[task] = self.workload.attempt(_index(task.pid), task.attempt, task.n)
+            a = self.attempts[task] = self.workload.attempt(
+                _feed_index(task.pid, self.workload.dataset_size), task.attempt, task.n
+            )
         return a
 
     def _start(self, req: Request, g: Gw) -> None:
@@ -579,6 +581,12 @@ class Simulation:
 
 def _index(pid: str) -> int:
     return int(pid.rsplit("-", 1)[1])
+
+
+def _feed_index(pid: str, rows: int | None) -> int:
+    """`e{epoch}-{row}` → epoch × rows + row (a workload without a dataset: the row alone, epoch 0)."""
+    epoch, row = pid[1:].split("-", 1)
+    return int(epoch) * rows + int(row) if rows else int(row)
 
 
 def check_supported(cfg: RunConfig) -> None:

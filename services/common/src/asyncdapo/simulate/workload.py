@@ -133,7 +133,10 @@ class Sampler(Protocol):
 
     def prompt_length(self, index: int) -> int: ...
 
-    def attempt(self, index: int, attempt: int, n: int) -> Attempt: ...
+    def attempt(self, index: int, attempt: int, n: int) -> Attempt:
+        """Attempt `attempt` (1-based) of the prompt fed at `index`: epoch × dataset_size + row
+        for a dataset (a sampler that keeps no per-epoch answers takes it modulo its rows)."""
+        ...
 
 
 class Workload:

@@ -38,6 +38,11 @@ def register(subparsers: Any) -> None:
     )
     add_password_flag(p)
     p.add_argument("--tokenizer", help="directory with tokenizer.json (default: the run's model.path)")
+    p.add_argument(
+        "--response-log",
+        help="append one JSON line per training response that ended (judged, aborted, late) to this file: "
+        "the run's own generations, for `asyncdapo simulate --replay`",
+    )
     p.add_argument("--start", action="store_true", help="start the run at once (else wait for StartRun)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_main)
@@ -97,7 +102,10 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     await check_auth_async(r, args.redis)
     pool = GatewayPool(spec, token=token, tls=args.gateway_tls)
     verifier = VerifierScorer(args.verifier, Detokenizer(tok_dir), cfg.reward, metrics)
-    rollout = Rollout(cfg, r, pool, verifier, metrics)
+    from asyncdapo.scheduler.response_log import ResponseLog
+
+    responses = ResponseLog(args.response_log) if args.response_log else None
+    rollout = Rollout(cfg, r, pool, verifier, metrics, response_log=responses)
     await pool.start()
     await rollout.open()
     server, port, _ = await build_server(rollout, f"{args.host}:{args.port}", token, args.tls)
@@ -116,3 +124,5 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     await pool.close()
     await verifier.aclose()
     await r.aclose()
+    if responses is not None:
+        responses.close()

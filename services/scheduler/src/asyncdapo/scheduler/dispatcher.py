@@ -9,7 +9,8 @@ Invariants:
 - a request is handed to `on_response` at most once, only with a finished (stop/length) response
   and only while its task is current (not cancelled, not closed, the request not superseded);
   the abort reply of a cancelled task's current request goes to `on_aborted` with the tokens the
-  response had (pdsr's L_cut counts it as a right-censored length);
+  response had (pdsr's L_cut counts it as a right-censored length); every reply of a cancelled
+  task's current request — its abort reply or a finish that came too late — goes to `on_cut`;
 - a request that failed at the transport level or was aborted by someone else (a pause, a drain)
   is dispatched again — with its partial tokens when the gateway returned them — until
   `max_tries`, then `on_give_up` is called;
@@ -53,6 +54,7 @@ class Dispatcher:
         on_response: Callable[[Request, Gateway, gateway_pb2.GenerateResponse], None],
         on_give_up: Callable[[Request, str], None],
         on_aborted: Callable[[Request, int], None] | None = None,
+        on_cut: Callable[[Request, gateway_pb2.GenerateResponse], None] | None = None,
         seed_base: int | None = None,
         max_tries: int = 8,
         keep_latencies: int = 1_000_000,
@@ -63,6 +65,7 @@ class Dispatcher:
         self.on_response = on_response
         self.on_give_up = on_give_up
         self.on_aborted = on_aborted
+        self.on_cut = on_cut
         self.seed_base = seed_base
         self.max_tries = max_tries
         self.pending: deque[Request] = deque()
@@ -241,11 +244,14 @@ class Dispatcher:
         task = req.task
         req.gateway = req.call = None
         if task.live.get(req.idx) is not req or task.cancelled or task.closed:
+            current = task.cancelled and task.live.get(req.idx) is req
             if resp is not None and resp.finish_reason == FINISH_ABORT:
                 self.aborted_tokens += len(resp.token_ids)
                 self.metrics.aborted_tokens.inc(len(resp.token_ids))
-                if self.on_aborted is not None and task.cancelled and task.live.get(req.idx) is req:
+                if self.on_aborted is not None and current:
                     self.on_aborted(req, len(resp.token_ids))
+            if resp is not None and current and self.on_cut is not None:
+                self.on_cut(req, resp)
             return
         if err is not None:
             self.metrics.gateway_errors.labels(gw.address, err).inc()

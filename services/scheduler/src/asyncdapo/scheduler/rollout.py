@@ -39,7 +39,7 @@ from asyncdapo.scheduler.core import (
     RolloutCore,
     ScoreResponse,
 )
-from asyncdapo.scheduler.dispatcher import Dispatcher
+from asyncdapo.scheduler.dispatcher import FINISH_ABORT, Dispatcher
 from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.scheduler.group_state import (
     REDIS_WAIT_ERRORS,
@@ -56,6 +56,7 @@ from asyncdapo.scheduler.housekeeping import Housekeeper
 from asyncdapo.scheduler.metrics import MetricsObserver, SchedulerMetrics
 from asyncdapo.scheduler.policy.dispatch import DispatchPolicy
 from asyncdapo.scheduler.queue import Fenced, PromptQueue
+from asyncdapo.scheduler.response_log import ResponseEvent, ResponseLog
 from asyncdapo.scheduler.run_status import RunStatusReader
 from asyncdapo.scheduler.score_batcher import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
 from asyncdapo.scheduler.tasks import Kind, LengthStats, PromptTask, Request, Score
@@ -82,6 +83,7 @@ class Rollout:
         claim_chunk: int = 64,
         queue_poll_s: float = 0.05,
         reconcile_every_s: float = 5.0,
+        response_log: ResponseLog | None = None,
     ) -> None:
         self.cfg = cfg
         self.redis = redis
@@ -93,6 +95,7 @@ class Rollout:
         self.scripts = ScriptRunner(redis, self.rtt)
         self.store = GroupStore(self.scripts, self.keys, cfg.data.train_batch_size, cfg.rollout.max_staleness)
         self.queue = PromptQueue(redis, self.keys, self.scripts, self.store, self.rtt, owner=owner)
+        self.response_log = response_log
         self.claim_chunk = claim_chunk
         self.queue_poll_s = queue_poll_s
         self.core = RolloutCore(cfg, MetricsObserver(self.metrics), pool_exists=self._pool_exists)
@@ -104,6 +107,7 @@ class Rollout:
             on_response=self._on_response,
             on_give_up=self._on_give_up,
             on_aborted=lambda req, n: self.core.aborted(req, n),
+            on_cut=self._on_cut if response_log is not None else None,
             seed_base=ro.seed,
         )
         self.batcher = ScoreBatcher(
@@ -432,6 +436,16 @@ class Rollout:
             return
         self._run(self.core.response(req, gw.address, resp))
 
+    def _on_cut(self, req: Request, resp: gateway_pb2.GenerateResponse) -> None:
+        """A reply of a cancelled task's request (`Dispatcher.on_cut`): into the response log."""
+        task = req.task
+        if self.response_log is None or task.kind is not Kind.TRAIN:
+            return
+        event = ResponseEvent.ABORTED if resp.finish_reason == FINISH_ABORT else ResponseEvent.LATE
+        self.response_log.cut(
+            event, task.pid, task.attempt, req.idx, len(resp.token_ids), len(task.prompt_token_ids)
+        )
+
     def _on_give_up(self, req: Request, detail: str) -> None:
         task = req.task
         if task.kind is Kind.EVAL:
@@ -465,6 +479,12 @@ class Rollout:
         if not self.core.recorded(owners, scores, progress):
             self.on_fenced("record")
             return
+        if self.response_log is not None:
+            acc = {(t.pid, t.attempt, i): a for t, i, _, a, _ in train}
+            self.response_log.judged(
+                (s.pid, s.attempt, s.idx, s.length, acc[(s.pid, s.attempt, s.idx)], len(t.prompt_token_ids))
+                for s, t in zip(scores, owners, strict=True)
+            )
         self._wake_finisher_if_needed()
 
     def _eval_scored(self, task: PromptTask, idx: int, score: float, acc: float, pred: str) -> None:

@@ -1,0 +1,83 @@
+"""`--response-log`: one JSON line per training response the scheduler saw end — the run's own
+generations, as `asyncdapo simulate --replay` reads them back.
+
+Why: the groups stream holds only the valid groups (a replay of it would never filter), and the
+gateways' step logs hold no per-request lengths. This log holds every response of every attempt:
+    {"t": 1795524967.41, "event": "judged", "pid": "e0-17", "attempt": 1, "idx": 3,
+     "tokens": 412, "acc": 1.0, "prompt_tokens": 93}
+`event`:
+- `judged`: the verifier scored it while its task was open (`acc`: the verifier's accuracy);
+- `aborted`: its task was cancelled (early stop, a fifo or long-tail abort) and the engine's abort
+  reply said it had generated `tokens` — its natural length is at least that;
+- `late`: it finished after its task was cancelled, `tokens` long, never scored.
+`tokens` counts the whole response (a continuation's earlier tokens included). The file is opened
+for append, line-buffered: a restarted scheduler adds to it; a crash loses at most a line.
+
+Writing is best-effort observability, never a reason to stop a run: an OSError (full disk) is
+logged once and the log closes itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+from typing import IO
+
+from asyncdapo.errors import AsyncdapoError
+
+log = logging.getLogger(__name__)
+
+
+class ResponseEvent(StrEnum):
+    JUDGED = "judged"
+    ABORTED = "aborted"
+    LATE = "late"
+
+
+class ResponseLog:
+    def __init__(self, path: str | Path) -> None:
+        p = Path(path)
+        if not p.resolve().parent.is_dir():
+            raise AsyncdapoError(
+                f"--response-log {str(path)!r}: directory {str(p.resolve().parent)!r} does not exist"
+            )
+        self.path = p
+        self._f: IO[str] | None = open(p, "a", buffering=1)  # noqa: SIM115 (closed by close())
+
+    def judged(self, rows: Iterable[tuple[str, int, int, int, float, int]]) -> None:
+        """(pid, attempt, idx, tokens, acc, prompt_tokens) of scored responses."""
+        now = round(time.time(), 4)
+        self._write(
+            {"t": now, "event": ResponseEvent.JUDGED.value, "pid": pid, "attempt": attempt, "idx": idx,
+             "tokens": tokens, "acc": acc, "prompt_tokens": prompt}
+            for pid, attempt, idx, tokens, acc, prompt in rows
+        )  # fmt: skip
+
+    def cut(self, event: ResponseEvent, pid: str, attempt: int, idx: int, tokens: int, prompt: int) -> None:
+        """A response of a cancelled task: its abort reply (`ABORTED`) or a finish that came too
+        late (`LATE`)."""
+        self._write(
+            [{"t": round(time.time(), 4), "event": event.value, "pid": pid, "attempt": attempt, "idx": idx,
+              "tokens": tokens, "prompt_tokens": prompt}]
+        )  # fmt: skip
+
+    def _write(self, lines: Iterable[dict[str, object]]) -> None:
+        if self._f is None:
+            return
+        try:
+            self._f.write("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+        except OSError as err:
+            log.error("--response-log %s: %s; no more responses are logged", self.path, err)
+            self.close()
+
+    def close(self) -> None:
+        if self._f is not None:
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except OSError as err:
+                log.error("--response-log %s: %s", self.path, err)
