@@ -19,6 +19,7 @@ from typing import Any
 
 # bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
 from simulator_host_fit import Calibration
+from simulator_paired import paired_validation
 from simulator_real_runs import POOLS, Run, real_config
 
 from asyncdapo.config import RunConfig
@@ -174,6 +175,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
             shown = ", ".join(f"{m} {x:.3f}" for m, x in ratio_sd.items())
             print(f"{'':22s} ratio to sync of one run, its spread from the workload draw alone (sd over the "
                   f"simulator's realisations, paired): {shown}")  # fmt: skip
+    paired = paired_validation(args, runs, folds, simulate) if isinstance(folds[0].workload, list) else {}
     load_matched: dict[str, Any] = {}
     if all(f.calibration.profile.host is not None for f in folds):
         # the same model and calibration, one input replaced: the background load (other users'
@@ -211,6 +213,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
         ratio_sd_one_run=ratio_sd,
         sim_runs=sim_runs,
         load_matched=load_matched,
+        paired=paired,
     )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     max_rel = max(abs(x) for x in rel.values())
@@ -226,6 +229,13 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
             f"load_matched_max_rel_err={max(abs(x) for x in load_matched['rel_err'].values()):.3f} "
             f"load_matched_ratio_abs_err={max(load_matched['ratio_abs_err'].values(), default=0.0):.3f} "
             if load_matched
+            else ""
+        )
+        + (
+            f"paired_max_rel_err={max(abs(x) for x in paired['rel_err'].values()):.3f} "
+            f"paired_ratio_abs_err={max(paired['ratio_abs_err'].values(), default=0.0):.3f} "
+            f"paired_tokens_max_rel_err={max(abs(x) for x in paired['tokens_rel_err'].values()):.3f} "
+            if paired
             else ""
         )
         + f"contention={int(not args.no_contention)} background={args.background} "
