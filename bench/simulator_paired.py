@@ -51,13 +51,15 @@ def paired_validation(
     cap = args.bench.max_response_length
     pool = load_replay(args.bench.trace, cap, 0)
     per: dict[str, list[dict[str, float]]] = {}
-    unresolved = 0
+    unresolved = from_log = from_pool = 0
     for f, rep in val:
         for m in args.configs:
             run = runs[(rep, m)]
             wl: RunReplay = load_run_replay(response_log(run), cap, pool)
             (sim,) = simulate(m, f.calibration.profile, [wl], args)
             unresolved += wl.unresolved
+            from_log += wl.from_log
+            from_pool += wl.from_pool
             per.setdefault(m, []).append(
                 {"rep": rep, "measured": run.rollout_s, "simulated": sim[0],
                  "tokens_measured": run.tokens_per_version, "tokens_simulated": sim[2]}
@@ -86,6 +88,7 @@ def paired_validation(
         pairs = "  ".join(f"{y['measured']:.3g} / {y['simulated']:.3g}" for y in per[m])
         print(f"{m:22s} {x['measured']:9.4g} {x['simulated']:9.4g} {rel[m]:+8.1%} {rm:10.3f} {rs:9.3f} "
               f"{abs(rs - rm):8.3f} {tok[m]:+12.1%}   {pairs}")  # fmt: skip
+    print(f"{'':22s} attempts replayed from the runs' logs: {from_log}; from the pool (attempts the runs never made): {from_pool}")  # fmt: skip
     if unresolved:
         print(f"{'':22s} ({unresolved} aborted responses outlasted every pool answer of their problem: replayed one token longer than they had)")  # fmt: skip
     return {

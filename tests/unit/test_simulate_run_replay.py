@@ -91,6 +91,7 @@ def test_attempts_the_run_never_made_are_the_pools_and_epochs_stay_apart(tmp_pat
     assert wl.attempt(ROWS + 1, 2, N).lengths == [9] * N  # epoch 1, row 1, attempt 2
     assert wl.attempt(ROWS + 1, 1, N).lengths == p.attempt(ROWS + 1, 1, N).lengths  # not in the log
     assert wl.attempt(1, 2, N).lengths == p.attempt(1, 2, N).lengths
+    assert (wl.from_log, wl.from_pool) == (2, 2)
 
 
 def test_without_a_pool_the_logs_own_judged_responses_are_the_pool(tmp_path: Path) -> None:

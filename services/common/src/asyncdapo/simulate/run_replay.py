@@ -137,6 +137,8 @@ class RunReplay:
         self.pool = pool
         self.cap = cap
         self.unresolved = 0  # aborted responses longer than every pool response of their row
+        self.from_log = 0  # attempts replayed from the log
+        self.from_pool = 0  # attempts the run never made: the pool's
         self.spec = WorkloadSpec(
             name=f"replay-run:{name}",
             source=f"response log {name} ({len(log.attempts)} attempts; pool {pool.spec.source})",
@@ -161,7 +163,9 @@ class RunReplay:
         epoch, row = divmod(index, self.dataset_size)
         logged = self.log.attempts.get((epoch, row, attempt))
         if logged is None:
+            self.from_pool += 1
             return self.pool.attempt(index, attempt, n)
+        self.from_log += 1
         _, lengths, right = self.pool.groups[row]
         out_l: list[int] = []
         out_r: list[bool] = []
