@@ -55,7 +55,9 @@ Protocol
    the simulator's realisations, config and sync on the same draw; RESULT ratio_sd_one_run_max).
    "Load-matched" re-runs the simulator per validation run with that run's own measured
    background load (other users' CPU: an input from outside the stack), everything else from its
-   fold's calibration.
+   fold's calibration. "Paired" (bench/simulator_paired.py) compares each validated run with its
+   fold's simulator replaying that run's own generations (the scheduler's --response-log, which
+   every real run writes), so the draw of the workload is out of the comparison.
 
 Rollout s/step, the same figure on both sides: per version v after warm-up, the weight fan-out
 that announced v + the time from v's announcement to the B-th group committed for step v + 1
@@ -70,8 +72,8 @@ fitted dispatch latency (an ablation). 2 cores shared: the load average of each 
 Where the parts live (bench/): simulator_real_runs.py (the benches, the real runs: configs, `Run`,
 CPU-sample helpers), simulator_host_fit.py (host-CPU contention, engine-cost and dispatch fit, the
 `cpu-fitted` profile), simulator_workload_fit.py (the replay trace, the preset's fit),
-simulator_validation.py (the simulated side, the tables, summary.json and the RESULT line); this
-file: options and the order.
+simulator_validation.py (the simulated side, the tables, summary.json and the RESULT line),
+simulator_paired.py (the paired table); this file: options and the order.
 """
 
 from __future__ import annotations
