@@ -43,8 +43,7 @@ def paired_validation(
     """The table (printed) and its figures; {} when a validated run has no response log (runs
     recorded before the scheduler wrote one)."""
     val = [(f, rep) for f in folds for rep in f.val_reps]
-    missing = [str(response_log(runs[(rep, m)])) for _, rep in val for m in args.configs]
-    missing = [p for p in missing if not Path(p).is_file()]
+    missing = [p for _, rep in val for m in args.configs if not (p := response_log(runs[(rep, m)])).is_file()]
     if missing:
         print(f"\npaired validation: skipped, {len(missing)} run(s) have no response log (e.g. {missing[0]})")
         return {}

@@ -141,9 +141,10 @@ def _simulate(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster, args.engines)
     workload: Sampler
     cap = base.data.max_response_length
-    if args.replay_pool and not (args.replay and is_response_log(Path(args.replay))):
+    run_log = bool(args.replay) and is_response_log(Path(args.replay))
+    if args.replay_pool and not run_log:
         raise SimulationError("--replay-pool goes with a --replay that is a scheduler --response-log")
-    if args.replay and is_response_log(Path(args.replay)):
+    if run_log:
         pool = load_replay(Path(args.replay_pool), cap, args.seed) if args.replay_pool else None
         workload = load_run_replay(Path(args.replay), cap, pool)
     elif args.replay:

@@ -73,15 +73,18 @@ class ReplayWorkload:
         )
 
 
-def load_replay(path: Path, cap: int, seed: int = 0) -> ReplayWorkload:
-    groups = []
+def numbered_lines(path: Path) -> list[tuple[int, str]]:
+    """A --replay file's non-blank lines with their 1-based numbers; WorkloadError if unreadable."""
     try:
         lines = path.read_text().splitlines()
     except OSError as err:
         raise WorkloadError(f"--replay {path}: {err}") from None
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    return [(no, line) for no, line in enumerate(lines, 1) if line.strip()]
+
+
+def load_replay(path: Path, cap: int, seed: int = 0) -> ReplayWorkload:
+    groups = []
+    for no, line in numbered_lines(path):
         try:
             g = json.loads(line)
             lengths = [int(x) for x in g["lengths"]]

@@ -20,7 +20,7 @@ logged responses of that attempt, index by index:
 An attempt the run never made (the simulator's decisions differ from the run's: it requeued a
 prompt the run did not, or ran further) is the pool's own attempt. The pool is a groups trace of
 the same dataset (line k = row k) when one is given; without one, each row's judged responses
-over the whole log (a row the log never judged borrows the next row that it did, by a stride).
+over the whole log (a row the log never judged borrows the next row that it did).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncdapo.simulate.replay import STRIDE, ReplayWorkload
+from asyncdapo.simulate.replay import STRIDE, ReplayWorkload, numbered_lines
 from asyncdapo.simulate.workload import Attempt, WorkloadError, WorkloadSpec
 
 PID = re.compile(r"^e(\d+)-(\d+)$")
@@ -73,13 +73,7 @@ def is_response_log(path: Path) -> bool:
 
 def read_response_log(path: Path) -> RunLog:
     log = RunLog()
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as err:
-        raise WorkloadError(f"--replay {path}: {err}") from None
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for no, line in numbered_lines(path):
         try:
             x = json.loads(line)
             event, pid = str(x["event"]), str(x["pid"])
@@ -118,8 +112,8 @@ def pool_from_log(log: RunLog, cap: int, name: str) -> ReplayWorkload:
     groups = []
     for r in range(rows):
         src = r
-        while src not in per_row:
-            src = (src + STRIDE) % rows
+        while src not in per_row:  # per_row is not empty: this ends
+            src = (src + 1) % rows
         ls, acc = per_row[src]
         groups.append((log.prompt_tokens.get(r, 1), ls, acc))
     return ReplayWorkload(groups, cap, f"{name} (pool: its own judged responses)")

@@ -52,18 +52,14 @@ class ResponseLog:
         """(pid, attempt, idx, tokens, acc, prompt_tokens) of scored responses."""
         now = round(time.time(), 4)
         self._write(
-            {"t": now, "event": ResponseEvent.JUDGED.value, "pid": pid, "attempt": attempt, "idx": idx,
-             "tokens": tokens, "acc": acc, "prompt_tokens": prompt}
+            _line(now, ResponseEvent.JUDGED, pid, attempt, idx, tokens, prompt) | {"acc": acc}
             for pid, attempt, idx, tokens, acc, prompt in rows
-        )  # fmt: skip
+        )
 
     def cut(self, event: ResponseEvent, pid: str, attempt: int, idx: int, tokens: int, prompt: int) -> None:
         """A response of a cancelled task: its abort reply (`ABORTED`) or a finish that came too
         late (`LATE`)."""
-        self._write(
-            [{"t": round(time.time(), 4), "event": event.value, "pid": pid, "attempt": attempt, "idx": idx,
-              "tokens": tokens, "prompt_tokens": prompt}]
-        )  # fmt: skip
+        self._write([_line(round(time.time(), 4), event, pid, attempt, idx, tokens, prompt)])
 
     def _write(self, lines: Iterable[dict[str, object]]) -> None:
         if self._f is None:
@@ -81,3 +77,10 @@ class ResponseLog:
                 f.close()
             except OSError as err:
                 log.error("--response-log %s: %s", self.path, err)
+
+
+def _line(
+    t: float, event: ResponseEvent, pid: str, attempt: int, idx: int, tokens: int, prompt: int
+) -> dict[str, object]:
+    return {"t": t, "event": event.value, "pid": pid, "attempt": attempt, "idx": idx, "tokens": tokens,
+            "prompt_tokens": prompt}  # fmt: skip
