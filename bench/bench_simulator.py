@@ -35,10 +35,14 @@ Protocol
    1 GiB at 1,024 B per token (2 layers x 2 KV heads x 32 dims x 2 (K, V) x 4 B) = 1,048,576
    tokens. The abort fan-out is the scheduler's own measure (`abort_fanout_seconds`, median over
    the runs). Nothing else is stated: the Redis round trip keeps the `cpu-tiny` profile's value.
-3. The workload (`--workload`): `replay` (default) replays real generations of the bench's own
-   dataset, 128 per problem by the runs' model at their temperature (sampling seeds 1-4, 32 each,
-   measured apart from the runs, never fitted to them; simulator_workload_fit.ensure_replay_trace),
-   in the trainer's epoch order, one simulated run per block of n (16 realisations). A preset name
+3. The workload (`--workload`): `runs` (default) replays the complete groups of the fold's
+   calibration sync runs, from their --response-log (simulator_workload_fit.run_pool_workloads:
+   the policy as the runs train it; the valid rate of the long-tail bench's sync groups rose from
+   0.26 to 0.40 over a run), in the trainer's epoch order, one simulated run per realisation (16);
+   a fold whose sync runs have no log falls back to `replay`. `replay` replays real generations of
+   the bench's own dataset by the runs' starting model, 128 per problem at their temperature
+   (sampling seeds 1-4, 32 each, measured apart from the runs, never fitted to them;
+   simulator_workload_fit.ensure_replay_trace), one simulated run per block of n. A preset name
    (e.g. `tiny-longtail`) fits that preset instead (`fit_workload`): the share of valid groups
    among those its sync runs judged, surplus included, as valid_rate; length_median scaled until
    the preset's mean response length is the runs'; the within-group length structure on the
@@ -91,7 +95,13 @@ from long_tail_workload import build_model
 from simulator_host_fit import fit_cluster
 from simulator_real_runs import BENCHES, CONFIGS, Run, real_config, run_all
 from simulator_validation import Fold, WorkloadInput, report
-from simulator_workload_fit import ensure_replay_trace, fit_workload, replay_workloads
+from simulator_workload_fit import (
+    ensure_replay_trace,
+    fit_workload,
+    pool_summary,
+    replay_workloads,
+    run_pool_workloads,
+)
 
 
 def main() -> int:
@@ -109,9 +119,11 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument(
         "--workload",
-        default="replay",
-        help="replay (default): real generations of the bench's dataset by its model, 32 per problem, "
-        "measured apart from the runs; or a preset name (e.g. tiny-longtail), fitted to the calibration runs",
+        default="runs",
+        help="runs (default): each fold's calibration sync runs' own generations (their --response-log: "
+        "the policy as the runs train it), the replay trace where none of them has a log; replay: real "
+        "generations of the bench's dataset by its starting model, 32 per problem, measured apart from "
+        "the runs; or a preset name (e.g. tiny-longtail), fitted to the calibration runs",
     )
     ap.add_argument("--sim-seeds", type=int, default=20)
     ap.add_argument(
@@ -182,15 +194,15 @@ def main() -> int:
 
         # all of bench-longtail's rates: its cache is keyed on the set, and this one is among them
         ensure_assets(list(VALID_RATES))
-    if args.workload == "replay":
+    if args.workload in ("runs", "replay"):
         ensure_replay_trace(
             bench.model, bench.train_file, bench.trace, bench.max_response_length, bench.temperature
         )
     if not args.reuse:
         run_all(args, bench)
     replays = None
-    if args.workload == "replay":
-        n = int(real_config("async", bench, args.steps)["rollout"]["n"])
+    n = int(real_config("async", bench, args.steps)["rollout"]["n"])
+    if args.workload in ("runs", "replay"):
         replays = replay_workloads(bench.trace, n, bench.max_response_length)
     runs = {
         (rep, m): Run(args.out / f"rep{rep}" / m, args.warmup)
@@ -224,7 +236,16 @@ def main() -> int:
             max_num_seqs=bench.max_concurrency,
         )
         workload: WorkloadInput
-        if replays is not None:
+        pooled = []
+        if args.workload == "runs":
+            assert replays is not None
+            pooled = run_pool_workloads(
+                [runs[(c, "sync")] for c in cal_reps], n, bench.max_response_length,
+                replays[0].dataset_size, len(replays),
+            )  # fmt: skip
+        if pooled:
+            workload = pooled
+        elif replays is not None:
             workload = replays
         else:
             structure = (
@@ -246,6 +267,10 @@ def main() -> int:
                   f"({x['control_cpu_per_completion_ms']:.2f} ms each), {x['versions']:.0f} versions over {x['wall_s']:.1f} s; "
                   f"trainer {x['trainer_cpu_s']:.2f} CPU s, gateways {x['gateways_cpu_s']:.2f} CPU s, "
                   f"background {x['background_cores']:.2f} cores, {x['background_threads']:.1f} threads; engines slowed {x['engine_stretch']:.2f}x (run delay), {x['model_stretch']:.2f}x (model)")  # fmt: skip
+        if args.workload == "runs" and replays is not None:
+            source = "their sync runs' complete groups" if pooled else "the replay trace (no response logs)"
+            print(f"  workload: {source}: {pool_summary(workload[0], n)}; the trace (the starting "
+                  f"policy): {pool_summary(replays[0], n)}")  # fmt: skip
         if isinstance(workload, dict):
             shown = {k: round(v, 3) for k, v in workload.items()}
             print(f"  workload {args.workload} fitted to rep(s) {reps_s} (sync: valid_rate, mean length; sync + "

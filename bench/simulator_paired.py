@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simulator_real_runs import Run
@@ -30,12 +29,6 @@ from asyncdapo.simulate.run_replay import RunReplay, load_run_replay
 if TYPE_CHECKING:
     from simulator_validation import Fold
 
-LOG = Path("logs") / "scheduler.responses.jsonl"
-
-
-def response_log(run: Run) -> Path:
-    return run.dir / LOG
-
 
 def paired_validation(
     args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: list[Fold], simulate: Any
@@ -43,7 +36,7 @@ def paired_validation(
     """The table (printed) and its figures; {} when a validated run has no response log (runs
     recorded before the scheduler wrote one)."""
     val = [(f, rep) for f in folds for rep in f.val_reps]
-    missing = [p for _, rep in val for m in args.configs if not (p := response_log(runs[(rep, m)])).is_file()]
+    missing = [p for _, rep in val for m in args.configs if not (p := runs[(rep, m)].response_log).is_file()]
     if missing:
         print(f"\npaired validation: skipped, {len(missing)} run(s) have no response log (e.g. {missing[0]})")
         return {}
@@ -54,7 +47,7 @@ def paired_validation(
     for f, rep in val:
         for m in args.configs:
             run = runs[(rep, m)]
-            wl: RunReplay = load_run_replay(response_log(run), cap, pool)
+            wl: RunReplay = load_run_replay(run.response_log, cap, pool)
             (sim,) = simulate(m, f.calibration.profile, [wl], args)
             unresolved += wl.unresolved
             from_log += wl.from_log

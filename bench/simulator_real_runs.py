@@ -202,6 +202,11 @@ class Run:
         ]
 
     @property
+    def response_log(self) -> Path:
+        """The scheduler's --response-log of the run (runs before session 13 have none)."""
+        return self.dir / "logs" / "scheduler.responses.jsonl"
+
+    @property
     def step_logs(self) -> list[Path]:
         return sorted((self.dir / "logs").glob("gateway-*.steps.jsonl"))
 

@@ -240,7 +240,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
         )
         + f"contention={int(not args.no_contention)} background={args.background} "
         + (
-            "workload=replay "
+            f"workload={args.workload} "
             if isinstance(first, list)
             else f"workload={args.workload} fitted_lengths={int(not args.preset_lengths)} "
         )

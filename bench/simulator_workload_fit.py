@@ -20,6 +20,7 @@ from simulator_real_runs import Run
 
 from asyncdapo.simulate.presets import load_workload
 from asyncdapo.simulate.replay import ReplayWorkload, load_replay
+from asyncdapo.simulate.run_replay import pool_from_logs, read_response_log
 from asyncdapo.simulate.workload import sample_stats
 
 
@@ -210,3 +211,35 @@ def replay_workloads(trace: Path, n: int, cap: int) -> list[ReplayWorkload]:
         raise SystemExit(f"{trace}: {sorted(per)} responses per problem, want {want}")
     # one parse of the trace: the realisations differ only in their seed
     return [first] + [ReplayWorkload(first.groups, cap, trace.name, k) for k in range(1, want // n)]
+
+
+# ------------------------------------------------------------------------- runs (the default)
+def run_pool_workloads(
+    sync_runs: list[Run], n: int, cap: int, rows: int, realisations: int
+) -> list[ReplayWorkload]:
+    """The calibration's sync runs' own generations as the simulated workload: their complete
+    groups (`asyncdapo.simulate.run_replay.pool_from_logs`) per dataset row, one realisation per
+    seed as the trace's. [] when none of `sync_runs` wrote a response log (runs recorded before
+    the scheduler had one). The trace holds the policy the runs start from; the policy they train
+    moves (the valid rate of the long-tail bench's sync groups went from 0.26 to 0.40 over a
+    run), and these logs follow it — other runs than the validated one, so nothing is fitted on
+    the run it is compared with."""
+    logs = [read_response_log(r.response_log) for r in sync_runs if r.response_log.is_file()]
+    if not logs:
+        return []
+    name = f"complete groups of {len(logs)} calibration sync run(s)"
+    pool = pool_from_logs(logs, n, cap, name, 0, rows)
+    return [pool] + [ReplayWorkload(pool.groups, cap, name, k) for k in range(1, realisations)]
+
+
+def pool_summary(wl: ReplayWorkload, n: int) -> str:
+    """Groups, valid rate and mean length of a pool's blocks of n (what the simulator draws)."""
+    groups = valid = tokens = responses = 0
+    for _, lengths, acc in wl.groups:
+        for lo in range(0, len(lengths) - n + 1, n):
+            right = sum(acc[lo : lo + n])
+            groups += 1
+            valid += 0 < right < n
+            tokens += sum(min(x, wl.cap) for x in lengths[lo : lo + n])
+            responses += n
+    return f"{groups} groups over {len(wl.groups)} rows, valid rate {valid / max(groups, 1):.3f}, mean length {tokens / max(responses, 1):.0f}"

@@ -17,7 +17,12 @@ from asyncdapo.simulate.driver import Simulation
 from asyncdapo.simulate.modes import mode_config
 from asyncdapo.simulate.profile import load_cluster
 from asyncdapo.simulate.replay import load_replay
-from asyncdapo.simulate.run_replay import is_response_log, load_run_replay, read_response_log
+from asyncdapo.simulate.run_replay import (
+    is_response_log,
+    load_run_replay,
+    pool_from_logs,
+    read_response_log,
+)
 from asyncdapo.simulate.workload import WorkloadError
 
 N, ROWS, CAP = 4, 6, 1000
@@ -102,6 +107,31 @@ def test_without_a_pool_the_logs_own_judged_responses_are_the_pool(tmp_path: Pat
     assert wl.dataset_size == 3
     assert wl.attempt(2, 2, N).lengths[0] in (82, 83)  # row 2's own answers longer than 81
     assert sorted(wl.attempt(1, 1, N).lengths) in ([50, 51, 52, 53], [80, 81, 82, 83])  # row 1: borrowed
+
+
+def test_complete_groups_of_several_logs_are_one_pool_block_by_block(tmp_path: Path) -> None:
+    """Blocks of n are the runs' real groups (validity is a property of a group); an attempt with
+    a response that did not end judged is left out; rows no log saw borrow the next one."""
+    one = write(
+        tmp_path / "a.jsonl",
+        [judged("e0-1", 1, i, 10 + i, float(i == 0)) for i in reversed(range(N))]  # written out of order
+        + [judged("e0-3", 1, i, 50, 0.0) for i in range(N - 1)] + [cut("aborted", "e0-3", 1, N - 1, 9)]
+        + [judged("e0-3", 2, i, 60 + i, 1.0, prompt=41) for i in range(N)],
+    )  # fmt: skip
+    two = write(tmp_path / "b.jsonl", [judged("e1-1", 1, i, 20 + i, 1.0) for i in range(N)])
+    pool = pool_from_logs([read_response_log(one), read_response_log(two)], N, CAP, "cal", seed=1, rows=ROWS)
+    assert pool.dataset_size == ROWS and pool.seed == 1
+    assert pool.groups[1][1] == [10, 11, 12, 13, 20, 21, 22, 23]
+    assert pool.groups[1][2] == [True, False, False, False, True, True, True, True]
+    assert pool.groups[3][1] == [60, 61, 62, 63] and pool.groups[3][0] == 41
+    assert pool.groups[4][1] == pool.groups[5][1] == pool.groups[0][1] == pool.groups[1][1]  # borrowed
+    assert pool.groups[2][1] == pool.groups[3][1]
+    # the simulator's realisation k meets block (a - 1 + k) of the row: group 2 of row 1 at seed 1
+    assert pool.attempt(1, 1, N).lengths == [20, 21, 22, 23]
+    with pytest.raises(WorkloadError, match="no complete group of 5 judged"):
+        pool_from_logs([read_response_log(one)], N + 1, CAP, "cal")
+    with pytest.raises(WorkloadError, match="the dataset has 2 rows"):
+        pool_from_logs([read_response_log(one)], N, CAP, "cal", rows=2)
 
 
 @pytest.mark.parametrize(
