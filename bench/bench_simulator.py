@@ -103,6 +103,8 @@ from simulator_workload_fit import (
     run_pool_workloads,
 )
 
+from asyncdapo.simulate.run_replay import RunLog, read_response_log
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -219,6 +221,9 @@ def main() -> int:
               f"load {r.loadavg[0]:.1f} / {r.loadavg[1]:.1f}  engines slowed {r.engine_stretch:.2f}x")  # fmt: skip
     cores = len(os.sched_getaffinity(0))
     reps = list(range(1, args.reps + 1))
+    sync_logs: dict[int, RunLog] = {}  # parsed once: every fold but the rep's own draws from it
+    if args.workload == "runs":
+        sync_logs = {r: read_response_log(p) for r in reps if (p := runs[(r, "sync")].response_log).is_file()}
     if args.cal_rep:  # one rep calibrates, the others are validated
         plan = [([args.cal_rep], [r for r in reps if r != args.cal_rep])]
     else:  # cross-fitted: rep v is validated by a calibration on the other reps
@@ -240,7 +245,7 @@ def main() -> int:
         if args.workload == "runs":
             assert replays is not None
             pooled = run_pool_workloads(
-                [runs[(c, "sync")] for c in cal_reps], n, bench.max_response_length,
+                [sync_logs[c] for c in cal_reps if c in sync_logs], n, bench.max_response_length,
                 replays[0].dataset_size, len(replays),
             )  # fmt: skip
         if pooled:

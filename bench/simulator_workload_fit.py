@@ -20,7 +20,7 @@ from simulator_real_runs import Run
 
 from asyncdapo.simulate.presets import load_workload
 from asyncdapo.simulate.replay import ReplayWorkload, load_replay
-from asyncdapo.simulate.run_replay import pool_from_logs, read_response_log
+from asyncdapo.simulate.run_replay import RunLog, pool_from_logs
 from asyncdapo.simulate.workload import sample_stats
 
 
@@ -215,16 +215,15 @@ def replay_workloads(trace: Path, n: int, cap: int) -> list[ReplayWorkload]:
 
 # ------------------------------------------------------------------------- runs (the default)
 def run_pool_workloads(
-    sync_runs: list[Run], n: int, cap: int, rows: int, realisations: int
+    logs: list[RunLog], n: int, cap: int, rows: int, realisations: int
 ) -> list[ReplayWorkload]:
-    """The calibration's sync runs' own generations as the simulated workload: their complete
-    groups (`asyncdapo.simulate.run_replay.pool_from_logs`) per dataset row, one realisation per
-    seed as the trace's. [] when none of `sync_runs` wrote a response log (runs recorded before
-    the scheduler had one). The trace holds the policy the runs start from; the policy they train
+    """The calibration's sync runs' own generations (their parsed response logs) as the simulated
+    workload: their complete groups (`asyncdapo.simulate.run_replay.pool_from_logs`) per dataset
+    row, one realisation per seed as the trace's. [] without logs (runs recorded before the
+    scheduler had one). The trace holds the policy the runs start from; the policy they train
     moves (the valid rate of the long-tail bench's sync groups went from 0.26 to 0.40 over a
     run), and these logs follow it — other runs than the validated one, so nothing is fitted on
     the run it is compared with."""
-    logs = [read_response_log(r.response_log) for r in sync_runs if r.response_log.is_file()]
     if not logs:
         return []
     name = f"complete groups of {len(logs)} calibration sync run(s)"
