@@ -128,6 +128,17 @@ def test_cpu_run_objects_and_wiring() -> None:
     assert run["name"] == "tiny-math" and run["data"]["train_batch_size"] == 8
 
 
+def test_response_log_is_opt_in_and_lands_on_the_workspace_named_after_the_run() -> None:
+    sched = _args(_container(_desired(_spec()), "Deployment", "tiny-math-scheduler"))
+    assert "--response-log" not in sched
+    objs = _desired(_spec(scheduler__response_log=True, storage__mount_path="/data/ws/"))
+    c = _container(objs, "Deployment", "tiny-math-scheduler")
+    assert _args(c)["--response-log"] == "/data/ws/tiny-math.scheduler.responses.jsonl"
+    # on the workspace volume, writable, in the directory the scheduler runs in
+    ws = next(m for m in c["volumeMounts"] if m["name"] == "workspace")
+    assert ws["mountPath"] == "/data/ws/" and not ws.get("readOnly") and c["workingDir"] == "/data/ws/"
+
+
 def test_gpu_run_uses_rayjob_gpus_and_placement() -> None:
     ref = RunRef("dapo-qwen3-8b", "research", "uid-2")
     objs = _desired(_spec("qwen3-8b-dapo-gpu.yaml"), ref=ref, defaults=OperatorDefaults(kuberay=True))

@@ -43,6 +43,12 @@ from asyncdapo.operator.pods import (
 from asyncdapo.operator.spec import GatewayEngine, GatewayPoolSpec, GatewaySpec, TrainingRunSpec
 
 
+def response_log_path(spec: TrainingRunSpec, ref: RunRef) -> str:
+    """Where a run's scheduler writes its response log (`scheduler.responseLog`): named after the run,
+    so runs sharing one workspace claim (`storage.claimName`) never write into one file."""
+    return f"{spec.storage.mount_path.rstrip('/')}/{ref.name}.scheduler.responses.jsonl"
+
+
 def scheduler(
     spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults, active: bool
 ) -> list[dict[str, Any]]:
@@ -59,6 +65,8 @@ def scheduler(
         "--token-file", TOKEN_FILE,
         "--start",  # no one else would call StartRun: the run starts when its scheduler does
     ]  # fmt: skip
+    if spec.scheduler.response_log:  # the workspace's root: the one directory that always exists
+        args += ["--response-log", response_log_path(spec, ref)]
     container = make_container(
         "scheduler",
         control_plane_image(spec, defaults),

@@ -267,6 +267,13 @@ class VerifierSpec(_K8sModel):
 class SchedulerSpec(_K8sModel):
     resources: Resources = Field(default_factory=Resources)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    response_log: bool = Field(
+        False,
+        description="Write the scheduler's response log (one JSON line per training response: its length "
+        "and verdict, or the tokens an abort cut it at) to <storage.mountPath>/<run>.scheduler.responses.jsonl "
+        "on the workspace volume, appended across scheduler restarts; `asyncdapo simulate --replay` reads "
+        "it back. Off by default: a line per response (~100 B) grows with the run.",
+    )
 
 
 class RayHeadSpec(_K8sModel):
