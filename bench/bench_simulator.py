@@ -20,7 +20,9 @@ Protocol
    `asyncdapo simulate calibrate`'s fit (`calibrate_files`, max_num_seqs = the gateways'
    --max-concurrency) of its runs' step logs gives the engine's step costs; its runs also give the
    weight fan-out (reload_s), the trainer's time from the B-th group to the next announcement
-   (trainer base_s), the verifier's mean call latency (call_s) and the dispatch latency
+   as `base_s + per_token_s x tokens trained` (`fit_trainer`: the s = 0 runs' steps against their
+   prompt + response tokens; the s = 1 runs' steps, priced so, give the trainer's interference
+   beside stepping engines), the verifier's mean call latency (call_s) and the dispatch latency
    (`ClusterProfile.dispatch_s`, `fit_dispatch`: how much later than an admission round trip and
    its modelled time the first engine step of a version ends). Host-CPU contention
    (`profile.HostCpuContention`; `--no-contention` leaves it out) from the per-service CPU time

@@ -208,26 +208,83 @@ def stretch_of(runs: list[Run], host: HostCpuContention, threads_scale: float) -
     return stretch
 
 
-def fit_trainer_interference(cal: list[Run], host: HostCpuContention, scale: float, train_s: float) -> float:
-    """The trainer's slow-down beside stepping engines beyond the fair share: from the calibration's
-    s >= 1 runs (the trainer computes while both engines generate the next version, and never waits
-    for data: its step is `trainer_times`), the factor on the model's `slow` that makes
-    train_s x trainer_stretch equal their median measured step; 1 without such runs."""
-    s1 = [r for r in cal if r.dir.name == "fully-async"]
-    times = [t for r in s1 for t in r.trainer_times]
-    if not times or train_s <= 0:
+def _busy_spans(r: Run, t0: float, t1: float) -> list[tuple[float, int]]:
+    """(seconds, engines stepping) over [t0, t1], from the CPU sample intervals that overlap it."""
+    out = []
+    for x, y in itertools.pairwise(r.cpu):
+        w = min(t1, y["t"]) - max(t0, x["t"])
+        if w > 0:
+            out.append((w, stepping_gateways(x, y)))
+    return out
+
+
+def fit_trainer_interference(
+    cal: list[Run], host: HostCpuContention, scale: float, trainer: TrainerProfile
+) -> float:
+    """The trainer's slow-down beside stepping engines beyond the fair share, from the
+    calibration's s >= 1 runs: the factor that makes the simulator's time for their steps — each
+    step's uncontended time (`trainer.step_s` of its tokens) stretched, CPU-sample interval by
+    interval, by `trainer_stretch` at the engines stepping there — add up to their measured time
+    (bisection); 1 without such runs. The engines idle for part of a step when the rollout is
+    ahead (the staleness bound): a fit that took them as stepping throughout would price the
+    interference low. The floating demand is the simulator's: the trainer's, the background and
+    the control plane's mean CPU rate in those runs."""
+    s1 = [r for r in cal if r.dir.name == "fully-async" and r.window() is not None]
+    if not s1 or min(1.0, host.trainer_cores) <= 0:
         return 1.0
-    share = min(1.0, host.trainer_cores)
-    if share <= 0:
+    spans, measured = [], 0.0  # per step: (uncontended s, [(share of the step, engines stepping)])
+    for r in s1:
+        for start, tok, t in r.trainer_steps:
+            busy = _busy_spans(r, start, start + t)
+            total = sum(w for w, _ in busy)
+            if t <= 0 or total <= 0:
+                continue
+            spans.append((trainer.step_s(int(tok), 0), [(w / total, b) for w, b in busy]))
+            measured += t
+    if not spans:
         return 1.0
-    engines = statistics.median(len(gateway_groups(r.cpu[-1])) for r in s1 if r.cpu)
-    h = host_for(host, s1[0], scale).model_copy(update={"trainer_interference": 1.0})
-    base = h.trainer_stretch(
-        host.trainer_cores + h.background_cores, engines
-    )  # its slow = 1 + (base - 1) / share
-    slow = 1.0 + (base - 1.0) / share
-    want = 1.0 + (statistics.median(times) / train_s - 1.0) / share
-    return max(1.0, want / slow)
+    control = sum(cpu_delta(*w, CONTROL) for r in s1 if (w := r.window())) / sum(
+        w[1]["t"] - w[0]["t"] for r in s1 if (w := r.window())
+    )
+    h = host_for(host, s1[0], scale)
+    floating = host.trainer_cores + h.background_cores + control
+
+    def simulated(k: float) -> float:
+        hk = h.model_copy(update={"trainer_interference": k})
+        return sum(u * sum(f * hk.trainer_stretch(floating, b) for f, b in parts) for u, parts in spans)
+
+    if simulated(1.0) >= measured:
+        return 1.0
+    lo, hi = 1.0, 2.0
+    while simulated(hi) < measured and hi < 64:
+        hi *= 2
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if simulated(mid) < measured else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_trainer(cal: list[Run], host: HostCpuContention | None, scale: float) -> tuple[TrainerProfile, int]:
+    """The trainer's uncontended step, `base_s + per_token_s x tokens` (prompt + response tokens
+    trained), by non-negative least squares over the s = 0 runs' steps (the trainer computes while
+    the engines idle), each divided by the contention model's trainer stretch there; and how many
+    steps. A step's time moves with its batch's lengths (0.6-3 s in one long-tail sync run): a
+    constant would price s = 1's short and long batches alike."""
+    rows, ys = [], []
+    for r in cal:
+        if r.dir.name == "fully-async":
+            continue
+        div = 1.0
+        if host is not None:  # measured beside other load (engines idle): its uncontended time
+            h = host_for(host, r, scale)
+            div = h.trainer_stretch(host.trainer_cores + h.background_cores, 0)
+        for _, tok, t in r.trainer_steps:
+            rows.append([1.0, tok])
+            ys.append(t / div)
+    if not rows:
+        raise SystemExit("no s = 0 calibration run to fit the trainer's step on")
+    coef = nnls(np.asarray(rows, dtype=float), np.asarray(ys, dtype=float))
+    return TrainerProfile(base_s=float(coef[0]), per_token_s=float(coef[1]), publish_s=0.0), len(ys)
 
 
 @dataclass(frozen=True)
@@ -316,21 +373,10 @@ def fit_cluster(
     stretch = stretch_of(cal, host, scale) if host is not None else None
     fitted, fit = calibrate_files(logs, KV_CAPACITY, max_num_seqs, stretch=stretch)
     reload_s = statistics.median(r.fanout for r in cal)
-    s0 = [r for r in cal if r.dir.name != "fully-async"]
-    if host is not None:  # measured beside other load (engines idle): its uncontended time
-        train_s = statistics.median(
-            t
-            / host_for(host, r, scale).trainer_stretch(
-                host.trainer_cores + host_for(host, r, scale).background_cores, 0
-            )
-            for r in s0
-            for t in r.trainer_times
-        )
-    else:
-        train_s = statistics.median(t for r in s0 for t in r.trainer_times)
+    trainer, trainer_n = fit_trainer(cal, host, scale)
     if host is not None:
         host = host.model_copy(
-            update={"trainer_interference": fit_trainer_interference(cal, host, scale, train_s)}
+            update={"trainer_interference": fit_trainer_interference(cal, host, scale, trainer)}
         )
     # measured beside other load: the verifier call without it (the simulator slows it again)
     call_s = statistics.median(
@@ -362,7 +408,7 @@ def fit_cluster(
         name="cpu-fitted",
         engines=2,
         engine=engine,
-        trainer=TrainerProfile(base_s=train_s, publish_s=0.0),
+        trainer=trainer,
         verifier=VerifierProfile(workers=1, per_item_s=0.0, call_s=call_s),
         redis_rtt_s=CPU_TINY.redis_rtt_s,
         abort_s=abort_s,
@@ -370,6 +416,7 @@ def fit_cluster(
         host=host,
         source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
         f"dispatch {dispatch_s * 1e3:.1f} ms ({how_dispatch}), abort fan-out {abort_s * 1e3:.1f} ms, "
-        f"trainer {train_s:.3f} s/step, verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
+        f"trainer {trainer.base_s:.3f} s + {trainer.per_token_s * 1e3:.3f} ms per token trained "
+        f"(over {trainer_n} s = 0 steps), verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
     )
     return Calibration(prof, fit.summary(), per_run, scale)

@@ -202,6 +202,26 @@ class Run:
         ]
 
     @property
+    def trainer_steps(self) -> list[tuple[float, float, float]]:
+        """(start, tokens trained, `trainer_times` entry) per measured version: the step that
+        publishes v + 1 starts at its B-th group or v's announcement, whichever is later, and
+        trains its responses' prompt + response tokens (the trainer's metrics line `step` v + 1),
+        which the simulator's trainer is priced on (`TrainerProfile.step_s`)."""
+        rows = {}
+        for line in (self.dir / "trainer" / "metrics.jsonl").read_text().splitlines():
+            if line.strip():
+                m = json.loads(line)
+                rows[int(m["step"])] = m["batch/responses"] * (
+                    m["response_length/mean"] + m["prompt_length/mean"]
+                )
+        vs = [v for v in self.versions() if v + 1 in self.announced]
+        return [
+            (max(self.ends[v], self.announced[v]), rows[v + 1], t)
+            for v, t in zip(vs, self.trainer_times, strict=True)
+            if v + 1 in rows
+        ]
+
+    @property
     def response_log(self) -> Path:
         """The scheduler's --response-log of the run (runs before session 13 have none)."""
         return self.dir / "logs" / "scheduler.responses.jsonl"

@@ -17,6 +17,7 @@ from asyncdapo.simulate.calibrate import calibrate_files
 from asyncdapo.simulate.clock import VirtualClock
 from asyncdapo.simulate.driver import Simulation
 from asyncdapo.simulate.engine_model import Engine, Seq
+from asyncdapo.simulate.host_load import HostLoad
 from asyncdapo.simulate.modes import mode_config
 from asyncdapo.simulate.presets import load_workload
 from asyncdapo.simulate.profile import CPU_TINY, EngineProfile, HostCpuContention
@@ -66,6 +67,29 @@ def test_trainer_stretch_by_hand() -> None:
     assert noisy.trainer_stretch(1.8, 2) == pytest.approx(2.25)
     assert noisy.trainer_stretch(1.8, 0) == 1.0
     assert noisy.model_copy(update={"trainer_cores": 0.4}).trainer_stretch(1.8, 2) == pytest.approx(1.5)
+
+
+def test_engines_give_up_what_the_trainer_gets_not_what_it_asks() -> None:
+    """Work-conserving: the trainer (1 core of demand) slowed 1.5x beside two stepping engines gets
+    2/3 of a core, and that is what the engines lose (1/3 each: 1.5x), not its whole demand (which
+    would cap them at the fair share, 2x) — the CPU samples the engines are calibrated on count the
+    trainer's CPU time the same way."""
+    host = HostCpuContention(cores=2, trainer_cores=1.0, trainer_interference=1.5)
+    assert host.trainer_stretch(1.0, 2) == pytest.approx(1.5)
+    assert host.trainer_used_cores(1.0, 2) == pytest.approx(2 / 3)
+    assert host.trainer_used_cores(1.0, 0) == pytest.approx(1.0)  # idle engines: all it asks for
+    load = HostLoad(host, VirtualClock(), lambda: 2)
+    assert load.engine_stretch() == 1.0  # the trainer waits for data: nothing floats
+    load.training = True
+    assert load.floating_cores() == pytest.approx(1.0)  # its demand decides its own share ...
+    assert load.trainer_stretch() == pytest.approx(1.5)
+    assert load.engine_stretch() == pytest.approx(1 / (1 - 1 / 3))  # ... its use the engines'
+    assert load.engine_stretch() < host.stretch(1.0, 2) == pytest.approx(2.0)
+    # an I/O-bound trainer (on the CPU 40 % of its step) slows less and takes less
+    light = HostLoad(host.model_copy(update={"trainer_cores": 0.4}), VirtualClock(), lambda: 2)
+    light.training = True
+    assert light.trainer_stretch() == pytest.approx(1 + 0.4 * (1.5 - 1))
+    assert light.engine_stretch() == pytest.approx(1 / (1 - 0.4 / 1.2 / 2))
 
 
 def test_an_engine_step_takes_the_stretch_times_its_time() -> None:

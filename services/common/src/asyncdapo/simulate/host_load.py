@@ -40,11 +40,18 @@ class HostLoad:
             self._rate = self.control_cores() + cpu_s / self.host.window_s
 
     def floating_cores(self) -> float:
+        """The floating work's CPU demand (cores): what the trainer's share is decided on."""
         h = self.host
         return self.control_cores() + h.background_cores + (h.trainer_cores if self.training else 0.0)
 
     def engine_stretch(self) -> float:
-        return self.host.stretch(self.floating_cores(), max(1, self.busy_engines()))
+        """The engines meet the CPU the floating work gets, not its demand: the trainer counts with
+        what its stretch leaves it (`trainer_used_cores`), as in the calibration's CPU samples."""
+        h, busy = self.host, self.busy_engines()
+        used = self.control_cores() + h.background_cores
+        if self.training:
+            used += h.trainer_used_cores(self.floating_cores(), busy)
+        return h.stretch(used, max(1, busy))
 
     def trainer_stretch(self) -> float:
         return self.host.trainer_stretch(self.floating_cores(), self.busy_engines())

@@ -158,7 +158,8 @@ class HostCpuContention(_Model):
     its uncontended time (`stretch`). `max_share` 0.5 is the kernel's fair share when one
     floating thread competes with an engine's. The trainer, when it computes beside stepping
     engines, gets the floating capacity `(cores - b) + b * max_share` in proportion to its demand;
-    only its CPU share of the step stretches (`trainer_stretch`). The inputs are calibrated from the real stack's per-process CPU time
+    only its CPU share of the step stretches (`trainer_stretch`); in F the engines meet what it gets,
+    `trainer_used_cores`, not its demand (host_load.HostLoad). The inputs are calibrated from the real stack's per-process CPU time
     (bench/bench_simulator.py); the engine costs they are used with must be fitted on step
     intervals divided by the stretch of their time (`calibrate_files(stretch=...)`), or the
     contention is counted twice."""
@@ -223,6 +224,13 @@ class HostCpuContention(_Model):
         if busy_engines > 0:
             slow *= self.trainer_interference
         return 1.0 + min(1.0, self.trainer_cores) * (slow - 1.0)
+
+    def trainer_used_cores(self, floating_cores: float, busy_engines: float) -> float:
+        """The CPU the computing trainer gets (cores): its CPU work spread over its stretched time,
+        `trainer_cores / trainer_stretch`. Work-conserving: this, not its demand, is what the engines
+        give up to it — and what the calibration measures (the trainer's CPU time per second in the
+        runs' samples, `bench/simulator_host_fit.model_stretch`)."""
+        return self.trainer_cores / self.trainer_stretch(floating_cores, busy_engines)
 
 
 class ClusterProfile(_Model):
