@@ -243,9 +243,8 @@ def fit_trainer_interference(
             measured += t
     if not spans:
         return 1.0
-    control = sum(cpu_delta(*w, CONTROL) for r in s1 if (w := r.window())) / sum(
-        w[1]["t"] - w[0]["t"] for r in s1 if (w := r.window())
-    )
+    windows = [w for r in s1 if (w := r.window()) is not None]
+    control = sum(cpu_delta(a, b, CONTROL) for a, b in windows) / sum(b["t"] - a["t"] for a, b in windows)
     h = host_for(host, s1[0], scale)
     floating = host.trainer_cores + h.background_cores + control
 
@@ -253,15 +252,12 @@ def fit_trainer_interference(
         hk = h.model_copy(update={"trainer_interference": k})
         return sum(u * sum(f * hk.trainer_stretch(floating, b) for f, b in parts) for u, parts in spans)
 
-    if simulated(1.0) >= measured:
+    # trainer_stretch is linear in the interference (it multiplies `slow` where engines step), so
+    # the simulated total is too: two points give the factor
+    at1, at2 = simulated(1.0), simulated(2.0)
+    if at1 >= measured or at2 <= at1:
         return 1.0
-    lo, hi = 1.0, 2.0
-    while simulated(hi) < measured and hi < 64:
-        hi *= 2
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if simulated(mid) < measured else (lo, mid)
-    return (lo + hi) / 2
+    return 1.0 + (measured - at1) / (at2 - at1)
 
 
 def fit_trainer(cal: list[Run], host: HostCpuContention | None, scale: float) -> tuple[TrainerProfile, int]:

@@ -6,6 +6,7 @@ helpers that read cpu_sampler's per-service CPU samples (CPU time and run delay 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -201,7 +202,7 @@ class Run:
             if v + 1 in self.announced
         ]
 
-    @property
+    @functools.cached_property
     def trainer_steps(self) -> list[tuple[float, float, float]]:
         """(start, tokens trained, `trainer_times` entry) per measured version: the step that
         publishes v + 1 starts at its B-th group or v's announcement, whichever is later, and
