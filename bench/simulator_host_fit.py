@@ -94,16 +94,54 @@ def host_for(host: HostCpuContention, r: Run, threads_scale: float) -> HostCpuCo
     return host.model_copy(update={"background_cores": background_cores(r)})
 
 
+def control_design(r: Run) -> tuple[list[list[float]], list[float]]:
+    """Per CPU-sample interval of `r`'s measured window: [wall s, wall s if an engine stepped,
+    responses judged, versions announced] and the control plane's CPU s there — the rows of
+    control-plane CPU = control_idle_cores x wall + control_rollout_cores x stepping wall +
+    completion_cpu_s x judged + version_cpu_s x versions.
+
+    Why per interval, not per run: run totals cannot tell a floor from per-version work (versions
+    grow with wall time), and a fit on completions and versions alone booked the floor per version
+    (0.2 CPU s each on the long-tail bench), which the simulator spent as a burst on the engines at
+    every version start; the samples show none there, 0.02-0.03 cores while the engines idle for
+    training and 0.08 while they step (long-tail bench; 0.06 and 0.23 on the demo's). Judged
+    responses come from the run's response log; a run without one (recorded before the scheduler
+    wrote it) spreads its completions over its stepping time."""
+    a, b = r.window()  # type: ignore[misc]
+    xs = [x for x in r.cpu if a["t"] <= x["t"] <= b["t"]]
+    judged = r.judged_times
+    starts = sorted(r.announced.values())
+    stepping = [
+        (p, q, (q["t"] - p["t"]) if stepping_gateways(p, q) else 0.0) for p, q in itertools.pairwise(xs)
+    ]
+    per_s = 0.0
+    if not judged:
+        total = sum(s for _, _, s in stepping)
+        per_s = r.status["rollout/completions"] * r.window_versions() / max(len(r.ends), 1) / max(total, 1e-9)
+
+    def between(ts: list[float], t0: float, t1: float) -> int:
+        return bisect.bisect_right(ts, t1) - bisect.bisect_right(ts, t0)
+
+    rows, ys = [], []
+    for p, q, step_s in stepping:
+        done = between(judged, p["t"], q["t"]) if judged else per_s * step_s
+        rows.append([q["t"] - p["t"], step_s, done, between(starts, p["t"], q["t"])])
+        ys.append(cpu_delta(p, q, CONTROL))
+    return rows, ys
+
+
 def fit_host(
     cal: list[Run], cores: int, max_share: float = 0.5, background: str = "threads"
 ) -> tuple[HostCpuContention, dict[str, Any], float]:
     """The contention model's inputs from the calibration runs' CPU samples, over each run's
-    measured versions: control-plane CPU = completion_cpu_s x completions + version_cpu_s x versions
-    (non-negative least squares over the runs); the trainer's demand = its CPU / its compute time
+    measured versions: the control plane's CPU (`control_design`, non-negative least squares over
+    every sample interval of every run); the trainer's demand = its CPU / its compute time
     (s = 0 runs: the trainer computes while the engines idle); background `threads` (default:
     other processes' runnable threads, from the load average, `background_threads`) or `cores`
     (host busy time that was none of the stack's services, per second, where an engine stepped)."""
-    rows, ys, tr_cpu, tr_wall, bg, wall = [], [], 0.0, 0.0, 0.0, 0.0
+    rows: list[list[float]] = []
+    ys: list[float] = []
+    tr_cpu, tr_wall, bg, wall = 0.0, 0.0, 0.0, 0.0
     per_run = {}
     for r in cal:
         w = r.window()
@@ -113,9 +151,10 @@ def fit_host(
         versions = r.window_versions()
         completions = r.status["rollout/completions"] * versions / max(len(r.ends), 1)
         ctl = cpu_delta(a, b, CONTROL)
-        rows.append([completions, versions])
-        ys.append(ctl)
         dt = b["t"] - a["t"]
+        x, y = control_design(r)
+        rows += x
+        ys += y
         ours = cpu_delta(a, b, service_groups(b))
         got, span = _background(r)
         bg += got
@@ -131,12 +170,13 @@ def fit_host(
             "background_threads": background_threads(r),  # at scale 1; rescaled below
             "engine_stretch": measured_stretch(a, b, engine_threads(b)),
         }  # fmt: skip
-    X, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
-    coef = nnls(X, y)
+    coef = nnls(np.asarray(rows, dtype=float), np.asarray(ys, dtype=float))
     host = HostCpuContention(
         cores=cores,
-        completion_cpu_s=float(coef[0]),
-        version_cpu_s=float(coef[1]),
+        control_idle_cores=float(coef[0]),
+        control_rollout_cores=float(coef[1]),
+        completion_cpu_s=float(coef[2]),
+        version_cpu_s=float(coef[3]),
         trainer_cores=tr_cpu / tr_wall if tr_wall > 0 else 0.0,
         background_cores=max(0.0, bg / wall) if wall > 0 and background == "cores" else 0.0,
         background_threads=statistics.fmean(background_threads(r) for r in cal)
@@ -392,8 +432,10 @@ def fit_cluster(
     abort_s = statistics.median(fanouts) if fanouts else CPU_TINY.abort_s
     how_dispatch = f"median of {dispatch_n} version starts" if dispatch_n else "set"
     hs = (
-        f"; host contention: {host.cores} cores, control plane {host.completion_cpu_s * 1e3:.2f} ms CPU per "
-        f"completion + {host.version_cpu_s * 1e3:.1f} ms per version, trainer {host.trainer_cores:.2f} cores, "
+        f"; host contention: {host.cores} cores, control plane {host.control_idle_cores:.3f} cores "
+        f"(+ {host.control_rollout_cores:.3f} while an engine steps) + "
+        f"{host.completion_cpu_s * 1e3:.2f} ms CPU per completion + {host.version_cpu_s * 1e3:.1f} ms per "
+        f"version, trainer {host.trainer_cores:.2f} cores, "
         f"background {host.background_cores:.2f} cores / {host.background_threads:.2f} runnable threads "
         f"(load average above ours x {scale:.2f}), trainer interference beside stepping engines "
         f"x {host.trainer_interference:.2f}"

@@ -222,6 +222,18 @@ class Run:
             if v + 1 in rows
         ]
 
+    @functools.cached_property
+    def judged_times(self) -> list[float]:
+        """When each response was judged (the response log's `judged` lines), sorted; [] without a
+        log."""
+        if not self.response_log.is_file():
+            return []
+        out = []
+        for line in self.response_log.read_text().splitlines():
+            if line.strip() and (x := json.loads(line))["event"] == "judged":
+                out.append(float(x["t"]))
+        return sorted(out)
+
     @property
     def response_log(self) -> Path:
         """The scheduler's --response-log of the run (runs before session 13 have none)."""

@@ -92,6 +92,34 @@ def test_engines_give_up_what_the_trainer_gets_not_what_it_asks() -> None:
     assert light.engine_stretch() == pytest.approx(1 / (1 - 0.4 / 1.2 / 2))
 
 
+def test_the_control_planes_idle_floor_floats_all_the_time_and_impulses_decay_above_it() -> None:
+    """The control plane's floor (its loops, heartbeats, metrics: `control_idle_cores`) is demand at
+    every instant, not a burst at a version start; a version's CPU is an impulse that decays back
+    to the floor over window_s."""
+    clock = VirtualClock()
+    host = HostCpuContention(cores=2, control_idle_cores=0.5, version_cpu_s=0.1, window_s=0.1)
+    load = HostLoad(host, clock, lambda: 2)
+    # 0.5 cores spill onto two stepping engines before any work arrives: 0.25 each, 4/3 x
+    assert load.control_cores() == pytest.approx(0.5)
+    assert load.engine_stretch() == pytest.approx(4 / 3)
+    load.cpu_work(host.version_cpu_s)  # 0.1 CPU s over a 0.1 s window: +1 core now
+    assert load.control_cores() == pytest.approx(1.5)
+    clock.now = 0.1  # one time constant later: 1 / e of it left
+    assert load.control_cores() == pytest.approx(0.5 + math.exp(-1.0))
+    clock.now = 10.0
+    assert load.control_cores() == pytest.approx(0.5)  # back to the floor, never below
+    # requests in flight cost the control plane more while any engine steps (0.2 cores here)
+    engines = [0]
+    rolling = HostLoad(host.model_copy(update={"control_rollout_cores": 0.2}), clock, lambda: engines[0])
+    assert rolling.control_cores() == pytest.approx(0.5)
+    engines[0] = 1
+    assert rolling.control_cores() == pytest.approx(0.7)
+    # one engine stepping on 2 cores: the 0.7 cores fit on the idle engine's core, no stretch
+    assert rolling.engine_stretch() == 1.0
+    engines[0] = 2
+    assert rolling.engine_stretch() == pytest.approx(1 / (1 - 0.35))
+
+
 def test_an_engine_step_takes_the_stretch_times_its_time() -> None:
     prof = EngineProfile(
         base_s=0.01, per_seq_s=0.001, kv_capacity_tokens=100_000, max_num_batched_tokens=8192

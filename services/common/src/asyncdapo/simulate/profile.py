@@ -146,8 +146,9 @@ class HostCpuContention(_Model):
     verifier, Redis and the trainer (and other users' processes) float over the same cores. Their
     CPU demand, in cores,
 
-        F = control-plane CPU rate (completion_cpu_s per completion and version_cpu_s per version,
-            averaged over window_s) + trainer_cores while the trainer computes + background_cores,
+        F = control-plane CPU rate (control_idle_cores, + control_rollout_cores while an engine
+            steps, + completion_cpu_s per completion and version_cpu_s per version averaged over
+            window_s) + trainer_cores while the trainer computes + background_cores,
 
     runs first on the cores no busy engine holds (other users' CPU-bound processes are better
     counted as `background_threads`: the fair scheduler shares each core among runnable threads,
@@ -165,6 +166,19 @@ class HostCpuContention(_Model):
     contention is counted twice."""
 
     cores: int = Field(ge=1, description="CPU cores of the host; each engine pinned to one of them.")
+    control_idle_cores: float = Field(
+        0.0,
+        ge=0.0,
+        description="Control-plane CPU per second whatever it does (cores): its loops, heartbeats and "
+        "metrics. Without it, a regression on completions and versions alone books this wall-time floor "
+        "per version, which the simulator then spends as a burst at each version start.",
+    )
+    control_rollout_cores: float = Field(
+        0.0,
+        ge=0.0,
+        description="Control-plane CPU per second while any engine steps, above the floor (cores): "
+        "requests in flight (dispatch, gateway views, replies), beyond their per-completion cost.",
+    )
     completion_cpu_s: float = Field(
         0.0, ge=0.0, description="Control-plane CPU per completion: scheduler + verifier + Redis (s)."
     )
