@@ -27,7 +27,8 @@ Protocol
    its modelled time the first engine step of a version ends). Host-CPU contention
    (`profile.HostCpuContention`; `--no-contention` leaves it out) from the per-service CPU time
    `cpu_sampler` records during every run: control-plane CPU (scheduler + verifier + Redis) per
-   completion and per version, the trainer's CPU share, the background (host busy time that was
+   completion and per version above a floor and a rate while engines step (fitted per CPU-sample
+   interval, `control_design`), the trainer's CPU share, the background (host busy time that was
    none of the stack's, where an engine stepped; `--background threads`: the load average less
    the stack's own, which on a quiet machine read 1.1-1.5 phantom threads in the s = 1 runs of
    the long-tail bench's third run: the trainer's torch threads and checkpoint I/O count in the
@@ -51,14 +52,21 @@ Protocol
    committed groups of its sync and async-fifo runs (`fit_length_structure`; `--preset-lengths`
    keeps the preset's).
 4. Validation: per config, the median over the validated runs of the mean rollout s/step against
-   the simulator's (per fold the mean over the realisations, or `--sim-seeds` seeds of a preset,
-   of the same number of steps, same warm-up; the median over folds); the ratio config / sync
+   the same statistic of the simulator's runs (its realisations, or `--sim-seeds` seeds of a
+   preset, of the same number of steps, same warm-up): the median of one simulated run per
+   validated run drawn from its fold's, its expected value (`median_of_runs`; sessions 8-15 took
+   the median over folds of the mean over the realisations, printed beside it, which sits above a
+   median of three runs where their distribution is skewed: sync's second barrier batch, s = 1's
+   wait); the ratio config / sync
    likewise. Also compared, as diagnostics: the step period (announcement to announcement), and
    counts the machine's load does not move: tokens generated per version (aborted included),
    completions per version, their mean length, tokens aborted per version. The real stack's own
    spread per config ((max - min) / median over every rep) is printed beside the errors, and the
    workload's own noise on one run's ratio to sync (`workload_noise`: its standard deviation over
-   the simulator's realisations, config and sync on the same draw; RESULT ratio_sd_one_run_max).
+   the simulator's realisations, config and sync on the same draw; RESULT ratio_sd_one_run_max),
+   and on the median of the validated runs' rollout s/step (`median_of_runs`, relative; RESULT
+   median_draw_sd_max, and max_err_in_draw_sds: the largest error in those units — an error
+   within about two is one the runs' own draw could make, before the machine's drift adds its).
    "Load-matched" re-runs the simulator per validation run with that run's own measured
    background load (other users' CPU: an input from outside the stack), everything else from its
    fold's calibration. "Paired" (bench/simulator_paired.py) compares each validated run with its
