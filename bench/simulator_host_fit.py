@@ -117,7 +117,7 @@ def control_design(r: Run) -> tuple[list[list[float]], list[float]]:
     per_s = 0.0
     if not judged:
         total = sum(s for _, _, s in stepping)
-        per_s = r.status["rollout/completions"] * r.window_versions() / max(len(r.ends), 1) / max(total, 1e-9)
+        per_s = r.window_completions / max(total, 1e-9)
 
     def between(ts: list[float], t0: float, t1: float) -> int:
         return bisect.bisect_right(ts, t1) - bisect.bisect_right(ts, t0)
@@ -149,7 +149,7 @@ def fit_host(
             raise SystemExit(f"{r.dir}: no CPU samples (bench.json from before cpu_sampler): rerun it")
         a, b = w
         versions = r.window_versions()
-        completions = r.status["rollout/completions"] * versions / max(len(r.ends), 1)
+        completions = r.window_completions
         ctl = cpu_delta(a, b, CONTROL)
         dt = b["t"] - a["t"]
         x, y = control_design(r)

@@ -187,6 +187,11 @@ class Run:
         return float(sum(1 for t in self.ends if t > w[0]["t"]))
 
     @property
+    def window_completions(self) -> float:
+        """Completions within `window()`: the run's, in proportion to the versions committed there."""
+        return self.status["rollout/completions"] * self.window_versions() / max(len(self.ends), 1)
+
+    @property
     def engine_stretch(self) -> float:
         """The engines' measured slow-down over the measured versions (1 + run delay / CPU)."""
         w = self.window()

@@ -249,7 +249,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
         ratio_abs_err=rat,
         real_spread=spread,
         ratio_sd_one_run=ratio_sd,
-        median_of_runs_sd=draw_sd,
+        median_draw_sd=draw_sd,
         sim_runs=sim_runs,
         load_matched=load_matched,
         paired=paired,

@@ -2,11 +2,10 @@
 
 The control plane's CPU demand is its idle floor, its rate while engines step, and an exponential
 average (time constant `window_s`) of the CPU its work costs (`cpu_work`: per completion, per
-version); with the
-trainer's share while it computes and other users' background it is the floating demand that
-`HostCpuContention` turns into a stretch of an engine's step or of the trainer's compute
-(docs/simulator.md, "Host-CPU contention"). The driver reports the work and the trainer's state; the engines read
-`engine_stretch` when they plan their next segment.
+version); with the trainer's share while it computes and other users' background it is the
+floating demand that `HostCpuContention` turns into a stretch of an engine's step or of the
+trainer's compute (docs/simulator.md, "Host-CPU contention"). The driver reports the work and the
+trainer's state; the engines read `engine_stretch` when they plan their next segment.
 """
 
 from __future__ import annotations
@@ -30,20 +29,23 @@ class HostLoad:
     def control_cores(self, busy: int | None = None) -> float:
         """The control plane's CPU demand now (cores): its idle floor, its rate while engines step
         (`busy`: engines stepping, read when not given), and its impulses decayed over window_s."""
+        h = self.host
+        if busy is None:
+            busy = self.busy_engines() if h.control_rollout_cores else 0
+        return h.control_idle_cores + (h.control_rollout_cores if busy else 0.0) + self._impulses()
+
+    def _impulses(self) -> float:
+        """The control plane's work impulses, decayed to now."""
         now = self.clock.now
         if now > self._t:
             self._rate *= math.exp(-(now - self._t) / self.host.window_s)
             self._t = now
-        h = self.host
-        if busy is None:
-            busy = self.busy_engines() if h.control_rollout_cores else 0
-        return h.control_idle_cores + (h.control_rollout_cores if busy else 0.0) + self._rate
+        return self._rate
 
     def cpu_work(self, cpu_s: float) -> None:
         """`cpu_s` of control-plane CPU spent about now."""
         if cpu_s > 0:
-            self.control_cores(0)  # decay the impulses to now
-            self._rate += cpu_s / self.host.window_s
+            self._rate = self._impulses() + cpu_s / self.host.window_s
 
     def floating_cores(self, busy: int | None = None) -> float:
         """The floating work's CPU demand (cores): what the trainer's share is decided on."""
