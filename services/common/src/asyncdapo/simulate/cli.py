@@ -141,6 +141,7 @@ def _simulate(args: argparse.Namespace) -> int:
         write_png,
     )
     from asyncdapo.simulate.driver import Simulation, SimulationError, check_supported
+    from asyncdapo.simulate.machine_speed import cost_in_reference_ops, reference_cpu_s_per_op
     from asyncdapo.simulate.modes import mode_config
     from asyncdapo.simulate.presets import load_workload
     from asyncdapo.simulate.profile import load_cluster
@@ -177,13 +178,19 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     reports = []
     t_all = time.perf_counter()
+    # the machine's speed on a fixed reference workload (machine_speed), so that the CPU a run costs
+    # can be compared between machines: one of our VMs runs the same simulation 2-3x slower than another
+    ref = reference_cpu_s_per_op()
+    costs = []
     for mode, cfg in cfgs:
         c0, w0 = time.process_time(), time.perf_counter()
         res = Simulation(cfg, cluster, workload, args.versions).simulate()
         cpu = time.process_time() - c0
         reports.append(mode_report(mode, cfg, res, ideal_, cpu))
+        costs.append(cost_in_reference_ops(cpu, res.events, ref) if res.events else 0.0)
         print(
-            f"  {mode}: {res.sim_s:.0f} virtual s, {res.events} events, {cpu:.1f} CPU s, {time.perf_counter() - w0:.1f} wall s",
+            f"  {mode}: {res.sim_s:.0f} virtual s, {res.events} events, {cpu:.1f} CPU s "
+            f"({costs[-1]:.1f} reference ops per event), {time.perf_counter() - w0:.1f} wall s",
             flush=True,
         )
     compare(reports)
@@ -197,6 +204,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "ideal": ideal_.__dict__,
         "wall_s": wall,
+        "reference_s_per_op": ref,
         "loadavg": os.getloadavg()[0],
     }
     out = Path(args.out)
@@ -216,6 +224,8 @@ def _simulate(args: argparse.Namespace) -> int:
             "versions": args.versions,
             "wall_s": f"{wall:.1f}",
             "cpu_s": f"{sum(r.sim_cpu_s for r in reports):.1f}",
+            "ref_us_per_op": f"{ref * 1e6:.3f}",
+            "ref_ops_per_event_max": f"{max(costs, default=0.0):.1f}",
             "loadavg": f"{os.getloadavg()[0]:.2f}",
         },
     ):
