@@ -146,7 +146,9 @@ def main() -> int:
         "512-token model on its valid-rate-0.3 dataset",
     )
     ap.add_argument("--out", type=Path, default=None, help="default: runs/bench-simulator[-BENCH]")
-    ap.add_argument("--timeout-s", type=float, default=240.0, help="per real run, training phase")
+    # a guard against a stalled run, not a budget: on session 17's VM a long-tail pdsr step takes ~20 s
+    # (12 steps ~240 s, the old default), on session 13's ~6 s
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="per real run, training phase")
     ap.add_argument("--reuse", action="store_true", help="analyse the runs under --out; run nothing")
     ap.add_argument(
         "--no-contention", action="store_true", help="leave out the host-CPU contention model (the old fit)"
