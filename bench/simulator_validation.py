@@ -22,6 +22,7 @@ from typing import Any
 from simulator_host_fit import Calibration
 from simulator_paired import paired_validation
 from simulator_real_runs import POOLS, Run, real_config
+from simulator_speed_matched import speed_matched_validation
 
 from asyncdapo.config import RunConfig
 from asyncdapo.simulate.driver import Simulation
@@ -214,6 +215,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
             print(f"{'':22s} the median of {len(validated)} runs, its spread from the workload draw alone "
                   f"(sd, relative; median_of_runs): {shown}")  # fmt: skip
     paired = paired_validation(args, runs, folds, simulate) if isinstance(folds[0].workload, list) else {}
+    matched = speed_matched_validation(args, runs, folds, simulate) if paired else {}
     load_matched: dict[str, Any] = {}
     if all(f.calibration.profile.host is not None for f in folds):
         # the same model and calibration, one input replaced: the background load (other users'
@@ -253,6 +255,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
         sim_runs=sim_runs,
         load_matched=load_matched,
         paired=paired,
+        speed_matched=matched,
     )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     max_rel = max(abs(x) for x in rel.values())
@@ -276,6 +279,15 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
             f"paired_ratio_abs_err={max(paired['ratio_abs_err'].values(), default=0.0):.3f} "
             f"paired_tokens_max_rel_err={max(abs(x) for x in paired['tokens_rel_err'].values()):.3f} "
             if paired
+            else ""
+        )
+        + (
+            f"speed_matched_max_rel_err={max(abs(x) for x in matched['rel_err'].values()):.3f} "
+            f"speed_matched_ratio_abs_err={max(matched['ratio_abs_err'].values(), default=0.0):.3f} "
+            f"speed_own_max_rel_err={max(abs(x) for x in matched['own_rel_err'].values()):.3f} "
+            f"speed_own_ratio_abs_err={max(matched['own_ratio_abs_err'].values(), default=0.0):.3f} "
+            f"engine_speed_range={matched['engine_factor_range'][0]:.2f}-{matched['engine_factor_range'][1]:.2f} "
+            if matched
             else ""
         )
         + f"contention={int(not args.no_contention)} background={args.background} "
