@@ -52,3 +52,10 @@ def test_cost_per_event_in_reference_ops_stays_under_the_ceiling(mode: str) -> N
         f"{ref * 1e6:.2f} µs per op), ceiling {CEILING_REFERENCE_OPS_PER_EVENT}: the 512-engine run would "
         "cost about twice today's"
     )
+
+
+def test_cost_in_reference_ops_is_cpu_per_event_over_cpu_per_op_and_refuses_an_empty_run() -> None:
+    # 2 CPU s for 1,000 events is 2 ms an event; at 100 µs per reference op that is 20 ops
+    assert cost_in_reference_ops(2.0, 1000, 1e-4) == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="events > 0"):
+        cost_in_reference_ops(1.0, 0, 1e-4)
