@@ -23,8 +23,10 @@ Protocol
    as `base_s + per_token_s x tokens trained` (`fit_trainer`: the s = 0 runs' steps against their
    prompt + response tokens; the s = 1 runs' steps, priced so, give the trainer's interference
    beside stepping engines), the verifier's mean call latency (call_s) and the dispatch latency
-   (`ClusterProfile.dispatch_s`, `fit_dispatch`: how much later than an admission round trip and
-   its modelled time the first engine step of a version ends). Host-CPU contention
+   (`ClusterProfile.dispatch_s` + `dispatch_per_request_s` × a gateway's burst, `fit_dispatch`:
+   how much later than an admission round trip and its modelled time a gateway's first engine
+   step of a version ends, against the requests that gateway took at the start; since session 17,
+   one constant before). Host-CPU contention
    (`profile.HostCpuContention`; `--no-contention` leaves it out) from the per-service CPU time
    `cpu_sampler` records during every run: control-plane CPU (scheduler + verifier + Redis) per
    completion and per version above a floor and a rate while engines step (fitted per CPU-sample

@@ -339,38 +339,74 @@ class Calibration:
         return host_for(self.profile.host, r, self.threads_scale)
 
 
-def fit_dispatch(cal: list[Run], engine: EngineProfile, rtt_s: float) -> tuple[float, int]:
-    """The transport's latency from dispatch to the engine (`ClusterProfile.dispatch_s`), and on
-    how many versions it was measured.
+START_WINDOW_S = 0.3  # after a gateway's first step of a version: its dispatch burst's prefills
 
-    Per version of an s = 0 run, the first engine step after the version's announcement (the bound
-    rises and admission starts then) ends this much later than one admission round trip plus that
-    step's modelled time (`engine`: its prefill and decode); the median over every measured
-    version. The step log's time is when the step's output reached the gateway's frontend, so the
-    figure also holds the engine-to-frontend leg of a reply (the profile's `reply_s` stays 0). It is
-    measured where it is on the critical path — every version starts with it — and charged to every
-    dispatch; a request handed to a busy gateway mid-version may travel faster (pdsr's hand-offs to
-    the heavy pool show about 8 ms from the capped step to the continuation's first step).
-    """
-    gaps = []
-    for r in cal:
-        if r.dir.name == "fully-async":  # s = 1: the next version's groups were dispatched long before
-            continue
-        lines = sorted(
-            (x for p in r.step_logs for x in read_steps(p) if x["decode"] or x["prefill_reqs"]),
-            key=lambda x: x["t"],
-        )
+
+def dispatch_starts(r: Run, engine: EngineProfile, rtt_s: float) -> list[tuple[int, float]]:
+    """(requests in the burst, latency) per version and gateway of an s = 0 run whose version
+    started on an idle engine with a dispatch burst.
+
+    Latency: the gateway's first working step after the version's announcement ends this much
+    later than one admission round trip plus that step's modelled time (`engine`); requests: what
+    that gateway prefilled from that step to `START_WINDOW_S` after it. The step log's time is when
+    the step's output reached the gateway's frontend, which handles a burst's RPCs on the same
+    loop first: its first step (one request) is logged after the whole burst was taken in. A
+    gateway that prefilled fewer than half the requests another one did at the same start took no
+    burst (pdsr's heavy gateway: a few continuations) and is left out, as is one already decoding
+    at the start."""
+    if r.dir.name == "fully-async":  # s = 1: the next version's groups were dispatched long before
+        return []
+    per_version: dict[int, list[tuple[int, float]]] = {}
+    for p in r.step_logs:
+        lines = [x for x in read_steps(p) if x["decode"] or x["prefill_reqs"]]
         times = [x["t"] for x in lines]
         for v in r.versions():
             i = bisect.bisect_right(times, r.announced[v])
-            if i == len(lines):
+            if i == len(lines) or lines[i]["decode"]:
                 continue
             x = lines[i]
-            step = engine.step_s(int(x["decode"]), 0, int(x["prefill_tokens"]))
-            gaps.append(x["t"] - r.announced[v] - rtt_s - step)
-    if not gaps:
-        return 0.0, 0
-    return max(0.0, statistics.median(gaps)), len(gaps)
+            j = bisect.bisect_right(times, x["t"] + START_WINDOW_S)
+            n = sum(int(y["prefill_reqs"]) for y in lines[i:j])
+            step = engine.step_s(0, 0, int(x["prefill_tokens"]))
+            per_version.setdefault(v, []).append((n, x["t"] - r.announced[v] - rtt_s - step))
+    return [
+        (n, g) for starts in per_version.values() for n, g in starts if 2 * n >= max(m for m, _ in starts)
+    ]
+
+
+def fit_dispatch(cal: list[Run], engine: EngineProfile, rtt_s: float) -> tuple[float, float, int]:
+    """The transport's latency from dispatch to the engine (`ClusterProfile.dispatch_s`), the
+    frontend's time per request of a burst (`dispatch_per_request_s`), and on how many version
+    starts (one per gateway) they were measured (`dispatch_starts`).
+
+    latency = dispatch_s + dispatch_per_request_s × requests, least squares over the configs'
+    medians (each config one point: their bursts differ in size — sync dispatches its whole
+    generation batch, async a version's first admission round, pdsr all to its fast pool — so
+    the configs span the line, and a config's outliers do not tilt it). Session 17 measured the
+    line within ±7 ms of every config's median on the long-tail bench (~1.6 ms per request, ~0
+    fixed); one constant for all (the fit before) was ~50 ms short for sync's start and ~20 ms
+    long for async's and charged the same ~120 ms to every mid-version dispatch. Calibration runs
+    of one config (or one burst size) give no slope: the median latency, per request 0. The
+    figure holds the engine-to-frontend leg of a reply too (the profile's `reply_s` stays 0)."""
+    points = []
+    total = 0
+    for config in sorted({r.dir.name for r in cal}):
+        starts = [s for r in cal if r.dir.name == config for s in dispatch_starts(r, engine, rtt_s)]
+        if starts:
+            total += len(starts)
+            points.append((statistics.median(n for n, _ in starts), statistics.median(g for _, g in starts)))
+    if not points:
+        return 0.0, 0.0, 0
+    ns = np.array([n for n, _ in points], dtype=float)
+    gs = np.array([g for _, g in points])
+    if len(points) < 2 or np.ptp(ns) == 0:
+        return max(0.0, float(np.median(gs))), 0.0, total
+    slope, icept = np.polyfit(ns, gs, 1)
+    if slope <= 0:
+        return max(0.0, float(np.median(gs))), 0.0, total
+    if icept < 0:  # through the origin
+        return 0.0, float(ns @ gs / (ns @ ns)), total
+    return float(icept), float(slope), total
 
 
 def batched_tokens(step_logs: list[Path]) -> int:
@@ -442,13 +478,13 @@ def fit_cluster(
         update={"pause_s": 0.0, "reload_s": reload_s, "max_num_batched_tokens": batched_tokens(logs)}
     )
     if dispatch_s is None:
-        dispatch_s, dispatch_n = fit_dispatch(cal, engine, CPU_TINY.redis_rtt_s)
+        dispatch_s, per_request_s, dispatch_n = fit_dispatch(cal, engine, CPU_TINY.redis_rtt_s)
     else:
-        dispatch_n = 0
+        per_request_s, dispatch_n = 0.0, 0
     # the scheduler's own measure of early stop's abort fan-out (until every gateway answered)
     fanouts = [x for r in cal if math.isfinite(x := r.mean_of("asyncdapo_scheduler_abort_fanout_seconds"))]
     abort_s = statistics.median(fanouts) if fanouts else CPU_TINY.abort_s
-    how_dispatch = f"median of {dispatch_n} version starts" if dispatch_n else "set"
+    how_dispatch = f"fitted on {dispatch_n} version starts" if dispatch_n else "set"
     hs = (
         f"; host contention: {host.cores} cores, control plane {host.control_idle_cores:.3f} cores "
         f"(+ {host.control_rollout_cores:.3f} while an engine steps) + "
@@ -469,9 +505,11 @@ def fit_cluster(
         redis_rtt_s=CPU_TINY.redis_rtt_s,
         abort_s=abort_s,
         dispatch_s=dispatch_s,
+        dispatch_per_request_s=per_request_s,
         host=host,
         source=f"bench_simulator calibration runs: {fit.summary()}; weight fan-out {reload_s:.3f} s, "
-        f"dispatch {dispatch_s * 1e3:.1f} ms ({how_dispatch}), abort fan-out {abort_s * 1e3:.1f} ms, "
+        f"dispatch {dispatch_s * 1e3:.1f} ms + {per_request_s * 1e3:.2f} ms per request of a gateway's burst "
+        f"({how_dispatch}), abort fan-out {abort_s * 1e3:.1f} ms, "
         f"trainer {trainer.base_s:.3f} s + {trainer.per_token_s * 1e3:.3f} ms per token trained "
         f"(over {trainer_n} s = 0 steps), verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
     )

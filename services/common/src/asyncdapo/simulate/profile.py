@@ -280,6 +280,14 @@ class ClusterProfile(_Model):
         description="From the scheduler's dispatch until the engine can schedule the request (gRPC, "
         "gateway, engine IPC) (s). 0: at once.",
     )
+    dispatch_per_request_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="A gateway's frontend takes in the requests dispatched to it at one instant (a "
+        "burst) before its engine schedules any of them: a burst of N reaches the engine N times this "
+        "plus dispatch_s after its dispatch, behind the gateway's earlier bursts (s). 0: every request "
+        "dispatch_s after its dispatch, alone.",
+    )
     reply_s: float = Field(
         0.0,
         ge=0.0,
