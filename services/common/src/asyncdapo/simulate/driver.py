@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import math
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from asyncdapo.config import LongTailPolicy, PauseMode, RolloutMode, RunConfig
@@ -39,6 +38,7 @@ from asyncdapo.simulate.host_load import HostLoad
 from asyncdapo.simulate.profile import ClusterProfile
 from asyncdapo.simulate.prompt_feed import PromptFeed
 from asyncdapo.simulate.records import Counts, SimResponse, SimResult, StepRecord, TrainedGroup
+from asyncdapo.simulate.transport import DispatchTransport, Gw
 from asyncdapo.simulate.verifier_model import VerifierModel
 from asyncdapo.simulate.workload import Attempt, Sampler
 from asyncdapo.v1 import common_pb2
@@ -50,21 +50,6 @@ TRAIN_TICK_S = 0.005  # CPU profiles: how often the trainer's contended rate is 
 
 class SimulationError(AsyncdapoError, RuntimeError):
     pass
-
-
-@dataclass(eq=False)
-class Gw:
-    """One simulated gateway: its engine and what the dispatcher knows of it."""
-
-    address: str
-    engine: Engine
-    pool: str
-    in_flight: int = 0
-    paused: bool = False
-    resuming: bool = False  # a weight update's reload is scheduled
-    version: int = 0
-    frontend_free: float = 0.0  # when its frontend is done with the bursts dispatched so far
-    burst: list[Seq] | None = None  # requests dispatched to it at this instant, not yet sent
 
 
 class Simulation:
@@ -127,12 +112,11 @@ class Simulation:
         self.attempts: dict[PromptTask, Attempt] = {}
         # id(request) -> where it runs and its natural length (the core never reads it)
         self._placed: dict[int, tuple[Gw, Seq, int]] = {}
-        # the transport's latencies: requests dispatched but not yet on their engine (id(seq)), and
-        # the time a finished response takes to reach the scheduler
-        self.dispatch_s = cluster.dispatch_s
-        self.dispatch_per_request_s = cluster.dispatch_per_request_s
+        # the transport's latencies: a dispatched request's way to its engine, and the time a
+        # finished response takes to reach the scheduler
+        self.transport = DispatchTransport(self.clock, cluster.dispatch_s, cluster.dispatch_per_request_s)
+        self._transit = self.transport.transit  # id(seq) of the requests on their way
         self.reply_s = cluster.reply_s
-        self._transit: set[int] = set()
         self.verifier = VerifierModel(
             self.clock,
             cluster.verifier,
@@ -217,7 +201,7 @@ class Simulation:
             placed = self._placed.get(id(req))
             if placed is None or placed[1].state == DONE:  # gone, or finished with its reply in transit
                 continue
-            if id(placed[1]) not in self._transit and self.cluster.abort_s > 0:
+            if not self.transport.in_transit(placed[1]) and self.cluster.abort_s > 0:
                 # the abort travels to the engine, which steps the request until it arrives
                 self.clock.after(self.cluster.abort_s, self._abort_arrives, req)
             else:
@@ -236,8 +220,7 @@ class Simulation:
             return
         del self._placed[id(req)]
         g, seq, _ = placed
-        if id(seq) in self._transit:  # aborted before it reached its engine
-            self._transit.discard(id(seq))
+        if self.transport.recall(seq):  # aborted before it reached its engine
             seq.state = DONE
             self.aborted_tokens += seq.gen
         else:
@@ -317,43 +300,7 @@ class Simulation:
         task.gateways.add(g.address)
         g.in_flight += 1
         self._dirty[g] = None  # _view(g)
-        if self.dispatch_per_request_s > 0:
-            self._transit.add(id(seq))
-            if g.burst is None:
-                g.burst = []
-                self.clock.after(0.0, self._send_burst, g)  # after this instant's other dispatches
-            g.burst.append(seq)
-            return
-        delay = self.dispatch_s
-        if delay > 0:
-            self._transit.add(id(seq))
-            self.clock.after(delay, self._arrive, (g, seq))
-        else:
-            g.engine.submit(seq)
-
-    def _send_burst(self, g: Gw) -> None:
-        """The requests dispatched to `g` at one instant reach its engine together, once its
-        frontend has taken in all of them (after any burst before): the real gateway's loop takes a
-        burst's RPCs before its engine schedules the first (session 17's step logs: a version's first
-        step on a gateway comes ~1.3-1.7 ms per request of the burst after the dispatch, the rest of
-        the burst within ~40 ms after it)."""
-        burst, g.burst = g.burst or [], None
-        now = self.clock.now
-        done = max(now, g.frontend_free) + self.dispatch_per_request_s * len(burst)
-        g.frontend_free = done
-        self.clock.at(done + self.dispatch_s, self._arrive_burst, (g, burst))
-
-    def _arrive_burst(self, sent: tuple[Gw, list[Seq]]) -> None:
-        g, burst = sent
-        for seq in burst:
-            self._arrive((g, seq))
-
-    def _arrive(self, placed: tuple[Gw, Seq]) -> None:
-        """A dispatched request reaches its engine (unless it was aborted on the way)."""
-        g, seq = placed
-        if id(seq) in self._transit:
-            self._transit.discard(id(seq))
-            g.engine.submit(seq)
+        self.transport.send(g, seq)
 
     def _busy_engines(self) -> int:
         return sum(1 for g in self.gws if g.engine.running)
