@@ -18,7 +18,7 @@ HASH fields, all strings:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
 @dataclass(frozen=True)
 class PromptRecord:
     id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]  # a list; the simulator passes range(n): only len is read
     prompt_text: str
     ground_truth: str
     data_source: str

@@ -25,7 +25,6 @@ from collections import deque
 from typing import Any
 
 from asyncdapo.config import LongTailPolicy, PauseMode, RolloutMode, RunConfig
-from asyncdapo.errors import AsyncdapoError
 from asyncdapo.scheduler.core import Abort, Command, Dispatch, Redispatch, RolloutCore, ScoreResponse
 from asyncdapo.scheduler.eligible import EligibleIndex
 from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
@@ -34,6 +33,7 @@ from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY
 from asyncdapo.scheduler.tasks import PromptTask, Request
 from asyncdapo.simulate.clock import VirtualClock
 from asyncdapo.simulate.engine_model import DONE, Engine, Seq
+from asyncdapo.simulate.errors import SimulationError
 from asyncdapo.simulate.host_load import HostLoad
 from asyncdapo.simulate.profile import ClusterProfile
 from asyncdapo.simulate.prompt_feed import PromptFeed
@@ -46,10 +46,6 @@ from asyncdapo.v1 import common_pb2
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 CLAIM_CHUNK = 64  # Rollout's default claim_chunk
 TRAIN_TICK_S = 0.005  # CPU profiles: how often the trainer's contended rate is re-read
-
-
-class SimulationError(AsyncdapoError, RuntimeError):
-    pass
 
 
 class Simulation:

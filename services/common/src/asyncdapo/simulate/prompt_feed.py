@@ -34,5 +34,5 @@ class PromptFeed:
                     self._orders = {epoch: epoch_order(size, self.data.seed, epoch, self.data.shuffle)}
                 i = int(self._orders[epoch][pos])
             plen = self.workload.prompt_length(i)
-            recs.append(PromptRecord(prompt_id(epoch, i), range(plen), "", "sim", "sim", epoch, i))  # type: ignore[arg-type]
+            recs.append(PromptRecord(prompt_id(epoch, i), range(plen), "", "sim", "sim", epoch, i))
         return recs

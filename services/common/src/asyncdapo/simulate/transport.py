@@ -41,6 +41,8 @@ class DispatchTransport:
         self.dispatch_s = dispatch_s
         self.per_request_s = per_request_s
         self.transit: set[int] = set()  # id(seq) of the requests on their way
+        # when a list: (gateway, virtual time) of every request as it reaches its engine
+        self.arrivals: list[tuple[str, float]] | None = None
 
     def send(self, g: Gw, seq: Seq) -> None:
         """`seq` was dispatched to `g` now: on its engine at once, or once it arrived."""
@@ -54,7 +56,7 @@ class DispatchTransport:
             self.transit.add(id(seq))
             self.clock.after(self.dispatch_s, self._arrive, (g, seq))
         else:
-            g.engine.submit(seq)
+            self._submit(g, seq)
 
     def in_transit(self, seq: Seq) -> bool:
         return id(seq) in self.transit
@@ -81,4 +83,9 @@ class DispatchTransport:
         """A dispatched request reaches its engine (unless it was recalled on the way)."""
         g, seq = placed
         if self.recall(seq):
-            g.engine.submit(seq)
+            self._submit(g, seq)
+
+    def _submit(self, g: Gw, seq: Seq) -> None:
+        if self.arrivals is not None:
+            self.arrivals.append((g.address, self.clock.now))
+        g.engine.submit(seq)

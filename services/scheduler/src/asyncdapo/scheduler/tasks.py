@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -65,7 +66,7 @@ class PromptTask:
     attempt: int
     seq: int
     n: int
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]
     ground_truth: str
     data_source: str = ""
     prompt_text: str = ""
