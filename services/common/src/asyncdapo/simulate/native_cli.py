@@ -1,0 +1,29 @@
+"""`python -m asyncdapo.simulate.native_cli build|status`: compile the simulator's event loop with
+mypyc for the current sources (`make sim-native`), or say whether a build for them exists."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from asyncdapo.simulate.native import BUILD_INFO, build, cache_root, current_digest, enabled
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m asyncdapo.simulate.native_cli", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("command", choices=["build", "status"])
+    p.add_argument("--force", action="store_true", help="rebuild even when a build for these sources exists")
+    a = p.parse_args(argv)
+    if a.command == "build":
+        build(force=a.force)
+        return 0
+    where = cache_root() / current_digest()
+    state = "built" if (where / BUILD_INFO).is_file() else "not built (plain Python runs)"
+    print(f"{where}: {state}; ASYNCDAPO_SIM_NATIVE={'on' if enabled() else 'off'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
