@@ -10,7 +10,7 @@ Benches (`--bench`): `demo` (default; bench_e2e's long-tail tiny model on the de
 Protocol
 1. Real runs, interleaved (rep 1: every config, rep 2: every config, …), each a whole
    `LocalStack` run of `--steps` training steps (the first `--warmup` left out) with
-   `--step-logs`: sync, async (`any`), async-fifo, fully-async (s = 1, keep), pdsr (async-fifo
+   `--step-logs`: sync, async (`any`), async-fifo, fully-async (s = 1, keep), pdsr (async `any`
    with rollout.long_tail.policy pdsr; its two gateways are the `fast` and the `heavy` pool). Rep r
    samples with rollout.seed = r - 1, so that the three runs of a config are three draws of the
    workload (with one seed they drew the same generations: one draw, whatever the rep count).
