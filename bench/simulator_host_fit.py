@@ -342,6 +342,28 @@ class Calibration:
 START_WINDOW_S = 0.3  # after a gateway's first step of a version: its dispatch burst's prefills
 
 
+def working_steps(step_logs: list[Path]) -> tuple[list[dict[str, Any]], list[float]]:
+    """The steps of these step logs that decoded or prefilled, in time order, and their times."""
+    lines = sorted(
+        (x for p in step_logs for x in read_steps(p) if x["decode"] or x["prefill_reqs"]),
+        key=lambda x: x["t"],
+    )
+    return lines, [x["t"] for x in lines]
+
+
+def first_round(
+    lines: list[dict[str, Any]], times: list[float], t: float, window_s: float = START_WINDOW_S
+) -> tuple[dict[str, Any], int] | None:
+    """The first working step after `t` (from `working_steps`) and the requests prefilled from it to
+    `window_s` after it — a version's first admission round when `t` is its announcement; None
+    when no step follows `t`."""
+    i = bisect.bisect_right(times, t)
+    if i == len(lines):
+        return None
+    j = bisect.bisect_right(times, times[i] + window_s)
+    return lines[i], sum(int(y["prefill_reqs"]) for y in lines[i:j])
+
+
 def dispatch_starts(r: Run, engine: EngineProfile, rtt_s: float) -> list[tuple[int, float]]:
     """(requests in the burst, latency) per version and gateway of an s = 0 run whose version
     started on an idle engine with a dispatch burst.
@@ -358,15 +380,12 @@ def dispatch_starts(r: Run, engine: EngineProfile, rtt_s: float) -> list[tuple[i
         return []
     per_version: dict[int, list[tuple[int, float]]] = {}
     for p in r.step_logs:
-        lines = [x for x in read_steps(p) if x["decode"] or x["prefill_reqs"]]
-        times = [x["t"] for x in lines]
+        lines, times = working_steps([p])
         for v in r.versions():
-            i = bisect.bisect_right(times, r.announced[v])
-            if i == len(lines) or lines[i]["decode"]:
+            start = first_round(lines, times, r.announced[v])
+            if start is None or start[0]["decode"]:
                 continue
-            x = lines[i]
-            j = bisect.bisect_right(times, x["t"] + START_WINDOW_S)
-            n = sum(int(y["prefill_reqs"]) for y in lines[i:j])
+            x, n = start
             step = engine.step_s(0, 0, int(x["prefill_tokens"]))
             per_version.setdefault(v, []).append((n, x["t"] - r.announced[v] - rtt_s - step))
     return [

@@ -41,6 +41,26 @@ if TYPE_CHECKING:
 SENS = 0.03  # the relative step of the sensitivity's central difference
 
 
+# the columns every per-config table of a validation prints first (this one and the speed-matched)
+TABLE_HEAD = f"{'':22s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s} {'ratio meas':>10s} {'ratio sim':>9s} {'abs err':>8s}"
+
+
+def against_sync(
+    med: dict[str, dict[str, float]], m: str, key: str = "simulated"
+) -> tuple[float, float, float]:
+    """Config `m`'s medians: `key`'s relative error against "measured", and the measured and `key`'s
+    ratios to sync's."""
+    x, s = med[m], med["sync"]
+    return x[key] / x["measured"] - 1, x["measured"] / s["measured"], x[key] / s[key]
+
+
+def table_row(med: dict[str, dict[str, float]], m: str) -> str:
+    """TABLE_HEAD's columns for config `m`."""
+    x = med[m]
+    rel, rm, rs = against_sync(med, m)
+    return f"{m:22s} {x['measured']:9.4g} {x['simulated']:9.4g} {rel:+8.1%} {rm:10.3f} {rs:9.3f} {abs(rs - rm):8.3f}"
+
+
 def scaled_profile(prof: ClusterProfile, engine: float = 1.0, trainer: float = 1.0) -> ClusterProfile:
     """`prof` with every engine step cost (base, per sequence, per KV token, per prefill token)
     times `engine` and the trainer's step time (base and per token) times `trainer`."""
@@ -100,22 +120,17 @@ def paired_validation(
         "\nrollout s/step, paired (each validated run against its fold's simulator replaying that run's own "
         "generations, its --response-log; medians over the runs):"
     )
-    print(f"{'':22s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s} {'ratio meas':>10s} {'ratio sim':>9s} "
-          f"{'abs err':>8s} {'tokens/v err':>12s}   per run: measured / simulated")  # fmt: skip
+    print(f"{TABLE_HEAD} {'tokens/v err':>12s}   per run: measured / simulated")
     rel: dict[str, float] = {}
     rat: dict[str, float] = {}
     tok: dict[str, float] = {}
-    s = med["sync"]
     for m in args.configs:
-        x = med[m]
-        rel[m] = x["simulated"] / x["measured"] - 1
-        tok[m] = x["tokens_simulated"] / x["tokens_measured"] - 1
-        rm, rs = x["measured"] / s["measured"], x["simulated"] / s["simulated"]
+        rel[m], rm, rs = against_sync(med, m)
+        tok[m] = med[m]["tokens_simulated"] / med[m]["tokens_measured"] - 1
         if m != "sync":
             rat[m] = abs(rs - rm)
         pairs = "  ".join(f"{y['measured']:.3g} / {y['simulated']:.3g}" for y in per[m])
-        print(f"{m:22s} {x['measured']:9.4g} {x['simulated']:9.4g} {rel[m]:+8.1%} {rm:10.3f} {rs:9.3f} "
-              f"{abs(rs - rm):8.3f} {tok[m]:+12.1%}   {pairs}")  # fmt: skip
+        print(f"{table_row(med, m)} {tok[m]:+12.1%}   {pairs}")
     print(f"{'':22s} attempts replayed from the runs' logs: {from_log}; from the pool (attempts the runs never made): {from_pool}")  # fmt: skip
     if unresolved:
         print(f"{'':22s} ({unresolved} aborted responses outlasted every pool answer of their problem: replayed one token longer than they had)")  # fmt: skip

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from simulator_host_fit import CONTROL, KV_CAPACITY, _busy_spans, stretch_of
-from simulator_paired import scaled_profile
+from simulator_paired import TABLE_HEAD, against_sync, scaled_profile, table_row
 from simulator_real_runs import Run, cpu_delta
 
 from asyncdapo.simulate.calibrate import design, read_steps
@@ -150,18 +150,16 @@ def speed_matched_validation(
         "engine and trainer cost factors measured on its rep's other configs against its fold's models; "
         "medians over the runs; 'own': the run's own factors instead):"
     )
-    print(f"{'':22s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s} {'ratio meas':>10s} {'ratio sim':>9s} "
-          f"{'abs err':>8s} {'own err':>8s} {'own ratio':>9s}   per run: engine x, trainer x (own): measured / simulated")  # fmt: skip
+    print(
+        f"{TABLE_HEAD} {'own err':>8s} {'own ratio':>9s}   per run: engine x, trainer x (own): measured / simulated"
+    )
     rel: dict[str, float] = {}
     rat: dict[str, float] = {}
     rel_own: dict[str, float] = {}
     rat_own: dict[str, float] = {}
-    s = med["sync"]
     for m in args.configs:
-        x = med[m]
-        rel[m] = x["simulated"] / x["measured"] - 1
-        rel_own[m] = x["own"] / x["measured"] - 1
-        rm, rs, ro = x["measured"] / s["measured"], x["simulated"] / s["simulated"], x["own"] / s["own"]
+        rel[m], rm, rs = against_sync(med, m)
+        rel_own[m], _, ro = against_sync(med, m, "own")
         if m != "sync":
             rat[m] = abs(rs - rm)
             rat_own[m] = abs(ro - rm)
@@ -170,8 +168,7 @@ def speed_matched_validation(
             f"{y['measured']:.3g} / {y['simulated']:.3g}"
             for y in per[m]
         )
-        print(f"{m:22s} {x['measured']:9.4g} {x['simulated']:9.4g} {rel[m]:+8.1%} {rm:10.3f} {rs:9.3f} "
-              f"{abs(rs - rm):8.3f} {rel_own[m]:+8.1%} {ro:9.3f}   {pairs}")  # fmt: skip
+        print(f"{table_row(med, m)} {rel_own[m]:+8.1%} {ro:9.3f}   {pairs}")
     ef = [x[0] for x in speed.values()]
     tf = [x[1] for x in speed.values()]
     print(f"{'':22s} the machine's speed per run against its fold's calibration (cost factors): engine "

@@ -1,9 +1,10 @@
 """When each config's versions start on the real engines: per config, the delay from a version's
 announcement to the first engine step (any gateway) that decodes or prefills, and how many requests
 the engines prefill in the window after that step — the size of the version's first admission
-round. The simulator charges every dispatch one fitted constant (`ClusterProfile.dispatch_s`,
-`fit_dispatch`: the median over all s = 0 configs); this shows whether the start depends on the
-config (session 17: sync 155 ms with 192 requests, async 97 ms with 120 on the demo bench).
+round. It showed (session 17: sync 155 ms with 192 requests, async 97 ms with 120 on the demo
+bench) that the start depends on the burst, which the simulator has modelled since
+(`ClusterProfile.dispatch_per_request_s`; `fit_dispatch` fits it per gateway from the same scan,
+`simulator_host_fit.first_round`).
 
     .venv/bin/python bench/simulator_version_start.py OUT [--reps N] [--window-s 0.3]
 
@@ -15,32 +16,23 @@ before the announcement.
 from __future__ import annotations
 
 import argparse
-import bisect
 import statistics
 from pathlib import Path
 
 # bench/ is on sys.path: the script is run as `python bench/simulator_version_start.py`
+from simulator_host_fit import first_round, working_steps
 from simulator_real_runs import CONFIGS, Run
-
-from asyncdapo.simulate.calibrate import read_steps
 
 
 def version_starts(run: Run, window_s: float) -> list[tuple[float, int]]:
     """(seconds from the announcement to the first working step, requests prefilled from that step
     to `window_s` after it) per measured version of `run`."""
-    lines = sorted(
-        (x for p in run.step_logs for x in read_steps(p) if x["decode"] or x["prefill_reqs"]),
-        key=lambda x: x["t"],
-    )
-    times = [x["t"] for x in lines]
+    lines, times = working_steps(run.step_logs)  # every gateway's: the version's first step anywhere
     out = []
     for v in run.versions():
-        i = bisect.bisect_right(times, run.announced[v])
-        if i == len(lines):
-            continue
-        t0 = times[i]
-        j = bisect.bisect_right(times, t0 + window_s)
-        out.append((t0 - run.announced[v], sum(int(x["prefill_reqs"]) for x in lines[i:j])))
+        start = first_round(lines, times, run.announced[v], window_s)
+        if start is not None:
+            out.append((start[0]["t"] - run.announced[v], start[1]))
     return out
 
 

@@ -14,10 +14,10 @@ from asyncdapo.cli import main
 from asyncdapo.config import PauseMode, RunConfig
 from asyncdapo.simulate.comparison import ideal, mode_report
 from asyncdapo.simulate.driver import Simulation, check_supported
-from asyncdapo.simulate.errors import SimulationError
 from asyncdapo.simulate.modes import ModeError, mode_config
 from asyncdapo.simulate.presets import load_workload
 from asyncdapo.simulate.profile import load_cluster
+from asyncdapo.simulate.simulation_error import SimulationError
 from asyncdapo.simulate.workload import Workload, WorkloadSpec
 
 B, N, VERSIONS = 16, 8, 6

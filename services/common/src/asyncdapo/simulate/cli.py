@@ -141,7 +141,6 @@ def _simulate(args: argparse.Namespace) -> int:
         write_png,
     )
     from asyncdapo.simulate.driver import Simulation, check_supported
-    from asyncdapo.simulate.errors import SimulationError
     from asyncdapo.simulate.machine_speed import cost_in_reference_ops, reference_cpu_s_per_op
     from asyncdapo.simulate.modes import mode_config
     from asyncdapo.simulate.native import active_build
@@ -149,6 +148,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from asyncdapo.simulate.profile import load_cluster
     from asyncdapo.simulate.replay import load_replay
     from asyncdapo.simulate.run_replay import is_response_log, load_run_replay
+    from asyncdapo.simulate.simulation_error import SimulationError
     from asyncdapo.simulate.workload import Sampler
 
     base = load_run_config(args.config, args.overrides)

@@ -33,11 +33,11 @@ from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY
 from asyncdapo.scheduler.tasks import PromptTask, Request
 from asyncdapo.simulate.clock import VirtualClock
 from asyncdapo.simulate.engine_model import DONE, Engine, Seq
-from asyncdapo.simulate.errors import SimulationError
 from asyncdapo.simulate.host_load import HostLoad
 from asyncdapo.simulate.profile import ClusterProfile
 from asyncdapo.simulate.prompt_feed import PromptFeed
 from asyncdapo.simulate.records import Counts, SimResponse, SimResult, StepRecord, TrainedGroup
+from asyncdapo.simulate.simulation_error import SimulationError
 from asyncdapo.simulate.transport import DispatchTransport, Gw
 from asyncdapo.simulate.verifier_model import VerifierModel
 from asyncdapo.simulate.workload import Attempt, Sampler

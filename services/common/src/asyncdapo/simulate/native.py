@@ -156,7 +156,11 @@ def build(force: bool = False, keep: int = 3) -> Path:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
         out = Path(tmp) / "out"
-        paths = [f"asyncdapo/simulate/{m}.py" for m in NATIVE_MODULES]
+        # mypy's incremental cache beside the builds, not in the source tree: a rebuild after a small
+        # edit type-checks only what changed
+        paths = ["--cache-dir", str(root / ".mypy-cache")] + [
+            f"asyncdapo/simulate/{m}.py" for m in NATIVE_MODULES
+        ]
         script = (
             "import sys\n"
             "from setuptools import setup\n"
@@ -191,7 +195,7 @@ def build(force: bool = False, keep: int = 3) -> Path:
 def _prune(root: Path, keep: int, current: Path) -> None:
     """Keep the `keep` newest builds (the current one always)."""
     builds = sorted(
-        (p for p in root.iterdir() if (p / BUILD_INFO).is_file() and p != current),
+        (p for p in root.iterdir() if p.is_dir() and (p / BUILD_INFO).is_file() and p != current),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
