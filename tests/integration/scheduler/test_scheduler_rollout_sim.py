@@ -322,6 +322,8 @@ async def test_response_log_holds_every_judged_and_cut_response_once(redis_url: 
         rule = "mixed" if int(x["pid"].split("-")[1]) % 2 == 0 else "all0"
         assert x["acc"] == (float(x["idx"] % 2 == 0) if rule == "mixed" else 0.0)
         assert x["tokens"] > 0 and x["prompt_tokens"] > 0
+        # the gateway's time for the request, and the engine's queue time within it
+        assert 0 <= x["queue_s"] <= x["generate_s"] and x["generate_s"] > 0, x
     # every trained group is there whole, with the lengths the trainer receives
     gs = groups(redis_url, "t")
     assert len(gs) == 4

@@ -4,13 +4,16 @@ generations, as `asyncdapo simulate --replay` reads them back.
 Why: the groups stream holds only the valid groups (a replay of it would never filter), and the
 gateways' step logs hold no per-request lengths. This log holds every response of every attempt:
     {"t": 1795524967.41, "event": "judged", "pid": "e0-17", "attempt": 1, "idx": 3,
-     "tokens": 412, "acc": 1.0, "prompt_tokens": 93}
+     "tokens": 412, "acc": 1.0, "prompt_tokens": 93, "queue_s": 0.412, "generate_s": 9.87}
 `event`:
 - `judged`: the verifier scored it while its task was open (`acc`: the verifier's accuracy);
 - `aborted`: its task was cancelled (early stop, a fifo or long-tail abort) and the engine's abort
   reply said it had generated `tokens` — its natural length is at least that;
 - `late`: it finished after its task was cancelled, `tokens` long, never scored.
-`tokens` counts the whole response (a continuation's earlier tokens included). The file is opened
+`tokens` counts the whole response (a continuation's earlier tokens included). `queue_s` is the
+engine's time from the request's arrival to its first token (vLLM's first-token latency: its wait
+in the engine's queue and its prefill; 0 where the engine did not say), `generate_s` the gateway's
+from the request's arrival to its reply — where a request waited, which the step logs cannot say. The file is opened
 for append, line-buffered: a restarted scheduler adds to it; a crash loses at most a line.
 
 Writing is best-effort observability, never a reason to stop a run: an OSError (full disk) is
@@ -48,18 +51,30 @@ class ResponseLog:
         self.path = p
         self._f: IO[str] | None = open(p, "a", buffering=1)  # noqa: SIM115 (closed by close())
 
-    def judged(self, rows: Iterable[tuple[str, int, int, int, float, int]]) -> None:
-        """(pid, attempt, idx, tokens, acc, prompt_tokens) of scored responses."""
+    def judged(self, rows: Iterable[tuple[str, int, int, int, float, int, float, float]]) -> None:
+        """(pid, attempt, idx, tokens, acc, prompt_tokens, queue_s, generate_s) of scored responses."""
         now = round(time.time(), 4)
         self._write(
-            _line(now, ResponseEvent.JUDGED, pid, attempt, idx, tokens, prompt) | {"acc": acc}
-            for pid, attempt, idx, tokens, acc, prompt in rows
+            _line(now, ResponseEvent.JUDGED, pid, attempt, idx, tokens, prompt, queue_s, gen_s) | {"acc": acc}
+            for pid, attempt, idx, tokens, acc, prompt, queue_s, gen_s in rows
         )
 
-    def cut(self, event: ResponseEvent, pid: str, attempt: int, idx: int, tokens: int, prompt: int) -> None:
+    def cut(
+        self,
+        event: ResponseEvent,
+        pid: str,
+        attempt: int,
+        idx: int,
+        tokens: int,
+        prompt: int,
+        queue_s: float = 0.0,
+        generate_s: float = 0.0,
+    ) -> None:
         """A response of a cancelled task: its abort reply (`ABORTED`) or a finish that came too
         late (`LATE`)."""
-        self._write([_line(round(time.time(), 4), event, pid, attempt, idx, tokens, prompt)])
+        self._write(
+            [_line(round(time.time(), 4), event, pid, attempt, idx, tokens, prompt, queue_s, generate_s)]
+        )
 
     def _write(self, lines: Iterable[dict[str, object]]) -> None:
         if self._f is None:
@@ -80,7 +95,15 @@ class ResponseLog:
 
 
 def _line(
-    t: float, event: ResponseEvent, pid: str, attempt: int, idx: int, tokens: int, prompt: int
+    t: float,
+    event: ResponseEvent,
+    pid: str,
+    attempt: int,
+    idx: int,
+    tokens: int,
+    prompt: int,
+    queue_s: float,
+    generate_s: float,
 ) -> dict[str, object]:
     return {"t": t, "event": event.value, "pid": pid, "attempt": attempt, "idx": idx, "tokens": tokens,
-            "prompt_tokens": prompt}  # fmt: skip
+            "prompt_tokens": prompt, "queue_s": round(queue_s, 4), "generate_s": round(generate_s, 4)}  # fmt: skip
