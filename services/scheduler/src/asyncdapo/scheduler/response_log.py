@@ -12,8 +12,9 @@ gateways' step logs hold no per-request lengths. This log holds every response o
 - `late`: it finished after its task was cancelled, `tokens` long, never scored.
 `tokens` counts the whole response (a continuation's earlier tokens included). `queue_s` is the
 engine's time from the request's arrival to its first token (vLLM's first-token latency: its wait
-in the engine's queue and its prefill; 0 where the engine did not say), `generate_s` the gateway's
-from the request's arrival to its reply — where a request waited, which the step logs cannot say. The file is opened
+in the engine's queue and its prefill; vLLM says it only with the gateway's `--vllm-metrics`,
+otherwise 0), `generate_s` the gateway's from the request's arrival to its reply (always) — where
+a request spent its time, which the step logs cannot say. The file is opened
 for append, line-buffered: a restarted scheduler adds to it; a crash loses at most a line.
 
 Writing is best-effort observability, never a reason to stop a run: an OSError (full disk) is
