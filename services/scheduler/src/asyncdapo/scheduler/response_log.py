@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import IO
 
 from asyncdapo.errors import AsyncdapoError
-from asyncdapo.scheduler.tasks import PromptTask
-from asyncdapo.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +52,30 @@ class ResponseLog:
         self.path = p
         self._f: IO[str] | None = open(p, "a", buffering=1)  # noqa: SIM115 (closed by close())
 
-    def judged(self, rows: Iterable[tuple[PromptTask, int, float]]) -> None:
-        """(task, idx, acc) of scored responses; the stored response gives its length and timing."""
+    def judged(self, rows: Iterable[tuple[str, int, int, int, float, int, float, float]]) -> None:
+        """(pid, attempt, idx, tokens, acc, prompt_tokens, queue_s, generate_s) of scored responses."""
         now = round(time.time(), 4)
         self._write(
-            _line(now, ResponseEvent.JUDGED, t, i, t.responses[i]) | {"acc": acc} for t, i, acc in rows
+            _line(now, ResponseEvent.JUDGED, pid, attempt, idx, tokens, prompt, queue_s, gen_s) | {"acc": acc}
+            for pid, attempt, idx, tokens, acc, prompt, queue_s, gen_s in rows
         )
 
     def cut(
-        self, event: ResponseEvent, task: PromptTask, idx: int, resp: gateway_pb2.GenerateResponse
+        self,
+        event: ResponseEvent,
+        pid: str,
+        attempt: int,
+        idx: int,
+        tokens: int,
+        prompt: int,
+        queue_s: float = 0.0,
+        generate_s: float = 0.0,
     ) -> None:
         """A response of a cancelled task: its abort reply (`ABORTED`) or a finish that came too
         late (`LATE`)."""
-        self._write([_line(round(time.time(), 4), event, task, idx, resp)])
+        self._write(
+            [_line(round(time.time(), 4), event, pid, attempt, idx, tokens, prompt, queue_s, generate_s)]
+        )
 
     def _write(self, lines: Iterable[dict[str, object]]) -> None:
         if self._f is None:
@@ -87,9 +96,15 @@ class ResponseLog:
 
 
 def _line(
-    t: float, event: ResponseEvent, task: PromptTask, idx: int, resp: gateway_pb2.GenerateResponse | None
+    t: float,
+    event: ResponseEvent,
+    pid: str,
+    attempt: int,
+    idx: int,
+    tokens: int,
+    prompt: int,
+    queue_s: float,
+    generate_s: float,
 ) -> dict[str, object]:
-    assert resp is not None, "a logged response is stored or replied"
-    return {"t": t, "event": event.value, "pid": task.pid, "attempt": task.attempt, "idx": idx,
-            "tokens": len(resp.token_ids), "prompt_tokens": len(task.prompt_token_ids),
-            "queue_s": round(resp.queue_s, 4), "generate_s": round(resp.generate_s, 4)}  # fmt: skip
+    return {"t": t, "event": event.value, "pid": pid, "attempt": attempt, "idx": idx, "tokens": tokens,
+            "prompt_tokens": prompt, "queue_s": round(queue_s, 4), "generate_s": round(generate_s, 4)}  # fmt: skip
