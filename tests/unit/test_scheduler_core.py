@@ -322,6 +322,54 @@ def test_a_failed_write_is_resent_as_is_and_a_lost_reply_applied_once() -> None:
     assert Counter(lbl for v in h.ledger().values() for lbl in v) == Counter({"valid": 1, "filtered": 1})
 
 
+def test_an_outcome_waits_for_the_answer_of_a_record_whose_reply_was_lost() -> None:
+    """A task is cancelled while a RECORD of its response is unanswered (the reply lost, the
+    driver retrying): its FINISH would delete the response markers, the retry would find the
+    attempt ended (`stale`) and memory would miss a response Redis counted. So the outcome waits
+    for the answer, and memory and the store count the same completions."""
+    h = Hand(cfg_of())
+    h.push(["mixed"])
+    h.core.start()
+    h.admit()
+    rid = sorted(h.running)[0]
+    h.complete(rid, 8)
+    (job,) = h.to_score
+    scores = h.core.scores_to_record([(job.task, job.idx, 1.0, 1.0, "1")])
+    owners = [job.task]
+    h.store.record(scores)  # Redis counted it; the reply is lost
+    h.do(h.core.stop(abort_in_flight=True, reason=RequeueReason.SHUTDOWN))
+    assert h.core.next_finish_batch(h.store.finish_call) == ([], [])  # the outcome waits
+    assert h.core.has_outcomes_to_write()
+    assert h.core.recorded(owners, scores, h.store.record(scores))  # the retry: `dup`
+    assert h.core.wants_finish
+    h.finish()
+    assert h.ledger() == {"e0-0": ["requeued:shutdown"]}
+    assert h.core.counts.lengths.completed == h.run.counters["completions"] == 1
+
+
+def test_a_group_redis_completed_under_a_lost_reply_is_committed_after_the_retry_answers() -> None:
+    """The reply of the RECORD of response 0 is lost; response 1's RECORD completes the group
+    (Redis counted both): memory sees a ready group while response 0's retry is pending. The commit
+    waits for the retry (`dup`), so both responses are counted once in memory, as in Redis."""
+    h = Hand(cfg_of())
+    h.push(["mixed"])
+    h.core.start()
+    h.admit()
+    for rid in sorted(h.running):
+        h.complete(rid, 8)
+    first, second = sorted(h.to_score, key=lambda j: j.idx)
+    lost = h.core.scores_to_record([(first.task, first.idx, 1.0, 1.0, "1")])
+    h.store.record(lost)  # Redis counted response 0; the reply is lost
+    scores = h.core.scores_to_record([(second.task, second.idx, 0.0, 0.0, "0")])
+    assert h.core.recorded([second.task], scores, h.store.record(scores))
+    assert second.task.group_complete  # ready in memory
+    assert h.core.next_finish_batch(h.store.finish_call) == ([], [])  # the commit waits
+    assert h.core.recorded([first.task], lost, h.store.record(lost))  # the retry: `dup`
+    h.finish()
+    assert h.ledger() == {"e0-0": ["valid"]}
+    assert h.core.counts.lengths.completed == h.run.counters["completions"] == 2
+
+
 def test_fenced_core_drops_everything_and_decides_nothing_more() -> None:
     h = Hand(cfg_of())
     h.push(["mixed"] * 4)

@@ -140,6 +140,9 @@ class RolloutCore(CoreOutcomes):
         self._to_finish: list[tuple[PromptTask, Outcome, Reason | None]] = []
         # a finish batch handed out and not yet applied: handed out again until it is
         self.unwritten: list[tuple[PromptTask, FinishItem]] = []
+        # attempts with a RECORD unanswered (`PromptTask.recording`): their outcomes and commits
+        # wait for the answer (`next_finish_batch`)
+        self.recording: set[PromptTask] = set()
         # something for the finisher since its last batch (an outcome queued, a group judged)
         self.wants_finish = False
 
@@ -247,6 +250,7 @@ class RolloutCore(CoreOutcomes):
         self.probes.forget_running()
         self._to_finish.clear()
         self.unwritten.clear()
+        self.recording.clear()
         self.ledger = self._new_ledger()
         self.counts.batch_admitted = 0
         if self.phase == Phase.BOUND:
@@ -375,13 +379,17 @@ class RolloutCore(CoreOutcomes):
         self, scored: Sequence[tuple[PromptTask, int, float, float, str]]
     ) -> list[ResponseScore]:
         """(task, idx, score, acc, pred) of train responses the verifier judged → what to record.
-        Responses of tasks closed meanwhile are left out."""
+        Responses of tasks closed meanwhile are left out. Each one left in is `recording` until
+        `recorded` answers it: its task's outcome waits for that (`next_finish_batch`)."""
         cfg = self.cfg
         use_acc = cfg.reward.filter_metric is FilterMetric.ACC
         out: list[ResponseScore] = []
         for task, idx, score, acc, pred in scored:
             if task.closed:
+                self._record_answered(task, idx)  # a batch delivered again: its first RECORD raised
                 continue
+            task.recording.add(idx)
+            self.recording.add(task)
             resp = task.responses[idx]
             assert resp is not None, "a scored response is stored"
             length = len(resp.token_ids)
@@ -402,6 +410,7 @@ class RolloutCore(CoreOutcomes):
         for task, sc, p in zip(owners, scores, progress, strict=True):
             if p.status is RecordStatus.FENCED:
                 return False
+            self._record_answered(task, sc.idx)
             if p.status is not RecordStatus.STALE and sc.idx not in task.recorded:
                 task.recorded.add(sc.idx)
                 counted += 1
@@ -414,6 +423,13 @@ class RolloutCore(CoreOutcomes):
         self.counts.lengths.completed_tokens += tokens
         self.observer.completions(counted, tokens)
         return True
+
+    def _record_answered(self, task: PromptTask, idx: int) -> None:
+        task.recording.discard(idx)
+        if not task.recording:
+            self.recording.discard(task)
+            if task.closed or task.group_complete:
+                self.wants_finish = True  # its outcome or its commit may have waited for this answer
 
     def _group_complete(self, task: PromptTask, progress: GroupProgress) -> None:
         r = self.cfg.reward

@@ -54,6 +54,7 @@ class CoreOutcomes:
     credited: int
     _to_finish: list[tuple[PromptTask, Outcome, Reason | None]]
     unwritten: list[tuple[PromptTask, FinishItem]]
+    recording: set[PromptTask]
     wants_finish: bool
 
     @abstractmethod
@@ -126,9 +127,15 @@ class CoreOutcomes:
         cmds: list[Command] = []
         # sync (verl's loop): filter and commit only once every prompt of the generation batch is done
         batch_running = self.sync and len(self.ledger) > self.ledger.ready
+        # An attempt's outcome waits for the answers to its responses' RECORDs: FINISH deletes the
+        # attempt's response markers, so a RECORD retried after a lost reply would find the attempt
+        # ended (`stale`) and memory would miss responses that Redis counted. A ready group with
+        # one unanswered (Redis completed it, memory saw it complete on another response) holds the
+        # whole plan: the ledger's order must not be split.
+        ready_recording = any(t.group_complete and not t.closed for t in self.recording)
         plan = (
             self.ledger.plan(self.bound - self.valid_produced)
-            if len(self.ledger) and not batch_running
+            if len(self.ledger) and not batch_running and not ready_recording
             else Plan[TaskKey]()
         )
         if plan.abort:
@@ -137,7 +144,11 @@ class CoreOutcomes:
                 cmds += self.cancel(aborted, Outcome.REQUEUED, RequeueReason.EARLY_STOP)
             else:
                 cmds += self.cancel(aborted, Outcome.DROPPED, DropReason.EARLY_STOP)
-        items, self._to_finish = self._to_finish, []
+        if self.recording:
+            items = [x for x in self._to_finish if not x[0].recording]
+            self._to_finish = [x for x in self._to_finish if x[0].recording]
+        else:
+            items, self._to_finish = self._to_finish, []
         batch = [(t, finish_call(t.pid, t.attempt, o, r or "")) for t, o, r in items]
         for key in plan.commit:
             task = self.tasks[key]

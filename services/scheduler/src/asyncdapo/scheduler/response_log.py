@@ -27,11 +27,14 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import IO
 
 from asyncdapo.errors import AsyncdapoError
+from asyncdapo.scheduler.tasks import PromptTask
+from asyncdapo.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)
 
@@ -52,30 +55,15 @@ class ResponseLog:
         self.path = p
         self._f: IO[str] | None = open(p, "a", buffering=1)  # noqa: SIM115 (closed by close())
 
-    def judged(self, rows: Iterable[tuple[str, int, int, int, float, int, float, float]]) -> None:
-        """(pid, attempt, idx, tokens, acc, prompt_tokens, queue_s, generate_s) of scored responses."""
+    def judged(self, rows: Iterable[tuple[LoggedResponse, float]]) -> None:
+        """Scored responses, each with the verifier's accuracy."""
         now = round(time.time(), 4)
-        self._write(
-            _line(now, ResponseEvent.JUDGED, pid, attempt, idx, tokens, prompt, queue_s, gen_s) | {"acc": acc}
-            for pid, attempt, idx, tokens, acc, prompt, queue_s, gen_s in rows
-        )
+        self._write(r.line(now, ResponseEvent.JUDGED) | {"acc": acc} for r, acc in rows)
 
-    def cut(
-        self,
-        event: ResponseEvent,
-        pid: str,
-        attempt: int,
-        idx: int,
-        tokens: int,
-        prompt: int,
-        queue_s: float = 0.0,
-        generate_s: float = 0.0,
-    ) -> None:
+    def cut(self, event: ResponseEvent, response: LoggedResponse) -> None:
         """A response of a cancelled task: its abort reply (`ABORTED`) or a finish that came too
         late (`LATE`)."""
-        self._write(
-            [_line(round(time.time(), 4), event, pid, attempt, idx, tokens, prompt, queue_s, generate_s)]
-        )
+        self._write([response.line(round(time.time(), 4), event)])
 
     def _write(self, lines: Iterable[dict[str, object]]) -> None:
         if self._f is None:
@@ -95,16 +83,29 @@ class ResponseLog:
                 log.error("--response-log %s: %s", self.path, err)
 
 
-def _line(
-    t: float,
-    event: ResponseEvent,
-    pid: str,
-    attempt: int,
-    idx: int,
-    tokens: int,
-    prompt: int,
-    queue_s: float,
-    generate_s: float,
-) -> dict[str, object]:
-    return {"t": t, "event": event.value, "pid": pid, "attempt": attempt, "idx": idx, "tokens": tokens,
-            "prompt_tokens": prompt, "queue_s": round(queue_s, 4), "generate_s": round(generate_s, 4)}  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class LoggedResponse:
+    """One response as the log writes it."""
+
+    pid: str
+    attempt: int
+    idx: int
+    tokens: int
+    prompt_tokens: int
+    queue_s: float
+    generate_s: float
+
+    @classmethod
+    def of(
+        cls, task: PromptTask, idx: int, tokens: int, resp: gateway_pb2.GenerateResponse | None
+    ) -> LoggedResponse:
+        """`tokens` is passed, not read from `resp`: a scored response is logged after RECORD's
+        round trip, and by then its task may no longer hold it (`resp` None: no timing, 0 s) —
+        logging must never raise on the scoring path."""
+        queue_s, generate_s = (resp.queue_s, resp.generate_s) if resp is not None else (0.0, 0.0)
+        return cls(task.pid, task.attempt, idx, tokens, len(task.prompt_token_ids), queue_s, generate_s)
+
+    def line(self, t: float, event: ResponseEvent) -> dict[str, object]:
+        return {"t": t, "event": event.value, "pid": self.pid, "attempt": self.attempt, "idx": self.idx,
+                "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
+                "queue_s": round(self.queue_s, 4), "generate_s": round(self.generate_s, 4)}  # fmt: skip

@@ -56,7 +56,7 @@ from asyncdapo.scheduler.housekeeping import Housekeeper
 from asyncdapo.scheduler.metrics import MetricsObserver, SchedulerMetrics
 from asyncdapo.scheduler.policy.dispatch import DispatchPolicy
 from asyncdapo.scheduler.queue import Fenced, PromptQueue
-from asyncdapo.scheduler.response_log import ResponseEvent, ResponseLog
+from asyncdapo.scheduler.response_log import LoggedResponse, ResponseEvent, ResponseLog
 from asyncdapo.scheduler.run_status import RunStatusReader
 from asyncdapo.scheduler.score_batcher import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
 from asyncdapo.scheduler.tasks import Kind, LengthStats, PromptTask, Request, Score
@@ -442,10 +442,7 @@ class Rollout:
         if self.response_log is None or task.kind is not Kind.TRAIN:
             return
         event = ResponseEvent.ABORTED if resp.finish_reason == FINISH_ABORT else ResponseEvent.LATE
-        self.response_log.cut(
-            event, task.pid, task.attempt, req.idx, len(resp.token_ids), len(task.prompt_token_ids),
-            resp.queue_s, resp.generate_s,
-        )  # fmt: skip
+        self.response_log.cut(event, LoggedResponse.of(task, req.idx, len(resp.token_ids), resp))
 
     def _on_give_up(self, req: Request, detail: str) -> None:
         task = req.task
@@ -483,10 +480,9 @@ class Rollout:
         if self.response_log is not None:
             acc = {(t.pid, t.attempt, i): a for t, i, _, a, _ in train}
             self.response_log.judged(
-                (s.pid, s.attempt, s.idx, s.length, acc[(s.pid, s.attempt, s.idx)], len(t.prompt_token_ids),
-                 *_timing(t.responses[s.idx]))
+                (LoggedResponse.of(t, s.idx, s.length, t.responses[s.idx]), acc[(s.pid, s.attempt, s.idx)])
                 for s, t in zip(scores, owners, strict=True)
-            )  # fmt: skip
+            )
         self._wake_finisher_if_needed()
 
     def _eval_scored(self, task: PromptTask, idx: int, score: float, acc: float, pred: str) -> None:
@@ -599,8 +595,3 @@ class Rollout:
         t = asyncio.ensure_future(coro)
         self._spawned.add(t)
         t.add_done_callback(self._spawned.discard)
-
-
-def _timing(resp: gateway_pb2.GenerateResponse | None) -> tuple[float, float]:
-    """(queue_s, generate_s) of a stored response, for the response log."""
-    return (resp.queue_s, resp.generate_s) if resp is not None else (0.0, 0.0)

@@ -82,6 +82,7 @@ class PromptTask:
     group_complete: bool = False
     routed: bool = False  # pdsr: a response of this group continues on the heavy pool
     recorded: set[int] = field(default_factory=set)  # responses counted into the group state
+    recording: set[int] = field(default_factory=set)  # responses whose RECORD is unanswered
     progress: GroupProgress | None = None  # of the completing response
     admitted_at: float = field(default_factory=time.monotonic)
     future: asyncio.Future[PromptTask] | None = None  # eval: resolved when every response is scored
