@@ -1,5 +1,6 @@
-"""SIMULATOR: the mypyc-compiled event loop (asyncdapo.simulate.native) — loaded only for the sources
-it was built from, and a run's results the same bit for bit as the plain modules'."""
+"""SIMULATOR: the mypyc-compiled event loop and scheduler core (asyncdapo.simulate.native) — loaded
+only for the sources it was built from, never mixed with plain ones in a process, and a run's
+results the same bit for bit as the plain modules'."""
 
 from __future__ import annotations
 
@@ -13,21 +14,57 @@ from pathlib import Path
 
 import pytest
 
-import asyncdapo.simulate.driver as driver
 from asyncdapo.simulate import native
 
 ROOT = Path(__file__).resolve().parents[2]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def test_make_install_built_the_compiled_event_loop_for_these_sources_and_it_is_loaded() -> None:
-    # `make test` runs `make install`, which builds it; a developer who edited a source since gets
-    # this message rather than a silently slower simulator
+def _build() -> Path:
+    """The build for the current sources: `make test` runs `make install`, which builds it; a
+    developer who edited a source since gets this message rather than a silently slower simulator."""
     assert native.enabled(), "ASYNCDAPO_SIM_NATIVE is off in the test environment"
-    assert native.active_build() is not None, (
-        f"no compiled build for the current sources under {native.cache_root()}: run `make sim-native`"
+    where = native.cache_root() / native.current_digest()
+    if native.build_files(where) is None:
+        pytest.fail(
+            f"no compiled build for the current sources under {native.cache_root()}: run `make sim-native`"
+        )
+    return where
+
+
+def _probe(code: str) -> list[str]:
+    """Run `code` in a fresh interpreter (this test process may have imported plain modules)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()
+
+
+def test_make_install_built_the_compiled_modules_for_these_sources_and_a_simulator_process_loads_them() -> (
+    None
+):
+    where = _build()
+    files = _probe(
+        "from asyncdapo.simulate import native\n"
+        "import asyncdapo.simulate.driver, asyncdapo.scheduler.core, asyncdapo.scheduler.memstore\n"
+        "print(native.active_build())\n"
+        "print(asyncdapo.simulate.driver.__file__, asyncdapo.scheduler.core.__file__,"
+        " asyncdapo.scheduler.memstore.__file__)\n"
     )
-    assert driver.__file__ is not None and driver.__file__.endswith(SUFFIX), driver.__file__
+    assert files[0] == str(where)
+    assert all(f.endswith(SUFFIX) and f.startswith(str(where)) for f in files[1:]), files
+
+
+def test_a_process_that_imported_a_scheduler_module_plain_never_mixes_in_compiled_ones() -> None:
+    _build()
+    files = _probe(
+        "import asyncdapo.scheduler.tasks\n"
+        "from asyncdapo.simulate import native\n"
+        "import asyncdapo.simulate.driver, asyncdapo.scheduler.core\n"
+        "print(native.active_build())\n"
+        "print(asyncdapo.simulate.driver.__file__, asyncdapo.scheduler.core.__file__)\n"
+    )
+    assert files[0] == "None"
+    assert all(f.endswith(".py") for f in files[1:]), files
 
 
 def test_the_digest_changes_with_any_source_byte_or_file_and_ignores_caches(tmp_path: Path) -> None:
@@ -50,18 +87,22 @@ def test_the_digest_changes_with_any_source_byte_or_file_and_ignores_caches(tmp_
 def test_an_incomplete_or_absent_build_is_not_used(tmp_path: Path) -> None:
     assert native.build_files(tmp_path / "missing") is None
     where = tmp_path / "b"
-    pkg = where / "asyncdapo" / "simulate"
-    pkg.mkdir(parents=True)
+    (where).mkdir()
     (where / native.BUILD_INFO).write_text("{}")
+
+    def ext(module: str) -> Path:
+        f = where / f"{module.replace('.', '/')}{SUFFIX}"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        return f
+
     for m in native.NATIVE_MODULES[:-1]:
-        (pkg / f"{m}{SUFFIX}").write_bytes(b"")
-    assert native.build_files(where) is None  # the driver is missing
-    (pkg / f"{native.NATIVE_MODULES[-1]}{SUFFIX}").write_bytes(b"")
+        ext(m).write_bytes(b"")
+    assert native.build_files(where) is None  # the last module is missing
+    ext(native.NATIVE_MODULES[-1]).write_bytes(b"")
     (where / f"abc__mypyc{SUFFIX}").write_bytes(b"")
     files = native.build_files(where)
-    assert files is not None and set(files) == {f"asyncdapo.simulate.{m}" for m in native.NATIVE_MODULES} | {
-        "abc__mypyc"
-    }
+    assert files is not None and set(files) == set(native.NATIVE_MODULES) | {"abc__mypyc"}
+    assert {"asyncdapo.simulate.driver", "asyncdapo.scheduler.core"} <= set(files)
 
 
 def _simulate(tmp: Path, env_native: str, cache: Path | None = None) -> tuple[dict, str]:
@@ -85,8 +126,7 @@ def _results(doc: dict) -> list[dict]:
 
 
 def test_compiled_and_plain_runs_agree_bit_for_bit(tmp_path: Path) -> None:
-    if native.active_build() is None:
-        pytest.fail("no compiled build to compare: run `make sim-native`")
+    _build()
     compiled, out_c = _simulate(tmp_path, "1")
     plain, out_p = _simulate(tmp_path, "0")
     assert "event loop: compiled (mypyc)" in out_c and "native=1" in out_c
@@ -97,9 +137,7 @@ def test_compiled_and_plain_runs_agree_bit_for_bit(tmp_path: Path) -> None:
 
 def test_a_build_for_other_sources_is_never_loaded(tmp_path: Path) -> None:
     # the current build copied under another digest, as if the sources had changed since
-    active = native.active_build()
-    assert active is not None, "no compiled build: run `make sim-native`"
     cache = tmp_path / "cache"
-    shutil.copytree(active, cache / ("0" * 24))
+    shutil.copytree(_build(), cache / ("0" * 24))
     _, out = _simulate(tmp_path, "1", cache=cache)
     assert "event loop: plain Python" in out and "native=0" in out

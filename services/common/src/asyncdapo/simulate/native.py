@@ -1,20 +1,27 @@
-"""The simulator's event loop compiled with mypyc: the same source, about 0.7× the CPU per event.
+"""The simulator's event loop compiled with mypyc: the same source, about 0.65× the CPU per event.
 
 `make install` runs `python -m asyncdapo.simulate.native_cli build`, which compiles `NATIVE_MODULES`
-(the clock, the engine model, the dispatch transport, the verifier model, the driver and what they
-build per event) with mypyc into a cache directory named by a digest of every `asyncdapo` source
-file, mypy's version and the interpreter. `activate()` (run when `asyncdapo.simulate` is imported)
-loads those compiled modules in place of the plain ones when a build for the current digest
-exists, and does nothing otherwise. So a source edit anywhere in `asyncdapo` — a compiled module,
-or a class whose declared types the compiled code checks — means the plain modules run until the
-next build; a stale build is never loaded. Results are the same bit for bit (mypyc compiles
-the Python semantics; tests/unit/test_simulate_native.py compares whole runs), only faster.
+with mypyc into a cache directory named by a digest of every `asyncdapo` source file, mypy's
+version and the interpreter: the simulator's clock, engine model, dispatch transport, verifier
+model and driver, and the scheduler's decision code they run (the rollout core, the in-memory
+store, the admission, dispatch and long-tail policies, the task records). `activate()` (run when
+`asyncdapo.simulate` is imported) loads those compiled modules in place of the plain ones when a
+build for the current digest exists, and does nothing otherwise. So a source edit anywhere in
+`asyncdapo` — a compiled module, or a class whose declared types the compiled code checks — means
+the plain modules run until the next build; a stale build is never loaded. Results are the same
+bit for bit (mypyc compiles the Python semantics; tests/unit/test_simulate_native.py compares whole
+runs), only faster.
+
+The scheduler service never imports `asyncdapo.simulate`: it runs its own modules plain. A process
+that imported any compiled module's plain version before `asyncdapo.simulate` (a test session that
+ran scheduler tests first) runs the simulator plain too: one process never mixes the two.
 
 `ASYNCDAPO_SIM_NATIVE=0` turns the compiled modules off; `ASYNCDAPO_NATIVE_CACHE` moves the cache
 (default `~/.cache/asyncdapo/simulate-native`).
 
 Invariant: a module is loaded compiled only from a build whose recorded digest equals the digest
-of the sources on disk at import time.
+of the sources on disk at import time, and only in a process where no module of that build was
+imported plain.
 """
 
 from __future__ import annotations
@@ -34,12 +41,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 
-PACKAGE = "asyncdapo.simulate"
-# the hot path of a run; the rest (workload sampling with pydantic specs, reports, the CLI) runs
-# once per run or per chunk of draws and stays plain Python
-NATIVE_MODULES = ("clock", "records", "engine_model", "transport", "verifier_model", "prompt_feed", "driver")
+# the hot path of a run; the rest (workload sampling with pydantic specs, reports, the CLI, the
+# commit ledger: mypyc compiles no generic dataclass) runs once per run or per chunk of draws and
+# stays plain Python
+NATIVE_MODULES = tuple(
+    [f"asyncdapo.simulate.{m}" for m in ("clock", "records", "engine_model", "transport", "verifier_model",
+                                         "prompt_feed", "driver")]
+    + [f"asyncdapo.scheduler.{m}" for m in ("core", "core_outcomes", "core_commands", "memstore", "tasks",
+                                            "eligible", "policy.dispatch", "policy.long_tail", "policy.admission")]
+)  # fmt: skip
 BUILD_INFO = "BUILD.json"
-FORMAT = 1  # bump when what a build directory holds changes
+FORMAT = 2  # bump when what a build directory holds changes
 
 
 def cache_root() -> Path:
@@ -117,10 +129,10 @@ def build_files(where: Path) -> dict[str, Path] | None:
     files: dict[str, Path] = {}
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     for name in NATIVE_MODULES:
-        f = where / PACKAGE.replace(".", "/") / f"{name}{suffix}"
+        f = where / f"{name.replace('.', '/')}{suffix}"
         if not f.is_file():
             return None
-        files[f"{PACKAGE}.{name}"] = f
+        files[name] = f
     for f in where.glob(f"*__mypyc{suffix}"):  # mypyc's runtime library shared by the group
         files[f.name[: -len(suffix)]] = f
     return files
@@ -148,18 +160,16 @@ def build(force: bool = False, keep: int = 3) -> Path:
     if (where / BUILD_INFO).is_file() and not force:
         print(f"simulator native build up to date: {where}")
         return where
-    pkg_dir = next((r / "simulate" for r in source_roots() if (r / "simulate" / "driver.py").is_file()), None)
-    if pkg_dir is None:
-        raise RuntimeError("asyncdapo.simulate's sources not found on the path")
-    src_root = pkg_dir.parent.parent  # the directory holding asyncdapo/simulate
+    sources = [_source(m) for m in NATIVE_MODULES]
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
         out = Path(tmp) / "out"
         # mypy's incremental cache beside the builds, not in the source tree: a rebuild after a small
-        # edit type-checks only what changed
-        paths = ["--cache-dir", str(root / ".mypy-cache")] + [
-            f"asyncdapo/simulate/{m}.py" for m in NATIVE_MODULES
+        # edit type-checks only what changed. `asyncdapo` is a namespace package spread over one
+        # source root per service: module names are taken relative to those roots (MYPYPATH).
+        paths = ["--explicit-package-bases", "--cache-dir", str(root / ".mypy-cache")] + [
+            str(p) for p in sources
         ]
         script = (
             "import sys\n"
@@ -171,7 +181,7 @@ def build(force: bool = False, keep: int = 3) -> Path:
         )
         env = dict(os.environ, MYPYPATH=os.pathsep.join(str(r.parent) for r in source_roots()))
         cmd = [sys.executable, "-c", script, ",".join(paths), f"{tmp}/c", str(out), f"{tmp}/t"]
-        proc = subprocess.run(cmd, cwd=src_root, env=env, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(
                 f"mypyc failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -190,6 +200,14 @@ def build(force: bool = False, keep: int = 3) -> Path:
     _prune(root, keep, where)
     print(f"simulator native build: {where} ({time.monotonic() - t0:.0f} s)")
     return where
+
+
+def _source(module: str) -> Path:
+    rel = Path(*module.split(".")).with_suffix(".py")
+    for r in source_roots():
+        if (r.parent / rel).is_file():
+            return r.parent / rel
+    raise RuntimeError(f"{module}'s source not found on the path")
 
 
 def _prune(root: Path, keep: int, current: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from asyncdapo.scheduler.group_state import DropReason, RequeueReason
 from asyncdapo.scheduler.policy.long_tail import LongTailAction
@@ -22,11 +22,11 @@ Reason = DropReason | RequeueReason
 
 
 class Phase:
-    IDLE = scheduler_pb2.RUN_PHASE_IDLE
-    ROLLING = scheduler_pb2.RUN_PHASE_ROLLING
-    BOUND = scheduler_pb2.RUN_PHASE_BOUND
-    STOPPING = scheduler_pb2.RUN_PHASE_STOPPING
-    STOPPED = scheduler_pb2.RUN_PHASE_STOPPED
+    IDLE: Final = scheduler_pb2.RUN_PHASE_IDLE
+    ROLLING: Final = scheduler_pb2.RUN_PHASE_ROLLING
+    BOUND: Final = scheduler_pb2.RUN_PHASE_BOUND
+    STOPPING: Final = scheduler_pb2.RUN_PHASE_STOPPING
+    STOPPED: Final = scheduler_pb2.RUN_PHASE_STOPPED
 
 
 # --------------------------------------------------------------------------- commands
