@@ -1,4 +1,4 @@
-"""The simulator's event loop compiled with mypyc: the same source, about 0.65× the CPU per event.
+"""The simulator's event loop compiled with mypyc: the same source, about two thirds of the CPU per event.
 
 `make install` runs `python -m asyncdapo.simulate.native_cli build`, which compiles `NATIVE_MODULES`
 with mypyc into a cache directory named by a digest of every `asyncdapo` source file, mypy's
