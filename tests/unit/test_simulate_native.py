@@ -24,8 +24,8 @@ def _build() -> Path:
     """The build for the current sources: `make test` runs `make install`, which builds it; a
     developer who edited a source since gets this message rather than a silently slower simulator."""
     assert native.enabled(), "ASYNCDAPO_SIM_NATIVE is off in the test environment"
-    where = native.cache_root() / native.current_digest()
-    if native.build_files(where) is None:
+    where = native.current_build()
+    if where is None:
         pytest.fail(
             f"no compiled build for the current sources under {native.cache_root()}: run `make sim-native`"
         )
@@ -39,9 +39,7 @@ def _probe(code: str) -> list[str]:
     return proc.stdout.split()
 
 
-def test_make_install_built_the_compiled_modules_for_these_sources_and_a_simulator_process_loads_them() -> (
-    None
-):
+def test_make_install_built_these_sources_and_a_simulator_process_loads_them() -> None:
     where = _build()
     files = _probe(
         "from asyncdapo.simulate import native\n"
@@ -87,7 +85,7 @@ def test_the_digest_changes_with_any_source_byte_or_file_and_ignores_caches(tmp_
 def test_an_incomplete_or_absent_build_is_not_used(tmp_path: Path) -> None:
     assert native.build_files(tmp_path / "missing") is None
     where = tmp_path / "b"
-    (where).mkdir()
+    where.mkdir()
     (where / native.BUILD_INFO).write_text("{}")
 
     def ext(module: str) -> Path:

@@ -138,6 +138,12 @@ def build_files(where: Path) -> dict[str, Path] | None:
     return files
 
 
+def current_build() -> Path | None:
+    """The complete build for the sources on disk now, or None (not built since the last edit)."""
+    where = cache_root() / current_digest()
+    return where if build_files(where) is not None else None
+
+
 def activate() -> Path | None:
     """Load the compiled modules for the current sources, if built (see the module docstring)."""
     global _active

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from asyncdapo.simulate.native import BUILD_INFO, build, cache_root, current_digest, enabled
+from asyncdapo.simulate.native import build, cache_root, current_build, current_digest, enabled
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,9 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "build":
         build(force=a.force)
         return 0
-    where = cache_root() / current_digest()
-    state = "built" if (where / BUILD_INFO).is_file() else "not built (plain Python runs)"
-    print(f"{where}: {state}; ASYNCDAPO_SIM_NATIVE={'on' if enabled() else 'off'}")
+    where = current_build()
+    state = (
+        f"{where}: built" if where else f"{cache_root() / current_digest()}: not built (plain Python runs)"
+    )
+    print(f"{state}; ASYNCDAPO_SIM_NATIVE={'on' if enabled() else 'off'}")
     return 0
 
 

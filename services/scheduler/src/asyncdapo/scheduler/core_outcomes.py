@@ -132,12 +132,12 @@ class CoreOutcomes:
         # ended (`stale`) and memory would miss responses that Redis counted. A ready group with
         # one unanswered (Redis completed it, memory saw it complete on another response) holds the
         # whole plan: the ledger's order must not be split.
-        ready_recording = any(t.group_complete and not t.closed for t in self.recording)
-        plan = (
-            self.ledger.plan(self.bound - self.valid_produced)
-            if len(self.ledger) and not batch_running and not ready_recording
-            else Plan[TaskKey]()
+        plannable = (
+            len(self.ledger)
+            and not batch_running
+            and not any(t.group_complete and not t.closed for t in self.recording)
         )
+        plan = self.ledger.plan(self.bound - self.valid_produced) if plannable else Plan[TaskKey]()
         if plan.abort:
             aborted = [self.tasks[k] for k in plan.abort]
             if self.cfg.rollout.requeue_aborted:
