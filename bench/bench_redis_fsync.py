@@ -34,7 +34,8 @@ import redis.asyncio as aioredis
 from asyncdapo.local.redis_server import RedisServer
 from asyncdapo.prompts import PromptRecord, queue_prompts
 from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.group_state import GroupStore, Outcome, ResponseScore, RoundTrips, ScriptRunner
+from asyncdapo.scheduler.group_records import ResponseScore
+from asyncdapo.scheduler.group_state import GroupStore, Outcome, RoundTrips, ScriptRunner
 from asyncdapo.scheduler.queue import PromptQueue
 
 N = 8  # responses per prompt

@@ -11,12 +11,11 @@ import redis.asyncio as aioredis
 
 from asyncdapo.prompts import PromptRecord, queue_prompts
 from asyncdapo.redis_keys import RunKeys
+from asyncdapo.scheduler.group_records import RecordStatus, ResponseScore
 from asyncdapo.scheduler.group_state import (
     GroupStore,
     Outcome,
-    RecordStatus,
     RequeueReason,
-    ResponseScore,
     RoundTrips,
     ScriptRunner,
     welford,

@@ -16,14 +16,8 @@ import redis.asyncio as aioredis
 
 from asyncdapo.prompts import PromptRecord, queue_prompts
 from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.group_state import (
-    GroupStore,
-    Outcome,
-    RequeueReason,
-    ResponseScore,
-    RoundTrips,
-    ScriptRunner,
-)
+from asyncdapo.scheduler.group_records import ResponseScore
+from asyncdapo.scheduler.group_state import GroupStore, Outcome, RequeueReason, RoundTrips, ScriptRunner
 from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
 from asyncdapo.scheduler.queue import Fenced, PromptQueue
 

@@ -51,15 +51,25 @@ class Abort:
     tasks: list[PromptTask]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScoreResponse:
-    """Send one finished response to the verifier."""
+    """Send one finished response to the verifier. Read-only by convention, `__init__` written out:
+    one per response (see tests/unit/test_record_inits.py)."""
 
     request_id: str
     token_ids: Sequence[int]
     ground_truth: str
     task: PromptTask
     idx: int
+
+    def __init__(
+        self, request_id: str, token_ids: Sequence[int], ground_truth: str, task: PromptTask, idx: int
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids = token_ids
+        self.ground_truth = ground_truth
+        self.task = task
+        self.idx = idx
 
 
 Command = Dispatch | Redispatch | Abort | ScoreResponse

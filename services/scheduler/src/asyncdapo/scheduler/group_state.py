@@ -22,6 +22,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asyncdapo.redis_keys import FINISHED_PROMPT_TTL_S, OUTCOMES_MAXLEN, RunKeys, text
+from asyncdapo.scheduler.group_records import GroupProgress, RecordStatus, ResponseScore
 from asyncdapo.scheduler.lua import SCRIPTS
 
 if TYPE_CHECKING:
@@ -57,43 +58,6 @@ class RequeueReason(StrEnum):
     STALE = "stale"  # valid, but the step that would consume it finds it stale (decided in Lua)
     SHUTDOWN = "shutdown"  # the scheduler shut down gracefully and released its claims
     ORPHANED = "orphaned"  # claimed by this scheduler but held by no task (a lost reply, a rollback)
-
-
-class RecordStatus(StrEnum):
-    OK = "ok"
-    COMPLETE = "complete"  # this response completed the group
-    DUP = "dup"  # already counted (a retry); state unchanged
-    STALE = "stale"  # not the current attempt, or the attempt already has an outcome
-    FENCED = "fenced"  # another scheduler owns the run now; nothing was written
-
-
-@dataclass(frozen=True, slots=True)
-class GroupProgress:
-    status: RecordStatus
-    done: int = 0
-    n: int = 0
-    metric_mean: float = 0.0
-    metric_std: float = 0.0
-    reward_mean: float = 0.0
-    reward_std: float = 0.0
-    min_version: int = 0
-    max_version: int = 0
-
-    @property
-    def complete(self) -> bool:
-        return self.n > 0 and self.done >= self.n
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseScore:
-    pid: str
-    attempt: int
-    idx: int
-    metric: float  # the filter metric (acc or score)
-    reward: float
-    min_version: int
-    max_version: int
-    length: int = 0  # response tokens (the generated_tokens counter)
 
 
 @dataclass(frozen=True, slots=True)

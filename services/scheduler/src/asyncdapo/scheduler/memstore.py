@@ -21,15 +21,8 @@ from dataclasses import dataclass, field
 
 from asyncdapo import redis_keys as rk
 from asyncdapo.prompts import PromptRecord, PromptRecordError
-from asyncdapo.scheduler.group_state import (
-    FinishItem,
-    FinishResult,
-    GroupProgress,
-    Outcome,
-    RecordStatus,
-    RequeueReason,
-    ResponseScore,
-)
+from asyncdapo.scheduler.group_records import GroupProgress, RecordStatus, ResponseScore
+from asyncdapo.scheduler.group_state import FinishItem, FinishResult, Outcome, RequeueReason
 from asyncdapo.scheduler.queue import Claim, ClaimBatch, ClaimRecord, Fenced
 
 

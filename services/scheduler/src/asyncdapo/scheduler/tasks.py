@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from asyncdapo.scheduler.group_state import GroupProgress
+from asyncdapo.scheduler.group_records import GroupProgress
 from asyncdapo.v1 import common_pb2, gateway_pb2, rollout_pb2
 
 if TYPE_CHECKING:  # the gRPC side: the records name it, the core never imports it
@@ -44,6 +44,31 @@ class Request:
     pool: str = ""  # gateway pool label to place it in ("" = any)
     max_tokens: int = 0  # overrides the task's sampling.max_tokens when > 0 (long-tail cap)
 
+    # written out, as Score's: n per attempt (see tests/unit/test_record_inits.py)
+    def __init__(
+        self,
+        task: PromptTask,
+        idx: int,
+        tries: int = 0,
+        continuation: gateway_pb2.GenerateResponse | None = None,
+        gateway: Gateway | None = None,
+        call: GatewayStream | None = None,
+        rid: str = "",
+        t_ready: float = 0.0,
+        pool: str = "",
+        max_tokens: int = 0,
+    ) -> None:
+        self.task = task
+        self.idx = idx
+        self.tries = tries
+        self.continuation = continuation
+        self.gateway = gateway
+        self.call = call
+        self.rid = rid
+        self.t_ready = t_ready
+        self.pool = pool
+        self.max_tokens = max_tokens
+
     def make_rid(self) -> str:
         t = self.task
         self.rid = f"{t.pid}:{t.attempt}:{self.idx}:{self.tries}"
@@ -57,6 +82,17 @@ class Score:
     pred: str
     reward: float
     overlong_penalty: float
+
+    # One per response. The `__init__` a dataclass generates is Python even where mypyc compiles
+    # this module (the simulator's build), ~10x the cost of a compiled one; written out, it
+    # compiles. tests/unit/test_record_inits.py keeps every written-out `__init__` equal to its
+    # dataclass's fields.
+    def __init__(self, score: float, acc: float, pred: str, reward: float, overlong_penalty: float) -> None:
+        self.score = score
+        self.acc = acc
+        self.pred = pred
+        self.reward = reward
+        self.overlong_penalty = overlong_penalty
 
 
 @dataclass(slots=True, eq=False)
@@ -120,10 +156,21 @@ def request_seed(base: int | None, pid: str, idx: int, attempt: int = 1) -> int 
 
 
 def version_range(resp: gateway_pb2.GenerateResponse, default: int) -> tuple[int, int]:
-    versions = [r.version for r in resp.version_runs if r.num_tokens > 0]
-    if not versions:
-        return default, default
-    return min(versions), max(versions)
+    """(oldest, newest) weight version that generated tokens of `resp`; `default` for both when
+    none did. One pass, no list: this runs per response."""
+    lo = hi = default
+    found = False
+    for r in resp.version_runs:
+        if r.num_tokens > 0:
+            v = r.version
+            if not found:
+                lo = hi = v
+                found = True
+            elif v < lo:
+                lo = v
+            elif v > hi:
+                hi = v
+    return lo, hi
 
 
 def build_group(run: str, task: PromptTask) -> rollout_pb2.Group:

@@ -57,9 +57,11 @@ class DispatchView(Protocol):
 V = TypeVar("V", bound=DispatchView)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GatewayView:
-    """What the dispatcher knows about one gateway at decision time."""
+    """What the dispatcher knows about one gateway at decision time. Read-only by convention, with
+    its `__init__` written out: the simulator builds one per gateway update (see
+    tests/unit/test_record_inits.py for why, and the check that keeps it equal to the fields)."""
 
     address: str
     up: bool = True
@@ -72,6 +74,32 @@ class GatewayView:
     kv_cache_usage: float = 0.0
     capacity: int = 0  # the gateway's configured concurrency (0: unknown)
     weight_version: int = 0
+
+    def __init__(
+        self,
+        address: str,
+        up: bool = True,
+        draining: bool = False,
+        paused: bool = False,
+        pool: str = "",
+        in_flight: int = 0,
+        running: int = 0,
+        waiting: int = 0,
+        kv_cache_usage: float = 0.0,
+        capacity: int = 0,
+        weight_version: int = 0,
+    ) -> None:
+        self.address = address
+        self.up = up
+        self.draining = draining
+        self.paused = paused
+        self.pool = pool
+        self.in_flight = in_flight
+        self.running = running
+        self.waiting = waiting
+        self.kv_cache_usage = kv_cache_usage
+        self.capacity = capacity
+        self.weight_version = weight_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +154,17 @@ def score(view: DispatchView, policy: DispatchPolicy, affinity: bool, extra_in_f
     return s - policy.affinity_bonus if affinity else s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
+    """Read-only by convention, `__init__` written out: one per dispatched prompt (see
+    tests/unit/test_record_inits.py)."""
+
     addresses: list[str]  # one per placed request, in order; shorter than asked when capacity ran out
     rejected: dict[str, RejectReason]
+
+    def __init__(self, addresses: list[str], rejected: dict[str, RejectReason]) -> None:
+        self.addresses = addresses
+        self.rejected = rejected
 
 
 def pick(

@@ -124,15 +124,19 @@ def km_quantile(obs: Iterable[tuple[int, bool]], q: float) -> float | None:
     (length, final) observations; a censored one is at risk at its own length (ties: events
     first). When F never reaches q, the largest observation (a lower bound of the quantile);
     None without observations."""
-    xs = sorted(obs, key=lambda o: (o[0], not o[1]))
+    # each observation as one int, 2·length + censored, so that the sort compares ints (no key
+    # function, no tuples: this runs after every new observation in a pdsr run) and orders a
+    # tie's events before its censored ones
+    xs = sorted([2 * t + (not final) for t, final in obs])
     if not xs:
         return None
-    at_risk, surv, i = len(xs), 1.0, 0
+    n = len(xs)
+    at_risk, surv, i = n, 1.0, 0
     target = 1.0 - q + 1e-9  # S(t) ≤ 1 − q, with room for the product's rounding
-    while i < len(xs):
-        t, d, j = xs[i][0], 0, i
-        while j < len(xs) and xs[j][0] == t:
-            d += xs[j][1]
+    while i < n:
+        t, d, j = xs[i] >> 1, 0, i
+        while j < n and xs[j] >> 1 == t:
+            d += not xs[j] & 1
             j += 1
         if d:
             surv *= 1.0 - d / at_risk
@@ -140,7 +144,7 @@ def km_quantile(obs: Iterable[tuple[int, bool]], q: float) -> float | None:
                 return float(t)
         at_risk -= j - i
         i = j
-    return float(xs[-1][0])
+    return float(xs[-1] >> 1)
 
 
 def route(probe_len: int, l_cut: float | None, cap_factor: float, max_tokens: int) -> Route:
