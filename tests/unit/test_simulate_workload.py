@@ -40,6 +40,19 @@ def test_samples_depend_on_seed_prompt_and_attempt_only() -> None:
     assert w1.prompt(17) == w1.prompt(17) and w1.prompt(17) != load_workload("rollpacker-14b", 4).prompt(17)
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_an_attempt_does_not_depend_on_what_was_drawn_before_and_is_the_callers_copy(name: str) -> None:
+    # answers are computed a chunk of prompts at a time (`Workload._answers`) and cached
+    fresh = load_workload(name, seed=1).attempt(1030, 1, 16)
+    w = load_workload(name, seed=1)
+    for i in range(0, 2100, 97):
+        w.attempt(i, 1, 16), w.attempt(i, 2, 16), w.attempt(i, 1, 8)
+    got = w.attempt(1030, 1, 16)
+    assert got == fresh and len(got.lengths) == 16 and all(x >= 1 for x in got.lengths)
+    got.lengths[0], got.right[0] = -1, not got.right[0]
+    assert w.attempt(1030, 1, 16) == fresh
+
+
 def test_wrong_answers_are_longer_by_the_ratio() -> None:
     spec = WorkloadSpec(name="r", length_median=200, max_response_length=1 << 20, wrong_length_ratio=3.0)
     st = sample_stats(Workload(spec), 16, 1 << 20, groups=2000)

@@ -32,7 +32,7 @@ from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, GatewayView, pic
 from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY
 from asyncdapo.scheduler.tasks import PromptTask, Request
 from asyncdapo.simulate.clock import VirtualClock
-from asyncdapo.simulate.engine_model import DONE, Engine, Seq
+from asyncdapo.simulate.engine_model import DONE, Engine, Seq, seq_cost_table
 from asyncdapo.simulate.host_load import HostLoad
 from asyncdapo.simulate.profile import ClusterProfile
 from asyncdapo.simulate.prompt_feed import PromptFeed
@@ -75,9 +75,10 @@ class Simulation:
         # gateways: pdsr splits them into a fast and a heavy pool
         n_heavy = max(1, round(cluster.engines * cluster.heavy_fraction)) if self.pdsr else 0
         self.gws: list[Gw] = []
+        seq_costs = seq_cost_table(cluster.engine)
         for i in range(cluster.engines):
             pool = (HEAVY if i < n_heavy else FAST) if self.pdsr else ""
-            eng = Engine(self.clock, cluster.engine, self._on_finish, self._on_drained, name=f"gw{i}")
+            eng = Engine(self.clock, cluster.engine, self._on_finish, self._on_drained, f"gw{i}", seq_costs)
             self.gws.append(Gw(f"gw{i}", eng, pool))
         self.by_engine = {id(g.engine): g for g in self.gws}
         # CPU profiles: the host's cores shared by engines, control plane and trainer

@@ -84,6 +84,11 @@ class Seq:
         self.piece_v = 0
 
 
+def seq_cost_table(profile: EngineProfile) -> list[float]:
+    """`profile.seq_s(k)` for k = 0..max_num_seqs."""
+    return [profile.seq_s(k) for k in range(profile.max_num_seqs + 1)]
+
+
 class Engine:
     """One engine on the virtual clock. `on_finish(seq)` is called for every sequence that reached
     its target (after the engine's own state is settled: it may call back into the engine);
@@ -96,9 +101,13 @@ class Engine:
         on_finish: Callable[[Seq], None],
         on_drained: Callable[[Engine], None] | None = None,
         name: str = "",
+        seq_costs: list[float] | None = None,
     ) -> None:
         self.clock = clock
         self.p = profile
+        # profile.seq_s(k) for k = 0..max_num_seqs, read per planned segment (the piecewise slope
+        # is a Python loop over the knots); engines of one profile can share one list
+        self._seq_costs = seq_costs if seq_costs is not None else seq_cost_table(profile)
         self.name = name
         self.on_finish = on_finish
         self.on_drained = on_drained
@@ -424,7 +433,9 @@ class Engine:
                 # >= 1: settling preempted until one more step fits, admission left that room
                 k_o = max(1, (self.cap - (self.kv_const + N * D + self.kv_pf)) // N)  # kv_used()
             k = max(1, min(k_p, k_f, k_o))
-            A = self._a + self.p.seq_s(N + self.n_pf) + self._d * chunk
+            seqs = N + self.n_pf
+            costs = self._seq_costs
+            A = self._a + (costs[seqs] if seqs < len(costs) else self.p.seq_s(seqs)) + self._d * chunk
             C, K0 = self._c, self.kv_const + N * (D + self._pad)
         if self.stretch is not None:
             f = self.stretch()

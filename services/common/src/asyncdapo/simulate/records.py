@@ -7,14 +7,19 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from asyncdapo.scheduler.policy.long_tail import LongTailAction
 
 
-class VersionRun(NamedTuple):
-    version: int
-    num_tokens: int
+class VersionRun:
+    """A gateway's VersionRun: `num_tokens` generated under weights `version`. A slotted class, not
+    a NamedTuple, whose `_make` is Python: one or more per response."""
+
+    __slots__ = ("num_tokens", "version")
+
+    def __init__(self, version: int, num_tokens: int) -> None:
+        self.version = version
+        self.num_tokens = num_tokens
 
 
 class SimResponse:
@@ -26,7 +31,7 @@ class SimResponse:
     def __init__(self, length: int, runs: Sequence[Sequence[int]], finish_reason: int) -> None:
         self.token_ids = range(length)
         self.logprobs: tuple[float, ...] = ()
-        self.version_runs = list(map(VersionRun._make, runs))
+        self.version_runs = [VersionRun(r[0], r[1]) for r in runs]
         self.finish_reason = finish_reason
 
 

@@ -150,6 +150,7 @@ class Workload:
         m, k = spec.mean_accuracy, spec.concentration
         self._a, self._b = m * k, (1 - m) * k
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # (chunk, attempt, n) -> that chunk's answers (`_answers`)
         self._att: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._log_wrong = math.log(spec.wrong_length_ratio)
 
@@ -191,44 +192,48 @@ class Workload:
         """Uniforms (right or wrong) and within-group spreads of attempt `attempt` of every prompt
         of chunk `c`, drawn at once: one generator per (chunk, attempt), not per prompt (seeding a
         generator costs ~100 us, a sample ~10 ns)."""
+        s = self.spec
+        rng = np.random.default_rng((self.seed, 0xA77E, c, attempt, n))
+        u = rng.random((self.CHUNK, n))
+        shape = (self.CHUNK, n)
+        eps = rng.standard_t(s.within_df, shape) if s.within_df > 0 else rng.standard_normal(shape)
+        return u, eps
+
+    def _answers(self, c: int, attempt: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Natural lengths and rightness of attempt `attempt` of every prompt of chunk `c`, as
+        (CHUNK, n) matrices: computed a chunk at once, because numpy's cost per call on one
+        group's row (~25 us an attempt) was a few per cent of a simulated run. Each element is
+        the same arithmetic as for one row, so the samples do not depend on how many are drawn."""
         key = (c, attempt, n)
         got = self._att.get(key)
         if got is None:
             s = self.spec
-            rng = np.random.default_rng((self.seed, 0xA77E, c, attempt, n))
-            u = rng.random((self.CHUNK, n))
-            shape = (self.CHUNK, n)
-            eps = rng.standard_t(s.within_df, shape) if s.within_df > 0 else rng.standard_normal(shape)
-            got = self._att[key] = (u, eps)
+            p, scale, _ = self._chunk(c)
+            u, eps = self._draws(c, attempt, n)
+            right = u < p[:, None]
+            log_len = scale[:, None] + s.within_sigma * eps + np.where(right, 0.0, self._log_wrong)
+            if s.brief_fraction > 0:
+                ub, zb = self._brief(c, attempt, n)
+                brief = math.log(s.brief_median) + s.brief_sigma * zb
+                log_len = np.where(ub < s.brief_fraction, brief, log_len)
+            lengths = np.maximum(1, np.rint(np.exp(np.minimum(log_len, 30.0)))).astype(np.int64)
+            if s.length_max:
+                lengths = np.minimum(lengths, s.length_max)
+            got = self._att[key] = (lengths, right)
         return got
 
     def attempt(self, index: int, attempt: int, n: int) -> Attempt:
         """The answers of attempt `attempt` (1-based) of prompt `index`."""
-        s = self.spec
-        p, scale, _ = self.prompt(index)
-        u, eps = self._draws(index // self.CHUNK, attempt, n)
+        lengths, right = self._answers(index // self.CHUNK, attempt, n)
         i = index % self.CHUNK
-        right = u[i] < p
-        log_len = scale + s.within_sigma * eps[i] + np.where(right, 0.0, self._log_wrong)
-        if s.brief_fraction > 0:
-            ub, zb = self._brief(index // self.CHUNK, attempt, n)
-            brief = math.log(s.brief_median) + s.brief_sigma * zb[i]
-            log_len = np.where(ub[i] < s.brief_fraction, brief, log_len)
-        lengths = np.maximum(1, np.rint(np.exp(np.minimum(log_len, 30.0)))).astype(np.int64)
-        if s.length_max:
-            lengths = np.minimum(lengths, s.length_max)
-        return Attempt(lengths.tolist(), right.tolist())
+        return Attempt(lengths[i].tolist(), right[i].tolist())
 
     def _brief(self, c: int, attempt: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Which responses answer briefly, and their spread: a generator of their own, so a
         workload without brief answers draws exactly what it drew before they existed."""
-        key = (c, -attempt, n)
-        got = self._att.get(key)
-        if got is None:
-            rng = np.random.default_rng((self.seed, 0xB41E, c, attempt, n))
-            shape = (self.CHUNK, n)
-            got = self._att[key] = (rng.random(shape), rng.standard_normal(shape))
-        return got
+        rng = np.random.default_rng((self.seed, 0xB41E, c, attempt, n))
+        shape = (self.CHUNK, n)
+        return rng.random(shape), rng.standard_normal(shape)
 
 
 # ----------------------------------------------------------------------------- statistics
