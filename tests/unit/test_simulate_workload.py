@@ -45,8 +45,9 @@ def test_an_attempt_does_not_depend_on_what_was_drawn_before_and_is_the_callers_
     # answers are computed a chunk of prompts at a time (`Workload._answers`) and cached
     fresh = load_workload(name, seed=1).attempt(1030, 1, 16)
     w = load_workload(name, seed=1)
-    for i in range(0, 2100, 97):
-        w.attempt(i, 1, 16), w.attempt(i, 2, 16), w.attempt(i, 1, 8)
+    for i in range(0, 2100, 97):  # other prompts, chunks, attempts and group sizes first
+        for attempt, n in ((1, 16), (2, 16), (1, 8)):
+            w.attempt(i, attempt, n)
     got = w.attempt(1030, 1, 16)
     assert got == fresh and len(got.lengths) == 16 and all(x >= 1 for x in got.lengths)
     got.lengths[0], got.right[0] = -1, not got.right[0]
