@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install sim-native redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
 
 install: $(STAMP) redis prometheus sim-native
 
@@ -145,6 +145,11 @@ bench-simulator: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.par
 # bench-longtail's assets first when they are missing: ~25 min).
 bench-simulator-longtail: install $(CACHE)/tiny-model/config.json
 	$(BIN)/python bench/bench_simulator.py --bench longtail-v0.3
+
+# The admission what-ifs bench/README.md measured once by hand (margins 1.0 / 1.6 / 2.0, greedy,
+# fifo), validated the same way on the demo workload beside sync and async: 7 configs x 3 runs.
+bench-simulator-whatif: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
+	$(BIN)/python bench/bench_simulator.py --configs sync,async,async-fifo,async+m1.0,async+m1.6,async+m2.0,async+greedy --out runs/bench-simulator-whatif
 
 # What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
 bench-redis-fsync: install
