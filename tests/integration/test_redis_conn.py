@@ -172,3 +172,24 @@ def test_scheduler_and_trainer_clis_use_the_password(
             proc.terminate()
             proc.wait(30)
         assert proc.returncode == 0, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+
+
+def test_preflight_pings_with_the_runs_password(
+    locked_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`asyncdapo up --redis-url`'s preflight: a Redis that answers passes; one that refuses our
+    password is named with where the password comes from."""
+    from asyncdapo.preflight import check_redis
+
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    (p,) = check_redis(locked_redis.url)
+    assert p.field == "--redis-url" and "refused our credentials" in p.allowed
+    assert "--redis-password-file" in p.hint and f"{PASSWORD_ENV} (which is not set)" in p.hint
+    monkeypatch.setenv(PASSWORD_ENV, "wrong")
+    (p,) = check_redis(locked_redis.url)
+    assert "refused our credentials" in p.allowed and "(which is set)" in p.hint
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    assert check_redis(locked_redis.url) == []
+    monkeypatch.delenv(PASSWORD_ENV)
+    url = locked_redis.url.replace("redis://", f"redis://:{PASSWORD}@")
+    assert check_redis(url) == []  # the URL's own password

@@ -20,7 +20,7 @@ from asyncdapo.operator.desired import (
     desired_state,
     object_key,
 )
-from asyncdapo.operator.spec import parse_spec
+from asyncdapo.operator.spec import SpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "k8s" / "examples"
@@ -348,9 +348,12 @@ def test_config_change_rolls_pods_and_keys_are_stable() -> None:
 def test_invalid_spec_names_the_field() -> None:
     bad = copy.deepcopy(_spec())
     bad["run"]["reward"]["overlong_buffer"]["len"] = 64  # >= max_response_length 32
-    with pytest.raises(ValueError, match=r"overlong_buffer.len \(64\) must be < data.max_response_length"):
+    with pytest.raises(
+        SpecError,
+        match=r"^spec\.run\.reward\.overlong_buffer\.len: 64 given; must be < data\.max_response_length \(32\)",
+    ):
         parse_spec(bad, "tiny-math")
-    with pytest.raises(ValueError, match=r"must equal metadata\.name"):
+    with pytest.raises(SpecError, match=r"^spec\.run\.name: 'other' given; must equal metadata\.name"):
         parse_spec({**_spec(), "run": {**_spec()["run"], "name": "other"}}, "tiny-math")
 
 

@@ -256,6 +256,28 @@ def test_invalid_spec_is_reported_and_creates_nothing() -> None:
     assert cluster.objects == {}
 
 
+def test_invalid_spec_names_every_problem_in_the_configs_one_style() -> None:
+    cluster = FakeCluster()
+    body = _run()
+    body["spec"]["run"]["rollout"]["n"] = 0
+    body["spec"]["run"]["rollout"]["temprature"] = 0.7
+    body["spec"]["gateway"] = {**body["spec"].get("gateway", {}), "replicsa": 2}
+    body["spec"]["storage"]["size"] = "lots"
+    status = _pass(cluster, body, T0)
+    assert status["reason"] == "InvalidSpec"
+    assert set(status["message"].splitlines()) == {
+        "spec.run.rollout.n: 0 given; must be >= 1",
+        "spec.run.rollout.temprature: unknown key; did you mean spec.run.rollout.temperature?",
+        "spec.gateway.replicsa: unknown key; did you mean spec.gateway.replicas?",
+        "spec.storage.size: 'lots' given; must be a Kubernetes quantity such as 4, 500m or 32Gi",
+    }
+    one = _run()
+    one["spec"]["run"]["rollout"]["n"] = 1  # impossible with dynamic sampling: refused like `config check`
+    message = _pass(FakeCluster(), one, T0)["message"]
+    assert message.startswith("spec.run.rollout.n: 1 given; must be >= 2 with reward.filter_groups")
+    assert cluster.objects == {}
+
+
 def test_several_workers_without_kuberay_waits_for_kuberay() -> None:
     cluster = FakeCluster(kuberay=False)
     body = _run()

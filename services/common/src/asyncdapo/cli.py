@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except AsyncdapoError as err:
-        print(f"asyncdapo {args.command}: error: {err}", file=sys.stderr)
+        from asyncdapo.config import ConfigError
+        from asyncdapo.config_cli import explain_verl_keys
+
+        shown = explain_verl_keys(err) if isinstance(err, ConfigError) else err
+        print(f"asyncdapo {args.command}: error: {shown}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:
         extra = EXTRA_OF_MODULE.get((err.name or "").split(".")[0])

@@ -8,11 +8,15 @@ Defaults follow verl's DAPO recipe (recipe/dapo) where DAPO sets a value and ver
 `ppo_trainer.yaml` otherwise. Invariants checked here, so that no service has to re-check them:
 - `overlong_buffer.len < max_response_length` when the buffer is enabled;
 - `ppo_mini_batch_size` divides `train_batch_size`;
-- the `sync` mode has no staleness (`max_staleness == 0`).
+- the `sync` mode has no staleness (`max_staleness == 0`);
+- and the other combinations no run can work with (`impossible_combinations`).
+Every mistake reads `field.path: <what was given>; <what is allowed>` (asyncdapo.config_problems).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from enum import StrEnum
@@ -20,8 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
+from asyncdapo.config_problems import Problem, conflict, problems_of, render
 from asyncdapo.errors import AsyncdapoError
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -36,11 +49,34 @@ class LossAggMode(StrEnum):
     TOKEN_MEAN = "token-mean"
     SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
     SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"  # Dr. GRPO: token sums / data.max_response_length
+
+
+class OldLogProbSource(StrEnum):
+    RECOMPUTE = "recompute"  # a forward pass of the current weights before the update (verl's default)
+    ROLLOUT = "rollout"  # the engine's log-prob of each sampled token (verl's bypass mode)
+
+
+class LrSchedule(StrEnum):
+    CONSTANT = "constant"  # linear warm-up, then lr
+    COSINE = "cosine"  # linear warm-up, then cosine decay to min_lr_ratio * lr over total_steps
+
+
+# What a prompt longer than data.max_prompt_length becomes (verl: data.truncation, filter_overlong_prompts).
+class PromptTruncation(StrEnum):
+    DROP = "drop"  # left out of training and validation (verl: filter_overlong_prompts)
+    ERROR = "error"  # the run stops, naming the row (verl's default)
+    LEFT = "left"  # keep the last max_prompt_length tokens
+    RIGHT = "right"  # keep the first max_prompt_length tokens
+    MIDDLE = "middle"  # keep the first ceil(max/2) and the last floor(max/2) tokens
 
 
 class FilterMetric(StrEnum):
     ACC = "acc"
-    SCORE = "score"
+    SCORE = "score"  # correct_reward / incorrect_reward
+    REWARD = (
+        "reward"  # score + overlong penalty (verl's seq_reward; seq_final_reward without KL in the reward)
+    )
 
 
 # What in-flight requests do while weights change: the one enum for config, engine and wire (the
@@ -122,6 +158,11 @@ class DataConfig(_Strict):
     )
     max_prompt_length: int = Field(512, ge=1, le=1 << 20, description="Prompts longer than this are dropped.")
     max_response_length: int = Field(512, ge=1, le=1 << 20, description="max_tokens of every rollout.")
+    truncation: PromptTruncation = Field(
+        PromptTruncation.DROP,
+        description="A prompt longer than max_prompt_length: drop it, error, or keep its left, right or "
+        "middle tokens (verl: data.truncation).",
+    )
     shuffle: bool = Field(True, description="Shuffle the training set each epoch (seeded).")
     seed: int = Field(1, ge=0, description="Seed of the data order.")
     apply_chat_template: bool = Field(
@@ -186,11 +227,13 @@ class RolloutConfig(_Strict):
         RolloutMode.ASYNC,
         description="async (streaming filter + early stop) or sync (verl's loop, baseline).",
     )
-    max_staleness: int = Field(
+    max_staleness: float = Field(
         0,
         ge=0,
         le=64,
-        description="s: a group produced under version v may train at step t only if t-v <= s.",
+        description="s, may be fractional: at policy version v at most floor((v+1+s)*B) valid groups "
+        "exist in total, and a group produced under version v may train at step t only if t-v <= ceil(s) "
+        "(verl fully-async: trigger_parameter_sync_step*(1+staleness_threshold)-1).",
     )
     weight_update_mode: PauseMode = Field(
         PauseMode.KEEP, description="What in-flight requests do while weights change: keep|abort|wait."
@@ -226,10 +269,32 @@ class RolloutConfig(_Strict):
     long_tail: LongTailConfig = Field(default_factory=LongTailConfig)
     val_n: int = Field(1, ge=1, le=1024, description="Responses per prompt in validation.")
     val_temperature: float = Field(0.0, ge=0.0, le=10.0, description="Validation sampling temperature.")
+    val_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Validation nucleus sampling.")
+    val_top_k: int = Field(-1, ge=-1, description="Validation top-k sampling (-1 disables).")
     seed: int | None = Field(None, description="Base sampling seed (None: nondeterministic).")
+
+    @field_validator("max_staleness")
+    @classmethod
+    def _integral_staleness_is_int(cls, s: float) -> float:
+        # an integral s stays 0 / 1 as written (messages say "1 given", not "1.0 given")
+        return int(s) if float(s).is_integer() else s
+
+    @field_serializer("max_staleness")
+    def _integral_staleness(self, s: float) -> int | float:
+        # an integral s prints as 0 / 1, as it is written in run configs, not as 0.0 / 1.0
+        return int(s) if float(s).is_integer() else s
 
 
 class RewardConfig(_Strict):
+    correct_reward: float = Field(
+        1.0, ge=-100.0, le=100.0, description="Score of a correct answer (verl's DAPO: 1)."
+    )
+    incorrect_reward: float = Field(
+        -1.0,
+        ge=-100.0,
+        le=100.0,
+        description="Score of an incorrect or unparsable answer (verl's DAPO: -1; its GSM8K/MATH scorers: 0).",
+    )
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
     filter_groups: bool = Field(True, description="DAPO dynamic sampling: drop zero-variance groups.")
     filter_metric: FilterMetric = Field(
@@ -247,6 +312,16 @@ class RewardConfig(_Strict):
         "as `verifier_error`; null (default): wait for the verifier as long as it takes.",
     )
 
+    @model_validator(mode="after")
+    def _correct_above_incorrect(self) -> RewardConfig:
+        if self.correct_reward <= self.incorrect_reward:
+            raise ValueError(
+                f"correct_reward ({self.correct_reward}) must be greater than incorrect_reward "
+                f"({self.incorrect_reward}): a correct answer must earn more than a wrong one. Use 1 and -1 "
+                "(verl's DAPO) or 1 and 0 (verl's GSM8K/MATH scorers)"
+            )
+        return self
+
 
 class AlgorithmConfig(_Strict):
     adv_estimator: AdvEstimator = Field(AdvEstimator.GRPO, description="Advantage estimator (grpo).")
@@ -256,12 +331,33 @@ class AlgorithmConfig(_Strict):
     clip_ratio_c: float = Field(
         10.0, gt=1.0, le=1000.0, description="Dual-clip bound for negative advantages."
     )
-    loss_agg_mode: LossAggMode = Field(LossAggMode.TOKEN_MEAN, description="Loss aggregation.")
+    loss_agg_mode: LossAggMode = Field(
+        LossAggMode.TOKEN_MEAN,
+        description="Loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | "
+        "seq-mean-token-sum-norm (Dr. GRPO: each response's token sum / data.max_response_length, "
+        "averaged over responses).",
+    )
+    old_log_prob: OldLogProbSource = Field(
+        OldLogProbSource.RECOMPUTE,
+        description="Log-probs the PPO ratio is taken against: recompute (the current weights, a forward "
+        "pass before the update) or rollout (the engine's log-prob of each sampled token; no extra pass; "
+        "verl's rollout_correction.bypass_mode / use_rollout_log_probs).",
+    )
     tis_cap: float | None = Field(
         None, gt=0.0, description="Truncated importance weight cap vs. behaviour log-probs (None: off)."
     )
     entropy_coeff: float = Field(0.0, ge=0.0, le=1.0, description="Entropy bonus.")
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="KL-loss coefficient (DAPO: 0).")
+
+    @model_validator(mode="after")
+    def _tis_needs_recomputed_old_log_probs(self) -> AlgorithmConfig:
+        if self.tis_cap is not None and self.old_log_prob is OldLogProbSource.ROLLOUT:
+            raise ValueError(
+                f"tis_cap ({self.tis_cap}) cannot be used with old_log_prob: rollout: the importance weight "
+                "pi_old / pi_behaviour is then 1 for every token. Remove tis_cap, or set old_log_prob: "
+                "recompute to correct the rollout/trainer mismatch with TIS"
+            )
+        return self
 
 
 class TrainerConfig(_Strict):
@@ -272,7 +368,27 @@ class TrainerConfig(_Strict):
     lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.1, ge=0.0, le=1.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    warmup_steps: int = Field(10, ge=0, description="Linear LR warm-up steps.")
+    warmup_steps: int = Field(
+        10,
+        ge=0,
+        description="Linear LR warm-up steps: update k (from 0) uses lr * min(1, (k + 1) / warmup_steps).",
+    )
+    lr_schedule: LrSchedule = Field(
+        LrSchedule.CONSTANT,
+        description="LR after warm-up: constant, or cosine (verl's lr_scheduler_type) from lr down to "
+        "min_lr_ratio * lr over total_steps.",
+    )
+    min_lr_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="cosine: the lowest LR as a fraction of lr (verl's optim.min_lr_ratio).",
+    )
+    lr_num_cycles: float = Field(
+        0.5,
+        gt=0.0,
+        description="cosine: waves over the decay; 0.5 = one half-cosine (verl's optim.num_cycles).",
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="Max gradient norm.")
     publish_every: int = Field(1, ge=1, description="Publish weights every k steps.")
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every k steps.")
@@ -366,26 +482,24 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
-        buf = self.reward.overlong_buffer
-        if buf.enable and buf.len >= self.data.max_response_length:
-            raise ValueError(
-                f"reward.overlong_buffer.len ({buf.len}) must be < data.max_response_length "
-                f"({self.data.max_response_length})"
-            )
-        if self.data.train_batch_size % self.trainer.ppo_mini_batch_size:
-            raise ValueError(
-                f"trainer.ppo_mini_batch_size ({self.trainer.ppo_mini_batch_size}) must divide "
-                f"data.train_batch_size ({self.data.train_batch_size})"
-            )
-        if self.rollout.mode is RolloutMode.SYNC and self.rollout.max_staleness:
-            raise ValueError("rollout.max_staleness must be 0 in rollout.mode sync")
+        problems = impossible_combinations(self)
+        if problems:
+            raise conflict(problems)  # every one at once, each naming its field
         return self
 
     # --- derived quantities (one definition for every service) ---
 
     def valid_group_bound(self, version: int) -> int:
-        """Valid groups that may exist in total while the policy is at `version`: (v + s + 1) * B."""
-        return (version + self.rollout.max_staleness + 1) * self.data.train_batch_size
+        """Valid groups that may exist in total while the policy is at `version`: floor((v + 1 + s) * B)
+        ((v + s + 1) * B for an integral s)."""
+        # rounded first: (1 + 0.7) * 10 is 16.999999999999996 in binary floating point
+        return math.floor(round((version + 1 + self.rollout.max_staleness) * self.data.train_batch_size, 6))
+
+    @property
+    def staleness_window(self) -> int:
+        """ceil(s): a group produced under version v may train at step t only if t - v <= this. Every
+        group the bound admits at version v trains by step v + ceil(s)."""
+        return math.ceil(round(self.rollout.max_staleness, 6))
 
     def overlong_penalty(self, length: int) -> float:
         """DAPO overlong shaping: -min(max(length - expected, 0) / L, 1) * factor, expected = max - L."""
@@ -395,39 +509,151 @@ class RunConfig(_Strict):
         expected = self.data.max_response_length - buf.len
         return -min(max(length - expected, 0) / buf.len, 1.0) * buf.penalty_factor
 
+    def reward_of(self, acc: bool, length: int) -> tuple[float, float]:
+        """A verifier verdict → (score, overlong penalty); the reward is their sum. score is
+        reward.correct_reward or reward.incorrect_reward, the penalty `overlong_penalty(length)`."""
+        r = self.reward
+        return (r.correct_reward if acc else r.incorrect_reward), self.overlong_penalty(length)
+
+
+def impossible_combinations(cfg: RunConfig) -> list[Problem]:
+    """Values that are each fine alone but can never make a run together (not merely unusual
+    ones): the run would wait forever, never train, or be refused by the trainer."""
+    out: list[Problem] = []
+    d, ro, t = cfg.data, cfg.rollout, cfg.trainer
+    buf = cfg.reward.overlong_buffer
+    if buf.enable and buf.len >= d.max_response_length:
+        out.append(
+            Problem(
+                "reward.overlong_buffer.len",
+                f"{buf.len} given",
+                f"must be < data.max_response_length ({d.max_response_length}): the buffer is the end of "
+                "the longest response",
+                "lower it, or set reward.overlong_buffer.enable: false",
+            )
+        )
+    if d.train_batch_size % t.ppo_mini_batch_size:
+        out.append(
+            Problem(
+                "trainer.ppo_mini_batch_size",
+                f"{t.ppo_mini_batch_size} given",
+                f"must divide data.train_batch_size ({d.train_batch_size})",
+            )
+        )
+    if ro.mode is RolloutMode.SYNC and ro.max_staleness:
+        out.append(
+            Problem(
+                "rollout.max_staleness",
+                f"{ro.max_staleness} given",
+                "must be 0 in rollout.mode sync (verl's loop trains on what the current weights generated)",
+                "set rollout.mode: async for off-policy groups",
+            )
+        )
+    if ro.n == 1 and cfg.reward.filter_groups:
+        out.append(
+            Problem(
+                "rollout.n",
+                "1 given",
+                "must be >= 2 with reward.filter_groups (DAPO dynamic sampling keeps only groups whose "
+                "rewards vary; a group of one response has zero variance, so no group would ever be valid "
+                "and no step would train)",
+                "set rollout.n to 2 or more (DAPO uses 16), or reward.filter_groups: false",
+            )
+        )
+    if ro.mode is RolloutMode.SYNC and ro.max_num_gen_batches:
+        most = ro.max_num_gen_batches * ro.max_concurrent_prompts
+        if most < d.train_batch_size:
+            need = -(-d.train_batch_size // ro.max_concurrent_prompts)
+            out.append(
+                Problem(
+                    "rollout.max_num_gen_batches",
+                    f"{ro.max_num_gen_batches} given",
+                    f"in rollout.mode sync a step generates at most max_num_gen_batches x "
+                    f"rollout.max_concurrent_prompts ({ro.max_concurrent_prompts}) = {most} groups, fewer "
+                    f"than the data.train_batch_size ({d.train_batch_size}) valid groups it needs",
+                    f"set it to {need} or more, or 0 (no limit)",
+                )
+            )
+    # The trainer's own start-up checks (asyncdapo.trainer.loop.check_config), here so that a run
+    # is refused before anything starts rather than when its trainer does.
+    if t.publish_every > 1 and ro.max_staleness < t.publish_every - 1:
+        out.append(
+            Problem(
+                "trainer.publish_every",
+                f"{t.publish_every} given",
+                f"needs rollout.max_staleness >= {t.publish_every - 1} ({ro.max_staleness} given): groups "
+                "come from published versions only, so the trainer would wait forever",
+                f"set rollout.max_staleness: {t.publish_every - 1}, or trainer.publish_every: 1",
+            )
+        )
+    rows = t.ppo_mini_batch_size * ro.n
+    if t.workers > rows:
+        out.append(
+            Problem(
+                "trainer.workers",
+                f"{t.workers} given",
+                f"must be <= the {rows} responses of a mini-batch (trainer.ppo_mini_batch_size x "
+                "rollout.n): a worker would get none",
+            )
+        )
+    return out
+
 
 class ConfigError(AsyncdapoError, ValueError):
-    """A configuration could not be loaded; the message names the file and each wrong field."""
+    """A configuration could not be loaded; the message names the file and each wrong field.
+    `problems` holds them as data (empty where the file itself is the problem), so that a tool can
+    add to what a problem says (`asyncdapo.config_cli.explain_verl_keys`)."""
+
+    def __init__(self, message: str, problems: Sequence[Problem] = (), source: str = "") -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+        self.source = source
+
+    @classmethod
+    def of(cls, source: str, problems: Sequence[Problem]) -> ConfigError:
+        return cls(
+            render(f"{source}: invalid run config ({len(problems)} problem(s))", problems), problems, source
+        )
 
 
-def _format_errors(source: str, err: ValidationError, from_override: dict[str, str] | None = None) -> str:
-    lines = [f"{source}: invalid run config ({err.error_count()} error(s))"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        # the override that set this field (or one of its parents), so the user knows where to look
-        arg = next((a for k, a in (from_override or {}).items() if loc == k or loc.startswith(k + ".")), None)
-        lines.append(f"  {loc}: {e['msg']}" + (f" (from override {arg!r})" if arg else ""))
-    return "\n".join(lines)
+def _with_origin(problems: list[Problem], from_override: dict[str, str]) -> list[Problem]:
+    """Each problem with the override that set its field (or a section above or below it), so the
+    user knows where to look."""
+
+    def origin(field: str) -> str:
+        f = re.sub(r"\[\d+\]", "", field)
+        return next(
+            (a for k, a in from_override.items() if f == k or f.startswith(k + ".") or k.startswith(f + ".")),
+            "",
+        )
+
+    return [dataclasses.replace(p, origin=origin(p.field)) for p in problems]
+
+
+def _format_errors(
+    source: str, err: ValidationError, from_override: dict[str, str] | None = None
+) -> ConfigError:
+    return ConfigError.of(source, _with_origin(problems_of(err, RunConfig), from_override or {}))
 
 
 def parse_run_config(data: Any, source: str = "<config>", overrides: Sequence[str] = ()) -> RunConfig:
     """Validate a mapping (with `key=value` overrides applied first, see asyncdapo.overrides)."""
-    from asyncdapo.overrides import apply_overrides, override_keys
+    from asyncdapo.overrides import OverrideError, apply_overrides, override_keys
 
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a run config must be a mapping, got {type(data).__name__}")
     if overrides:
+        source = f"{source} with {len(overrides)} override(s)"
         try:
             data = apply_overrides(data, overrides, RunConfig)
-        except ValueError as err:
-            raise ConfigError(f"{source}: {err}") from None
-        source = f"{source} with {len(overrides)} override(s)"
+        except OverrideError as err:
+            raise ConfigError.of(source, [err.problem]) from None
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_errors(source, err, override_keys(overrides))) from None
+        raise _format_errors(source, err, override_keys(overrides)) from None
 
 
 def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from asyncdapo.config_problems import Problem, show
 from asyncdapo.errors import AsyncdapoError
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -25,6 +26,10 @@ _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 class OverrideError(AsyncdapoError, ValueError):
     """An override is not `dotted.key=value`, or walks into a value that is not a section."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
 
 
 def is_override(arg: str) -> bool:
@@ -37,7 +42,9 @@ def parse_override(arg: str) -> tuple[list[str], str]:
     key, sep, raw = arg.partition("=")
     key = key.lstrip("+")  # Hydra's "+key=value" (add a key) reads the same here
     if not sep or not _KEY.match(key):
-        raise OverrideError(f"override {arg!r}: expected dotted.key=value, e.g. trainer.lr=3e-6")
+        raise OverrideError(
+            Problem(f"override {arg!r}", "", "expected dotted.key=value, e.g. trainer.lr=3e-6")
+        )
     return key.split("."), raw
 
 
@@ -92,7 +99,14 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], model: type[
                 child = node[part] = {}
             if not isinstance(child, dict):
                 where = ".".join(path[: i + 1])
-                raise OverrideError(f"override {arg!r}: {where} is a value ({child!r}), not a section")
+                raise OverrideError(
+                    Problem(
+                        ".".join(path),
+                        f"{where} is a value ({show(child)}), not a section",
+                        f"only keys of a section can be set below {where}",
+                        origin=arg,
+                    )
+                )
             node = child
         node[path[-1]] = _value(raw, _kinds(_annotation(model, path)))
     return out

@@ -79,12 +79,13 @@ def apply_password_flag(args: argparse.Namespace) -> None:
 def _auth_error(url: str, err: Exception) -> AsyncdapoError:
     given = "is set" if redis_password() else "is not set"
     return AsyncdapoError(
-        f"Redis at {_redacted(url)} refused our credentials ({err}); the password comes from "
+        f"Redis at {redacted_url(url)} refused our credentials ({err}); the password comes from "
         f"{PASSWORD_FLAG} or the environment variable {PASSWORD_ENV} (which {given})"
     )
 
 
-def _redacted(url: str) -> str:
+def redacted_url(url: str) -> str:
+    """`url` with its credentials replaced by ***, for messages and logs."""
     head, at, tail = url.rpartition("@")
     return f"{head.split('//', 1)[0]}//***@{tail}" if at else url
 

@@ -13,7 +13,12 @@ from asyncdapo.redis_conn import add_password_flag
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "up", help="run a whole training run locally (Redis, verifier, gateways, scheduler, trainer)"
+        "up",
+        help="run a whole training run locally (Redis, verifier, gateways, scheduler, trainer)",
+        description="Runs a whole training run on this machine. Before it starts anything it checks "
+        "that the data files load, that model.path is a model (a directory, or a Hub id in the local "
+        "Hugging Face cache, downloaded when the Hub can be reached) and that --redis-url answers; "
+        "it exits 2 naming every problem.",
     )
     p.add_argument("config", help="run config YAML")
     add_overrides_argument(p)
@@ -67,6 +72,7 @@ def _up(args: argparse.Namespace) -> int:
     from asyncdapo.local.run import prepare_run_dir, run_local, write_resolved_config
     from asyncdapo.local.stack import StackOptions
     from asyncdapo.local.supervisor import interrupt_on
+    from asyncdapo.preflight import PreflightError, preflight
     from asyncdapo.redis_conn import apply_password_flag
     from asyncdapo.tracking import check_tracking
 
@@ -80,6 +86,11 @@ def _up(args: argparse.Namespace) -> int:
     labels = gateway_labels(args.pools, args.gateways)
     if (note := pdsr_pool_note(cfg.rollout.long_tail.policy.value, labels)) is not None:
         print(f"warning: {note}", flush=True)
+    # Data, model and Redis before any process starts or the run directory is touched: a missing
+    # file is named now, not by the trainer after the whole stack came up.
+    problems = preflight(cfg, redis_url=args.redis_url, max_model_len=args.max_model_len, engine=args.engine)
+    if problems:
+        raise PreflightError(problems, f"{args.config}: cannot start")
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
     prepare_run_dir(run_dir, fresh=args.fresh, resume=args.resume)
     # The resolved config (overrides applied, every default spelled out) is what the services

@@ -138,10 +138,10 @@ def _manifests(args: argparse.Namespace) -> int:
 
 def _render(args: argparse.Namespace) -> int:
     import yaml
-    from pydantic import ValidationError
 
+    from asyncdapo.config_problems import render
     from asyncdapo.operator.desired import DesiredStateError, Lifecycle, RunRef, desired_state
-    from asyncdapo.operator.spec import parse_spec
+    from asyncdapo.operator.spec import SpecError, parse_spec
 
     with open(args.file) as f:
         docs = [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "TrainingRun"]
@@ -158,7 +158,10 @@ def _render(args: argparse.Namespace) -> int:
             # the password itself is never rendered: only the Secret that holds it is named
             defaults = _defaults(args, args.kuberay, "(set)" if args.default_redis_auth else None)
             out += desired_state(spec, ref, defaults, Lifecycle(args.lifecycle))
-        except (ValidationError, DesiredStateError, ValueError) as err:
+        except SpecError as err:
+            print(render(f"{args.file}: TrainingRun {name!r}: invalid spec", err.problems), file=sys.stderr)
+            return 1
+        except (DesiredStateError, ValueError) as err:
             print(f"{args.file}: TrainingRun {name!r}: {err}", file=sys.stderr)
             return 1
     sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False))

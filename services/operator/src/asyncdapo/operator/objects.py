@@ -182,15 +182,17 @@ def redis_url(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults) ->
     if r.url is not None:
         if r.password_secret_ref is not None and "@" in urlsplit(r.url).netloc:
             raise DesiredStateError(
-                "InvalidSpec", "spec.redis.url must not carry credentials when passwordSecretRef is set"
+                "InvalidSpec",
+                "spec.redis.url: a URL with credentials given; must carry none when passwordSecretRef is "
+                "set (the password comes from that Secret)",
             )
         return r.url
     if defaults.redis_url:
         return defaults.redis_url
     raise DesiredStateError(
         "NoRedis",
-        "spec.redis: set url or managed; this operator has no default Redis "
-        "(install the chart with redis.enabled=true or redis.external.url)",
+        "spec.redis: neither url nor managed given; this operator has no default Redis, so set one "
+        "(or install the chart with redis.enabled=true or redis.external.url)",
     )
 
 

@@ -16,10 +16,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from asyncdapo.config import RunConfig
+from asyncdapo.config_problems import Problem, ProblemKind, conflict, problems_of, show
 
 API_GROUP = "asyncdapo.io"
 API_VERSION = "v1alpha1"
@@ -103,9 +104,15 @@ class EnvVarSource(_K8sModel):
     @model_validator(mode="after")
     def _one_source(self) -> EnvVarSource:
         sources = (self.secret_key_ref, self.config_map_key_ref, self.field_ref, self.resource_field_ref)
-        if sum(s is not None for s in sources) != 1:
-            raise ValueError(
-                "valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef"
+        if (given := sum(s is not None for s in sources)) != 1:
+            raise conflict(
+                [
+                    Problem(
+                        "",
+                        f"{given} sources given",
+                        "set exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef",
+                    )
+                ]
             )
         return self
 
@@ -131,7 +138,7 @@ class EnvVar(_K8sModel):
     @model_validator(mode="after")
     def _value_or_source(self) -> EnvVar:
         if self.value is not None and self.value_from is not None:
-            raise ValueError(f"env {self.name}: set value or valueFrom, not both")
+            raise conflict([Problem("", f"value and valueFrom given for {self.name}", "set one, not both")])
         return self
 
     def manifest(self) -> dict[str, Any]:
@@ -222,7 +229,7 @@ class GatewaySpec(Placement):
     def _unique_pools(self) -> GatewaySpec:
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
-            raise ValueError(f"gateway.pools: each name at most once, got {names}")
+            raise conflict([Problem("pools", f"names {show(names)} given", "each name at most once")])
         return self
 
 
@@ -235,7 +242,15 @@ class AutoscalingSpec(_K8sModel):
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:
         if self.max_replicas < self.min_replicas:
-            raise ValueError("verifier.autoscaling.maxReplicas must be >= minReplicas")
+            raise conflict(
+                [
+                    Problem(
+                        "maxReplicas",
+                        f"{self.max_replicas} given",
+                        f"must be >= minReplicas ({self.min_replicas})",
+                    )
+                ]
+            )
         return self
 
 
@@ -327,7 +342,7 @@ class RedisSpec(_K8sModel):
     @model_validator(mode="after")
     def _one_source(self) -> RedisSpec:
         if self.url is not None and self.managed is not None:
-            raise ValueError("set redis.url or redis.managed, not both")
+            raise conflict([Problem("", "url and managed given", "set redis.url or redis.managed, not both")])
         return self
 
 
@@ -370,7 +385,10 @@ class StorageSpec(_K8sModel):
     @model_validator(mode="after")
     def _claim_or_size(self) -> StorageSpec:
         if (self.claim_name is None) == (self.size is None):
-            raise ValueError("set storage.claimName (an existing PVC) or storage.size (a new one)")
+            given = "neither claimName nor size given" if self.size is None else "claimName and size given"
+            raise conflict(
+                [Problem("", given, "set storage.claimName (an existing PVC) or storage.size (a new one)")]
+            )
         return self
 
 
@@ -381,31 +399,6 @@ class PrepareSpec(_K8sModel):
     command: list[str] = Field(min_length=1, max_length=64, description="argv, e.g. [sh, -c, '...'].")
     resources: Resources = Field(default_factory=Resources)
     backoff_limit: int = Field(2, ge=0, le=100)
-
-
-def _publish_needs_staleness(run: RunConfig) -> str | None:
-    t = run.trainer
-    if t.publish_every > 1 and run.rollout.max_staleness < t.publish_every - 1:
-        return (
-            f"run.trainer.publish_every={t.publish_every} needs run.rollout.max_staleness >= "
-            f"{t.publish_every - 1} (groups come from published versions only)"
-        )
-    return None
-
-
-def _workers_fit_a_mini_batch(run: RunConfig) -> str | None:
-    t = run.trainer
-    if t.workers > t.ppo_mini_batch_size * run.rollout.n:
-        return (
-            f"run.trainer.workers={t.workers} exceeds the {t.ppo_mini_batch_size * run.rollout.n} responses "
-            "of a mini-batch (run.trainer.ppo_mini_batch_size x run.rollout.n)"
-        )
-    return None
-
-
-# The trainer refuses these at start (asyncdapo.trainer.loop.check_config); the operator and the
-# API server refuse them at admission, so that a run never starts only to crash-loop.
-TRAINER_RULES = (_publish_needs_staleness, _workers_fit_a_mini_batch)
 
 
 class TrainingRunSpec(_K8sModel):
@@ -456,17 +449,19 @@ class TrainingRunSpec(_K8sModel):
 
     @model_validator(mode="after")
     def _workload_rules(self) -> TrainingRunSpec:
-        """The cross-field rules that involve the workload or the trainer's own checks (the CRD has
-        the same as CEL rules: crd.SPEC_RULES and crd.RUN_RULES)."""
+        """The cross-field rules that involve the workload (the CRD has the same as CEL rules:
+        crd.SPEC_RULES; the run's own are RunConfig's, crd.RUN_RULES)."""
         t = self.run.trainer
         if t.gpus_per_worker is not None and t.gpus_per_worker != self.trainer.gpus_per_worker:
-            raise ValueError(
-                f"run.trainer.gpus_per_worker ({t.gpus_per_worker}) must equal trainer.gpusPerWorker "
-                f"({self.trainer.gpus_per_worker}) or be left out"
+            raise conflict(
+                [
+                    Problem(
+                        "run.trainer.gpus_per_worker",
+                        f"{t.gpus_per_worker} given",
+                        f"must equal trainer.gpusPerWorker ({self.trainer.gpus_per_worker}) or be left out",
+                    )
+                ]
             )
-        for rule in TRAINER_RULES:
-            if (msg := rule(self.run)) is not None:
-                raise ValueError(msg)
         return self
 
 
@@ -530,17 +525,53 @@ class TrainingRunStatus(_K8sModel):
         return c is not None and c.status == "True"
 
 
+# Patterns named in words in error messages (a quantity's regular expression helps nobody).
+PATTERN_NAMES = {
+    QUANTITY_PATTERN: "a Kubernetes quantity such as 4, 500m or 32Gi",
+    _K8S_NAME: "a DNS label (lowercase letters, digits and '-')",
+    _DNS_SUBDOMAIN: "a DNS subdomain (lowercase letters, digits, '-' and '.')",
+}
+
+
+class SpecError(ValueError):
+    """A TrainingRun spec the operator cannot run: one problem per wrong field, each in the one
+    style of every configuration mistake (`spec.run.rollout.n: 0 given; must be >= 1`), one a
+    line; `problems` holds them as data."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+def spec_problems(err: ValidationError) -> list[Problem]:
+    """The problems of a TrainingRunSpec validation error, with `spec.`-rooted field paths (and a
+    "did you mean" for a misspelt key, over the spec's fields and RunConfig's)."""
+    return problems_of(err, TrainingRunSpec, prefix="spec.", patterns=PATTERN_NAMES)
+
+
 def parse_spec(spec: dict[str, Any], name: str) -> TrainingRunSpec:
     """Validate a TrainingRun spec; `run.name` defaults to the resource name and must equal it.
 
-    Raises pydantic.ValidationError (wrong fields are named by their dotted path) or ValueError.
+    Raises SpecError naming every wrong field by its dotted path.
     """
     spec = dict(spec)
     run = dict(spec.get("run") or {})
     if run.setdefault("name", name) != name:
-        raise ValueError(f"spec.run.name ({run['name']!r}) must equal metadata.name ({name!r})")
+        raise SpecError(
+            [
+                Problem(
+                    "spec.run.name",
+                    f"{show(run['name'])} given",
+                    f"must equal metadata.name ({name!r}) or be left out",
+                    kind=ProblemKind.CONFLICT,
+                )
+            ]
+        )
     spec["run"] = run
-    return TrainingRunSpec.model_validate(spec)
+    try:
+        return TrainingRunSpec.model_validate(spec)
+    except ValidationError as err:
+        raise SpecError(spec_problems(err)) from None
 
 
 def parse_status(status: dict[str, Any] | None) -> TrainingRunStatus:
