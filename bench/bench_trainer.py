@@ -9,7 +9,10 @@ showing how the split moves when rollout is the bottleneck.
 
 Baseline, measured in the same run on the same batch: the bare update (old-log-prob pass + PPO
 mini/micro-batch update, no Redis, no checkpoint, no publish). `overhead_ratio = step_s /
-bare_update_s` is what the trainer's I/O and bookkeeping cost on top of the math.
+bare_update_s` is what the trainer's I/O and bookkeeping cost on top of the math. The bare update is
+also timed with `algorithm.old_log_prob: rollout` (the engines' log-probs, no pass before the update),
+alternating with the default `recompute` on the same batch and weights: `rollout_saving` is the
+share of the bare update's CPU time that the skipped pass costs.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, tmp: Path) -> None:
 
-    from asyncdapo.config import parse_run_config
+    from asyncdapo.config import OldLogProbSource, parse_run_config
     from asyncdapo.data.synth import synth_splits
     from asyncdapo.data.verl_format import write_examples
     from asyncdapo.local.redis_server import RedisServer
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     from asyncdapo.trainer.dist import DistContext
     from asyncdapo.trainer.loop import Trainer, TrainerOptions
     from asyncdapo.trainer.model import compute_log_probs
-    from asyncdapo.trainer.update import ppo_update, rows_of_rank
+    from asyncdapo.trainer.update import old_log_probs, ppo_update, rows_of_rank
 
     model_dir = args.model
     if model_dir is None:
@@ -132,16 +135,23 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         batch = build_batch(groups[: args.batch], trainer.pad_id)
         dist = DistContext()
         rows = rows_of_rank(batch, trainer.settings.groups_per_mini_batch, dist)
-        bare = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            old, _ = compute_log_probs(trainer.model, batch.select(rows), micro_batch_size=16, temperature=1.0,
-                                       precision=trainer.precision)  # fmt: skip
-            adv = grpo_advantages(batch.rewards, batch.group_ordinal)
-            ppo_update(
-                trainer.model, trainer.optimizer, batch, adv, old, trainer.settings, dist, trainer.precision
-            )
-            bare.append(time.perf_counter() - t0)
+        bare: dict[OldLogProbSource, list[tuple[float, float]]] = {s: [] for s in OldLogProbSource}
+
+        def recompute(rows: list[int], with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            lp, ent = compute_log_probs(trainer.model, batch.select(rows), micro_batch_size=16, temperature=1.0,
+                                        precision=trainer.precision, with_entropy=with_entropy)  # fmt: skip
+            return lp, ent if ent is not None else torch.zeros_like(lp)  # rows == every row here
+
+        for _ in range(5):  # alternate the modes: both see the same machine load
+            for source in OldLogProbSource:
+                t0, c0 = time.perf_counter(), time.process_time()
+                old, _, _ = old_log_probs(source, batch, rows, recompute)
+                adv = grpo_advantages(batch.rewards, batch.group_ordinal)
+                ppo_update(
+                    trainer.model, trainer.optimizer, batch, adv, old, trainer.settings, dist, trainer.precision,
+                    first_epoch_stats=source is OldLogProbSource.ROLLOUT,
+                )  # fmt: skip
+                bare[source].append((time.perf_counter() - t0, time.process_time() - c0))
 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in records)
@@ -150,16 +160,21 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     for r in records:
         print(f"{r['step']:>4} {r['timing/wait_s']:8.3f} {r['timing/compute_s']:9.3f} "
               f"{r['timing/checkpoint_s']:7.3f} {r['timing/publish_s']:9.3f} {r['timing/step_s']:7.3f}")  # fmt: skip
-    step_s, bare_s = med("timing/step_s"), statistics.median(bare)
+    step_s = med("timing/step_s")
+    bare_s, bare_cpu = (statistics.median(x[i] for x in bare[OldLogProbSource.RECOMPUTE]) for i in (0, 1))
+    ro_s, ro_cpu = (statistics.median(x[i] for x in bare[OldLogProbSource.ROLLOUT]) for i in (0, 1))
     tokens = statistics.median(r["response_length/mean"] * r["batch/responses"] for r in records)
     print(f"median: step {step_s:.3f}s = wait {med('timing/wait_s'):.3f} + compute {med('timing/compute_s'):.3f} "
           f"+ checkpoint {med('timing/checkpoint_s'):.3f} + publish {med('timing/publish_s'):.3f} "
           f"(snapshot {med('timing/snapshot_s'):.3f}); {tokens / step_s:.0f} response tokens/s")  # fmt: skip
-    print(f"baseline bare update (old log-probs + PPO update, no I/O): {bare_s:.3f}s")
+    print(f"baseline bare update (old log-probs + PPO update, no I/O): {bare_s:.3f}s (cpu {bare_cpu:.3f}s)")
+    print(f"  with old_log_prob rollout (no pass before the update): {ro_s:.3f}s (cpu {ro_cpu:.3f}s), "
+          f"saving {bare_cpu - ro_cpu:.3f} cpu-s = {1 - ro_cpu / bare_cpu:.0%}")  # fmt: skip
     print(
         f"RESULT step_s={step_s:.3f} wait_frac={med('timing/wait_frac'):.3f} publish_s={med('timing/publish_s'):.3f} "
         f"checkpoint_s={med('timing/checkpoint_s'):.3f} compute_s={med('timing/compute_s'):.3f} "
-        f"bare_update_s={bare_s:.3f} overhead_ratio={step_s / bare_s:.2f}"
+        f"bare_update_s={bare_s:.3f} overhead_ratio={step_s / bare_s:.2f} "
+        f"bare_cpu_s={bare_cpu:.3f} rollout_bare_cpu_s={ro_cpu:.3f} rollout_saving={1 - ro_cpu / bare_cpu:.3f}"
     )
 
 

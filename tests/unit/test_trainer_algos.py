@@ -149,8 +149,26 @@ def test_agg_loss_hand_computed_modes() -> None:
     assert agg_loss(loss, mask, "token-mean").item() == pytest.approx(10 / 4)
     assert agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
     assert agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
+    # Dr. GRPO: row sums over the constant horizon, averaged over the 2 unmasked rows
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", horizon=8).item() == pytest.approx(
+        (6 / 8 + 4 / 8) / 2
+    )
     with pytest.raises(ValueError):
         agg_loss(loss, mask, "token-sum")
+    with pytest.raises(ValueError, match="horizon"):
+        agg_loss(loss, mask, "seq-mean-token-sum-norm")  # the constant must be given, never the width
+
+
+def test_seq_mean_token_sum_norm_does_not_depend_on_the_padded_width() -> None:
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    wider = torch.nn.functional.pad(loss, (0, 5), value=7.0)  # a batch with a longer response elsewhere
+    wider_mask = torch.nn.functional.pad(mask, (0, 5))
+    got = agg_loss(loss, mask, "seq-mean-token-sum-norm", horizon=16)
+    assert agg_loss(wider, wider_mask, "seq-mean-token-sum-norm", horizon=16).item() == pytest.approx(
+        got.item()
+    )
+    assert got.item() == pytest.approx((6 + 4) / 16 / 2)
 
 
 def test_agg_loss_micro_batches_with_global_normalisers_sum_to_whole() -> None:
@@ -159,16 +177,16 @@ def test_agg_loss_micro_batches_with_global_normalisers_sum_to_whole() -> None:
     mask = (torch.rand(6, 5, generator=g) > 0.3).float()
     mask[2] = 0
     n_tok, n_seq = mask.sum(), (mask.sum(-1) > 0).sum()
-    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
-        whole = agg_loss(loss, mask, mode)
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        whole = agg_loss(loss, mask, mode, horizon=7)
         parts = sum(
-            agg_loss(loss[i : i + 2], mask[i : i + 2], mode, num_tokens=n_tok, num_seqs=n_seq)
+            agg_loss(loss[i : i + 2], mask[i : i + 2], mode, num_tokens=n_tok, num_seqs=n_seq, horizon=7)
             for i in range(0, 6, 2)
         )
         assert parts.item() == pytest.approx(whole.item(), rel=1e-5), mode
         # two data-parallel replicas, gradients averaged: each scales by dp_size
         reps = [
-            agg_loss(loss[r::2], mask[r::2], mode, num_tokens=n_tok, num_seqs=n_seq, dp_size=2)
+            agg_loss(loss[r::2], mask[r::2], mode, num_tokens=n_tok, num_seqs=n_seq, dp_size=2, horizon=7)
             for r in range(2)
         ]
         assert ((reps[0] + reps[1]) / 2).item() == pytest.approx(whole.item(), rel=1e-5), mode
@@ -252,7 +270,7 @@ def _ref_token_loss(old: float, new: float, a: float, w: float) -> tuple[float, 
     return loss * w, clipped, lower
 
 
-def _ref_policy_loss(old, new, adv, mask, weights, mode):  # type: ignore[no-untyped-def]
+def _ref_policy_loss(old, new, adv, mask, weights, mode, horizon):  # type: ignore[no-untyped-def]
     rows, tok_sum, tok_n, clip_n, lower_n, kl_sum = [], 0.0, 0, 0, 0, 0.0
     for r in range(len(old)):
         row_losses = []
@@ -272,6 +290,8 @@ def _ref_policy_loss(old, new, adv, mask, weights, mode):  # type: ignore[no-unt
         agg = tok_sum / tok_n if tok_n else 0.0
     elif mode == "seq-mean-token-sum":
         agg = sum(sum(r) for r in rows) / len(rows) if rows else 0.0
+    elif mode == "seq-mean-token-sum-norm":
+        agg = sum(sum(r) / horizon for r in rows) / len(rows) if rows else 0.0
     else:
         agg = sum(sum(r) / len(r) for r in rows) / len(rows) if rows else 0.0
     n = max(tok_n, 1)
@@ -279,7 +299,9 @@ def _ref_policy_loss(old, new, adv, mask, weights, mode):  # type: ignore[no-unt
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+)
 def test_cross_check_against_reference_on_random_inputs(seed: int, mode: str) -> None:
     rnd = random.Random(seed)
     bs, length = rnd.randint(1, 9), rnd.randint(1, 12)
@@ -299,8 +321,11 @@ def test_cross_check_against_reference_on_random_inputs(seed: int, mode: str) ->
     weights = [[min(math.exp(rnd.gauss(0, 0.5)), 2.0) for _ in range(length)] for _ in range(bs)]
 
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    loss, m = policy_loss(t(old), t(new), t(adv), t(mask), loss_agg_mode=mode, tis_weight=t(weights), **CLIP)
-    ref_loss, ref_clip, ref_lower, ref_kl = _ref_policy_loss(old, new, adv, mask, weights, mode)
+    horizon = length + rnd.randint(0, 20)  # data.max_response_length: at least the padded width
+    loss, m = policy_loss(
+        t(old), t(new), t(adv), t(mask), loss_agg_mode=mode, tis_weight=t(weights), horizon=horizon, **CLIP
+    )
+    ref_loss, ref_clip, ref_lower, ref_kl = _ref_policy_loss(old, new, adv, mask, weights, mode, horizon)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-6, abs=1e-9)
     assert m["pg_clipfrac"].item() == pytest.approx(ref_clip, abs=1e-6)
     assert m["pg_clipfrac_lower"].item() == pytest.approx(ref_lower, abs=1e-6)

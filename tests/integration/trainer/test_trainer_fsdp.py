@@ -242,3 +242,77 @@ def test_gathered_checkpoint_loads_back_into_shards_and_snapshots(sharded: Path)
     snap = AutoModelForCausalLM.from_pretrained(sharded / "ckpt" / "weights" / "v1", dtype=torch.float32)
     for k, v in snap.state_dict().items():
         assert torch.equal(v, saved["model"][k].to(torch.bfloat16).float()), k
+
+
+# ----------------------------------------------------------------------------- old log-probs
+
+
+def _fallback_worker(rank: int, world: int, port: int, out: str) -> None:
+    """old_log_prob rollout on a sharded model where only rank 1 has rows without behaviour
+    log-probs: rank 0 must still join the forward passes (one row), or rank 1's all-gathers hang."""
+    import torch.distributed as tdist
+
+    from asyncdapo.config import OldLogProbSource
+    from asyncdapo.trainer.fsdp import Sharding
+    from asyncdapo.trainer.update import old_log_probs, rows_of_rank
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist = DistContext(rank=rank, world=world)
+    try:
+        cfg = _config("fsdp", False)
+        model = Sharding(cfg.trainer, dist, torch.float32).wrap(_base_model())
+        batch = build_batch(_fallback_groups(), 0)
+        mine = rows_of_rank(batch, cfg.trainer.ppo_mini_batch_size, dist)
+        calls: list[list[int]] = []
+        prec = Precision(torch.float32, torch.device("cpu"))
+
+        def recompute(rows: list[int], with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            calls.append(rows)
+            lp, _ = compute_log_probs(model, batch.select(rows), micro_batch_size=2, temperature=1.0,
+                                      precision=prec, with_entropy=with_entropy)  # fmt: skip
+            full = torch.zeros_like(batch.response_mask)
+            full[rows] = lp
+            return full, torch.zeros_like(full)
+
+        old, _, fallback = old_log_probs(OldLogProbSource.ROLLOUT, batch, mine, recompute)
+        torch.save(
+            {"old": old, "mine": mine, "calls": calls, "fallback": fallback}, Path(out) / f"rank{rank}.pt"
+        )
+    finally:
+        tdist.destroy_process_group()
+
+
+FALLBACK_ROWS = (1, 3, 5)  # rows of rank 1 (rank r owns rows[r::2] of each mini-batch)
+
+
+def _fallback_groups() -> list[rollout_pb2.Group]:
+    """_groups() with behaviour log-probs -1 on every token, except the responses of FALLBACK_ROWS."""
+    groups = _groups()
+    for i, r in enumerate(x for g in groups for x in g.responses):
+        if i not in FALLBACK_ROWS:
+            r.logprobs[:] = [-1.0] * len(r.token_ids)
+    return groups
+
+
+def test_rollout_log_prob_fallback_runs_on_every_rank_of_a_sharded_model(
+    tmp_path: Path,
+) -> None:
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_fallback_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["calls"] == [r0["mine"][:1]]  # nothing of its own to recompute: one row, in step
+    assert r1["calls"] == [list(FALLBACK_ROWS)]
+    assert r0["fallback"] == r1["fallback"] == list(FALLBACK_ROWS)
+    batch = build_batch(_fallback_groups(), 0)
+    prec = Precision(torch.float32, torch.device("cpu"))
+    expected, _ = compute_log_probs(
+        _base_model(), batch, micro_batch_size=16, temperature=1.0, precision=prec
+    )
+    mask = batch.response_mask.bool()
+    for row in FALLBACK_ROWS:  # the current weights' values, as one process computes them
+        assert torch.allclose(r1["old"][row][mask[row]], expected[row][mask[row]], atol=1e-5), row
+    for row in r0["mine"]:  # the engine's values
+        assert torch.equal(r0["old"][row][mask[row]], torch.full((int(mask[row].sum()),), -1.0)), row

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from asyncdapo.config import ConfigError
 from asyncdapo.prompts import PromptRecord
 from asyncdapo.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
 from asyncdapo.trainer.batch import build_batch
@@ -118,6 +119,57 @@ def test_loss_falls_on_a_fixed_batch(
 
 
 def test_publish_every_needs_staleness(make_config: Any, tmp_path: Path, redis_url: str) -> None:
-    cfg = make_config(tmp_path, trainer__publish_every=3)
+    # the run config refuses it (so do `config check`, `up` and the operator) ...
+    with pytest.raises(
+        ConfigError, match=r"trainer\.publish_every: 3 given; needs rollout\.max_staleness >= 2"
+    ):
+        make_config(tmp_path, trainer__publish_every=3)
+    # ... and the trainer still does, for a config changed a section at a time past that check
+    cfg = make_config(tmp_path)
+    cfg.trainer.publish_every = 3
     with pytest.raises(TrainerConfigError, match="max_staleness >= 2"):
         Trainer(cfg, TrainerOptions(redis_url, tmp_path))
+    # on the exact s: 1.5 has a window of 2, but its bound cannot cover the 3 steps of a version
+    with pytest.raises(ConfigError, match=r"needs rollout\.max_staleness >= 2 \(1\.5 given\)"):
+        make_config(tmp_path, trainer__publish_every=3, rollout__max_staleness=1.5)
+    cfg.rollout.max_staleness = 1.5
+    with pytest.raises(TrainerConfigError, match="max_staleness >= 2"):
+        Trainer(cfg, TrainerOptions(redis_url, tmp_path))
+
+
+def test_rollout_old_log_probs_skip_the_pass_and_cosine_lr_decays(
+    tmp_path: Path, make_config: Any, rollout: Any, redis_url: str, redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import asyncdapo.trainer.loop as loop_module
+
+    cfg = make_config(
+        tmp_path / "ckpt", algorithm__old_log_prob="rollout", trainer__total_steps=3,
+        trainer__lr_schedule="cosine", trainer__min_lr_ratio=0.5,
+        trainer__ppo_mini_batch_size=2,  # one mini-batch: the update's first pass sees pi_old exactly
+    )  # fmt: skip
+    passes: list[int] = []
+    real = loop_module.compute_log_probs
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        passes.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(loop_module, "compute_log_probs", counted)
+    keys = RunKeys(cfg.name)
+    trainer = Trainer(cfg, TrainerOptions(redis_url, tmp_path / "out", max_wait_s=20, poll_ms=100))
+    try:
+        records = iter(rollout.records(30, epoch=5))
+        rollout.produce(redis_client, keys, records, 2, version=0)
+        r1 = trainer.train_step()
+        rollout.produce(redis_client, keys, records, 2, version=1)
+        r2 = trainer.train_step()
+    finally:
+        trainer.close()
+    assert passes == []  # every response carried its engine's log-probs: no pass before the update
+    # measured in the update instead; the double samples with the trainer's version-0 weights
+    assert abs(r1["rollout/kl"]) < 1e-4 and r1["actor/entropy"] > 0
+    assert r1["rollout/logprob_coverage"] == pytest.approx(1.0)
+    # cosine over total_steps 3, no warm-up: update k uses cos(pi k / 3) * 0.25 + 0.75
+    assert r1["lr"] == pytest.approx(cfg.trainer.lr)
+    assert r2["lr"] == pytest.approx(cfg.trainer.lr * 0.875)

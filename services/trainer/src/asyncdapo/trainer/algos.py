@@ -10,6 +10,8 @@ Invariants:
 - `agg_loss` ignores fully masked rows in the sequence modes, returns 0 (not NaN) when nothing is
   unmasked, and, given the global normalisers of a mini-batch, summing its value over micro-batches
   (and averaging over `dp_size` data-parallel replicas) equals the loss of the whole mini-batch.
+  `seq-mean-token-sum-norm` divides by a constant `horizon` (data.max_response_length), never by a
+  tensor's width: responses are padded to the batch's longest one, which changes from step to step.
 """
 
 from __future__ import annotations
@@ -79,16 +81,21 @@ def agg_loss(
     num_tokens: float | Tensor | None = None,
     num_seqs: float | Tensor | None = None,
     dp_size: int = 1,
+    horizon: float | None = None,
 ) -> Tensor:
     """Reduce a (batch, length) loss to a scalar.
 
     token-mean: sum over unmasked tokens / num_tokens; seq-mean-token-sum: mean over rows of the
-    row sums; seq-mean-token-mean: mean over rows of the row means. Fully masked rows do not count
-    as rows. `num_tokens` / `num_seqs` default to this batch's counts; pass the whole mini-batch's
-    (over every micro-batch and replica) for gradient accumulation, with `dp_size` the number of
-    replicas whose gradients are averaged.
+    row sums; seq-mean-token-mean: mean over rows of the row means; seq-mean-token-sum-norm (Dr.
+    GRPO): mean over rows of the row sums / `horizon` (required in that mode, the constant the
+    config sets: data.max_response_length). Fully masked rows do not count as rows. `num_tokens` /
+    `num_seqs` default to this batch's counts; pass the whole mini-batch's (over every micro-batch
+    and replica) for gradient accumulation, with `dp_size` the number of replicas whose gradients
+    are averaged.
     """
     mode = LossAggMode(mode)
+    if mode is LossAggMode.SEQ_MEAN_TOKEN_SUM_NORM and (horizon is None or horizon <= 0):
+        raise ValueError(f"loss_agg_mode {mode.value} needs a constant horizon > 0, got {horizon}")
     if mode is LossAggMode.TOKEN_MEAN:
         total = masked_sum(loss_mat, mask)
         denom = mask.sum() if num_tokens is None else num_tokens
@@ -97,6 +104,9 @@ def agg_loss(
         row_loss = masked_sum(loss_mat, mask, dim=-1)
         if mode is LossAggMode.SEQ_MEAN_TOKEN_MEAN:
             row_loss = row_loss / (row_tokens.to(row_loss.dtype) + 1e-8)
+        elif mode is LossAggMode.SEQ_MEAN_TOKEN_SUM_NORM:
+            assert horizon is not None, "checked above"
+            row_loss = row_loss / horizon
         row_mask = row_tokens > 0
         total = masked_sum(row_loss, row_mask)
         denom = row_mask.sum() if num_seqs is None else num_seqs
@@ -128,6 +138,7 @@ def policy_loss(
     num_tokens: float | Tensor | None = None,
     num_seqs: float | Tensor | None = None,
     dp_size: int = 1,
+    horizon: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DAPO's clipped surrogate (verl `compute_policy_loss_vanilla`).
 
@@ -135,7 +146,8 @@ def policy_loss(
     1+high)) (decoupled clip), and for A < 0 additionally capped at -A*clip_ratio_c (dual clip).
     `tis_weight` (from `tis_weights`) multiplies the per-token loss. `advantages` is per response
     `(batch,)` or per token `(batch, length)`. Metrics are masked means over this batch's tokens:
-    pg_clipfrac, pg_clipfrac_lower, ppo_kl.
+    pg_clipfrac, pg_clipfrac_lower, ppo_kl (k1 estimate of KL(pi_old || pi), whatever `old_log_prob`
+    holds: recomputed or the engine's).
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
@@ -159,8 +171,9 @@ def policy_loss(
         per_token = per_token * tis_weight
 
     loss = agg_loss(
-        per_token, response_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, dp_size=dp_size
-    )
+        per_token, response_mask, loss_agg_mode,
+        num_tokens=num_tokens, num_seqs=num_seqs, dp_size=dp_size, horizon=horizon,
+    )  # fmt: skip
     metrics = {"pg_clipfrac": pg_clipfrac, "pg_clipfrac_lower": pg_clipfrac_lower, "ppo_kl": ppo_kl}
     return loss, metrics
 

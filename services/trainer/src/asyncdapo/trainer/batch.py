@@ -7,7 +7,10 @@ response]`, so every prompt ends at column `prompt_length - 1` and every respons
 
 Invariants: rows of one group are contiguous and in stream order; `group_ordinal[i]` is the position
 of row i's group in the batch (what advantages are grouped by) and `group_index[i]` its prompt id;
-a row's behaviour log-probs are usable only where `rollout_logprob_mask` is 1.
+a row's behaviour log-probs are usable only where `rollout_logprob_mask` is 1. A response carries
+its engine's log-prob for every token or for none (`validate_group`), so the mask is 1 on a whole
+row or 0 on a whole row: 0 only when the gateway reported no log-probs for that response (tokens
+resumed from an earlier request keep the log-probs their engine reported, `continuation_logprobs`).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class TrainBatch:
     rollout_log_probs: Tensor  # (N, R) float, 0 where unknown
     rollout_logprob_mask: Tensor  # (N, R) float: 1 where the engine reported a log-prob
     rewards: Tensor  # (N,) float: score + overlong penalty
-    scores: Tensor  # (N,) float
+    scores: Tensor  # (N,) float: reward.correct_reward or incorrect_reward
     acc: Tensor  # (N,) float
     truncated: Tensor  # (N,) bool: finish_reason LENGTH
     group_ordinal: Tensor  # (N,) long: position of the row's group in the batch (0, 0, .., 1, ..)
@@ -146,6 +149,12 @@ def build_batch(groups: Sequence[rollout_pb2.Group], pad_token_id: int) -> Train
         group_index=[g.prompt_id for g, _ in rows],
         prompt_length=p_len,
     )
+
+
+def rows_without_behaviour_log_probs(batch: TrainBatch) -> list[int]:
+    """Rows with a response token whose behaviour log-prob the engine did not report."""
+    unknown = (batch.response_mask > 0) & (batch.rollout_logprob_mask == 0)
+    return [int(i) for i in unknown.any(dim=-1).nonzero().flatten().tolist()]
 
 
 def group_row_ranges(batch: TrainBatch) -> list[tuple[int, int]]:

@@ -1,6 +1,10 @@
 """The training loop, top to bottom: wait for B groups → batch → old log-probs → advantages →
 PPO update → record → checkpoint → publish → XACK → (validate).
 
+Old log-probs (`algorithm.old_log_prob`): `recompute` runs the current weights over the batch
+before the update; `rollout` takes the engines' log-probs of the sampled tokens and skips that
+pass, except for responses whose gateway reported none: their rows fall back to recomputed values.
+
 Policy version == completed training steps. Step t trains the weights of version t on groups
 whose tokens come from versions in [t - s, t] and produces version t + 1.
 
@@ -31,7 +35,7 @@ from typing import Any
 
 import torch
 
-from asyncdapo.config import RunConfig
+from asyncdapo.config import OldLogProbSource, RunConfig
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.tracking import open_tracking
@@ -45,11 +49,12 @@ from asyncdapo.trainer.dist import DistContext
 from asyncdapo.trainer.fence import DEFAULT_LEASE_S, TrainerFence, TrainerFenced, default_trainer_id
 from asyncdapo.trainer.fsdp import Sharding, hf_model
 from asyncdapo.trainer.groups_reader import Entry, GroupDropReason, GroupsReader, classify, dropped_counter
+from asyncdapo.trainer.lr_schedule import make_lr_scheduler
 from asyncdapo.trainer.metrics import PREFIX, JsonlLog, MetricsSink, batch_metrics
 from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
 from asyncdapo.trainer.publish import VersionNotifier, publish, remove_snapshot_leftovers
 from asyncdapo.trainer.redis_io import RedisWaiter, connect
-from asyncdapo.trainer.update import UpdateSettings, ppo_update, rows_of_rank
+from asyncdapo.trainer.update import UpdateSettings, old_log_probs, ppo_update, rows_of_rank
 from asyncdapo.v1 import rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,8 @@ class TrainerOptions:
 
 def check_config(cfg: RunConfig) -> None:
     t, s = cfg.trainer, cfg.rollout.max_staleness
+    # on the exact s, not its window: steps v .. v + k - 1 train on groups of version v, so the bound
+    # floor((v + 1 + s)·B) must reach (v + k)·B
     if t.publish_every > 1 and s < t.publish_every - 1:
         raise TrainerConfigError(
             f"trainer.publish_every={t.publish_every} needs rollout.max_staleness >= {t.publish_every - 1}: "
@@ -109,6 +116,7 @@ class Trainer:
         self.counters: Counter[str] = Counter()
         self.fence: TrainerFence | None = None
         self._step_drops: list[tuple[str, str]] = []  # (stream id, reason) dropped for the coming step
+        self._warned_fallback = False  # old_log_prob rollout: warned once about rows recomputed instead
         try:
             self._setup()
         except BaseException as err:
@@ -137,11 +145,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
         )
-        warmup = t.warmup_steps
-        # update k (0-based) uses lr * min(1, (k + 1) / warmup): the first update already moves
-        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
-        )
+        # warm-up, then constant or cosine (lr_schedule.py); stepped once per training step
+        self.lr_scheduler = make_lr_scheduler(self.optimizer, t)
         self.store = CheckpointStore(self.ckpt_dir, writer=self.opts.trainer_id)
         if self.dist.is_main:
             self._acquire_fence()
@@ -190,7 +195,7 @@ class Trainer:
         self.feed = PromptFeed(
             self.redis, self.keys, examples, self.encode,
             watermark=cfg.data.prompt_queue_watermark, max_prompt_length=cfg.data.max_prompt_length,
-            seed=cfg.data.seed, shuffle=cfg.data.shuffle, fence=self.fence,
+            seed=cfg.data.seed, shuffle=cfg.data.shuffle, fence=self.fence, truncation=cfg.data.truncation,
         )  # fmt: skip
         ckpt_cursor = Cursor.from_dict(self.state.feed_cursor) if self.state.feed_cursor else None
         waiter.call(lambda _a: self.feed.restore(ckpt_cursor), "prompt feed cursor read")
@@ -276,7 +281,8 @@ class Trainer:
         batch = build_batch(groups, self.pad_id)
         dev_batch = batch.to(dist.device)
         mine = rows_of_rank(batch, self.settings.groups_per_mini_batch, dist)
-        old_lp, entropy = self._log_probs(self.model, dev_batch, mine, with_entropy=True)
+        from_rollout = cfg.algorithm.old_log_prob is OldLogProbSource.ROLLOUT
+        old_lp, entropy = self._old_log_probs(dev_batch, mine)
         ref_lp = None
         if self.ref_model is not None:
             ref_lp, _ = self._log_probs(self.ref_model, dev_batch, mine, with_entropy=False)
@@ -295,12 +301,15 @@ class Trainer:
         # 3. PPO update: mini-batches (optimizer steps) of micro-batches (gradient accumulation)
         update = ppo_update(
             self.model, self.optimizer, batch, adv, old_lp, self.settings, dist, self.precision,
-            tis_weight=tis, ref_log_prob=ref_lp,
+            tis_weight=tis, ref_log_prob=ref_lp, first_epoch_stats=from_rollout,
         )  # fmt: skip
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         self.state.step += 1
-        stats = self._batch_stats(batch, dev_batch, mine, old_lp, entropy, tis, version, groups)
+        # with rollout log-probs the update measures entropy and rollout/kl (update.py)
+        stats = self._batch_stats(
+            batch, dev_batch, mine, None if from_rollout else old_lp, entropy, tis, version, groups
+        )
         t_compute = time.perf_counter()
         maybe_crash(CrashPoint.AFTER_UPDATE, self.state.step)
 
@@ -341,7 +350,7 @@ class Trainer:
     def _wait_for_groups(self, version: int) -> list[tuple[str, bytes]]:
         """B groups trainable at `version`; drops (XACK + count) everything else it reads."""
         need = self.cfg.data.train_batch_size
-        s = self.cfg.rollout.max_staleness
+        window = self.cfg.staleness_window  # ceil(s)
         got: list[tuple[str, rollout_pb2.Group]] = []  # (stream id, group) of the trainable ones
         last_progress = time.monotonic()
         while len(got) < need:
@@ -352,7 +361,9 @@ class Trainer:
                 reason, detail = (
                     (e.error, e.detail)
                     if e.group is None
-                    else classify(e.group, version, s, self.vocab_size, self.cfg.data.max_response_length)
+                    else classify(
+                        e.group, version, window, self.vocab_size, self.cfg.data.max_response_length
+                    )
                 )
                 if reason is None:
                     assert e.group is not None, "an entry without a group carries its error"
@@ -377,6 +388,23 @@ class Trainer:
                 )
         return [(eid, group.SerializeToString()) for eid, group in got]
 
+    def _old_log_probs(
+        self, dev_batch: TrainBatch, mine: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """pi_old on the rows this rank trains, per `algorithm.old_log_prob` (update.old_log_probs)."""
+        old, entropy, fallback = old_log_probs(
+            self.cfg.algorithm.old_log_prob, dev_batch, mine,
+            lambda rows, with_entropy: self._log_probs(self.model, dev_batch, rows, with_entropy),
+        )  # fmt: skip
+        if fallback and not self._warned_fallback and self.dist.is_main:
+            log.warning(
+                "algorithm.old_log_prob is rollout but %d of %d responses carry no behaviour log-probs: "
+                "their old log-probs are recomputed with the current weights (rollout/logprob_coverage "
+                "shows the share each step)", len(fallback), dev_batch.size,
+            )  # fmt: skip
+            self._warned_fallback = True
+        return old, entropy
+
     def _log_probs(
         self, model: torch.nn.Module, batch: TrainBatch, rows: list[int], with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -399,8 +427,8 @@ class Trainer:
         batch: TrainBatch,
         dev_batch: TrainBatch,
         mine: list[int],
-        old_lp: torch.Tensor,
-        entropy: torch.Tensor,
+        old_lp: torch.Tensor | None,
+        entropy: torch.Tensor | None,
         tis: torch.Tensor | None,
         version: int,
         groups: list[rollout_pb2.Group],

@@ -164,8 +164,8 @@ def batch_metrics(
     batch: TrainBatch,
     dev_batch: TrainBatch,
     mine: list[int],
-    old_lp: torch.Tensor,
-    entropy: torch.Tensor,
+    old_lp: torch.Tensor | None,
+    entropy: torch.Tensor | None,
     tis: torch.Tensor | None,
     tis_cap: float | None,
     version: int,
@@ -175,7 +175,9 @@ def batch_metrics(
     """What a step trained on: rewards, lengths, entropy, rollout/trainer mismatch, staleness.
 
     `old_lp` / `entropy` / `tis` hold values only on the rows this rank computed (`mine`); their
-    sums are all-reduced, so every rank returns the same whole-batch figures.
+    sums are all-reduced, so every rank returns the same whole-batch figures. Without `old_lp`
+    (old log-probs taken from the rollout) there is no `rollout/kl`, without `entropy` no
+    `actor/entropy`: the update measures them then.
     """
     lengths = batch.response_lengths
     own = torch.zeros_like(dev_batch.response_mask)
@@ -184,8 +186,8 @@ def batch_metrics(
     known = mask * dev_batch.rollout_logprob_mask
     zero = torch.zeros((), device=mask.device)
     sums = torch.stack([
-        masked_sum(entropy, mask), mask.sum(),
-        masked_sum(dev_batch.rollout_log_probs - old_lp, known), known.sum(),
+        masked_sum(entropy, mask) if entropy is not None else zero, mask.sum(),
+        masked_sum(dev_batch.rollout_log_probs - old_lp, known) if old_lp is not None else zero, known.sum(),
         masked_sum(tis, mask) if tis is not None else zero,
         masked_sum((tis >= tis_cap).float(), mask) if tis is not None and tis_cap else zero,
     ]).double()  # fmt: skip
@@ -207,8 +209,9 @@ def batch_metrics(
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float(batch.truncated.float().mean()),
         "prompt_length/mean": float(batch.attention_mask[:, : batch.prompt_length].sum(-1).float().mean()),
-        "actor/entropy": float(sums[0]) / tok,
-        "rollout/kl": float(sums[2]) / known_tok,  # k1 estimate of KL(behaviour || pi_old)
+        **({"actor/entropy": float(sums[0]) / tok} if entropy is not None else {}),
+        # k1 estimate of KL(behaviour || pi_old)
+        **({"rollout/kl": float(sums[2]) / known_tok} if old_lp is not None else {}),
         "rollout/logprob_coverage": float(sums[3]) / tok,
         "rollout/token_staleness_mean": token_lag / n_tokens if n_tokens else 0.0,
         **{f"staleness/{k}": v for k, v in sorted(staleness.items())},

@@ -100,8 +100,10 @@ def forward_response(
     temperature: float,
     precision: Precision,
     with_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """(log-probs, entropy or None) of every response token, each (n, R); grads flow if enabled."""
+    """(log-probs, entropy or None) of every response token, each (n, R); grads flow if enabled
+    (`entropy_grad=False`: the entropy is only a metric, computed without a graph)."""
     r_len = batch.responses.shape[1]
     kwargs: dict[str, Any] = {}
     if _accepts_logits_to_keep(model):
@@ -116,7 +118,12 @@ def forward_response(
         )
     logits = out.logits[:, -(r_len + 1) : -1, :]
     log_probs = response_log_probs(logits, batch.responses, temperature)
-    entropy = response_entropy(logits, temperature) if with_entropy else None
+    entropy = None
+    if with_entropy and entropy_grad:
+        entropy = response_entropy(logits, temperature)
+    elif with_entropy:
+        with torch.no_grad():
+            entropy = response_entropy(logits.detach(), temperature)
     return log_probs, entropy
 
 

@@ -9,11 +9,17 @@ Every rank runs the same number of micro-batches per mini-batch (DDP all-reduces
 backward, FSDP all-gathers in every forward and reduce-scatters in every backward); a rank whose
 share runs out first repeats a row with weight 0. The same code trains a replica (DDP) or a shard
 (FSDP, fsdp.py): the gradient norm is global either way.
+
+With old log-probs from the rollout (`algorithm.old_log_prob: rollout`) no forward pass precedes
+the update, so the update's first epoch also measures what that pass would have: `actor/entropy`
+and `rollout/kl` (KL(behaviour || pi) on the tokens whose behaviour log-prob is known), each over
+the policy as its mini-batch is trained (pi_old for the first mini-batch), as verl's bypass mode.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -21,9 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from asyncdapo.config import RunConfig
-from asyncdapo.trainer.algos import agg_loss, low_var_kl, policy_loss
-from asyncdapo.trainer.batch import TrainBatch, group_row_ranges
+from asyncdapo.config import OldLogProbSource, RunConfig
+from asyncdapo.trainer.algos import agg_loss, low_var_kl, masked_sum, policy_loss
+from asyncdapo.trainer.batch import TrainBatch, group_row_ranges, rows_without_behaviour_log_probs
 from asyncdapo.trainer.dist import DistContext
 from asyncdapo.trainer.fsdp import clip_grad_norm, no_sync
 from asyncdapo.trainer.model import Precision, forward_response
@@ -42,6 +48,7 @@ class UpdateSettings:
     entropy_coeff: float
     kl_coef: float
     temperature: float
+    loss_horizon: int  # seq-mean-token-sum-norm's constant divisor: data.max_response_length
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> UpdateSettings:
@@ -58,6 +65,7 @@ class UpdateSettings:
             entropy_coeff=a.entropy_coeff,
             kl_coef=a.kl_coef,
             temperature=cfg.rollout.temperature or 1.0,
+            loss_horizon=cfg.data.max_response_length,
         )
 
 
@@ -67,6 +75,7 @@ class _Norm(TypedDict):
     num_tokens: Tensor
     num_seqs: Tensor
     dp_size: int
+    horizon: float
 
 
 def mini_batch_rows(batch: TrainBatch, groups_per_mini_batch: int) -> list[list[int]]:
@@ -91,6 +100,34 @@ def micro_chunks(rows: list[int], dist: DistContext, micro_batch_size: int) -> l
     return [list(map(int, c)) for c in np.array_split(np.asarray(dist.shard(rows), dtype=np.int64), n_micro)]
 
 
+# (rows, with_entropy) -> (log-probs, entropy) of the current weights, full-size (0 off `rows`)
+Recompute = Callable[[list[int], bool], tuple[Tensor, Tensor]]
+
+
+def old_log_probs(
+    source: OldLogProbSource, batch: TrainBatch, mine: list[int], recompute: Recompute
+) -> tuple[Tensor, Tensor | None, list[int]]:
+    """(pi_old on this rank's rows, entropy or None, the batch's rows that fell back to recompute).
+
+    `recompute`: the current weights on every row of `mine`, with entropy (one forward pass).
+    `rollout`: the engine's log-prob of each sampled token, no pass. A response whose gateway
+    reported no log-probs (a whole row, batch.py) falls back to the current weights' value, so the
+    ratio of its tokens starts at 1 as under `recompute`. That pass runs only when some row of the
+    whole batch needs it (every rank sees the whole batch and decides alike), over this rank's
+    such rows, or one row when it has none, so that a sharded model's collectives line up.
+    """
+    if source is OldLogProbSource.RECOMPUTE:
+        lp, ent = recompute(mine, True)
+        return lp, ent, []
+    behaviour = batch.rollout_log_probs
+    unknown = rows_without_behaviour_log_probs(batch)
+    if not unknown:
+        return behaviour, None, []
+    missing = sorted(set(mine) & set(unknown))
+    recomputed, _ = recompute(missing or mine[:1], False)
+    return torch.where(batch.rollout_logprob_mask.bool(), behaviour, recomputed), None, unknown
+
+
 def ppo_update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -102,22 +139,31 @@ def ppo_update(
     precision: Precision,
     tis_weight: Tensor | None = None,
     ref_log_prob: Tensor | None = None,
+    first_epoch_stats: bool = False,
 ) -> dict[str, float]:
-    """Run the update; returns metrics averaged over the whole batch (all ranks)."""
+    """Run the update; returns metrics averaged over the whole batch (all ranks).
+
+    `first_epoch_stats` (old log-probs from the rollout): also `actor/entropy` and `rollout/kl`
+    from the first epoch's forward passes (see the module docstring).
+    """
     s = settings
     model.train()
-    # sums over all ranks: [pg_loss, kl_loss, entropy, clipfrac*tok, lower*tok, ppo_kl*tok, tok]
-    acc = torch.zeros(7, dtype=torch.float64)
+    # sums over all ranks: [pg_loss, kl_loss, entropy_loss, clipfrac*tok, lower*tok, ppo_kl*tok, tok,
+    #                       first epoch: entropy*tok, tok, (behaviour - logp)*known, known]
+    acc = torch.zeros(11, dtype=torch.float64)
     grad_norms: list[float] = []
     skipped = 0
     n_mini = 0
-    for _ in range(s.ppo_epochs):
+    for epoch in range(s.ppo_epochs):
+        measure = first_epoch_stats and epoch == 0
         for rows in mini_batch_rows(batch, s.groups_per_mini_batch):
             n_mini += 1
             mask_all = batch.response_mask[rows]
             n_tok = mask_all.sum()
             n_seq = (mask_all.sum(-1) > 0).sum()
-            norm: _Norm = {"num_tokens": n_tok, "num_seqs": n_seq, "dp_size": dist.world}
+            norm: _Norm = {
+                "num_tokens": n_tok, "num_seqs": n_seq, "dp_size": dist.world, "horizon": s.loss_horizon
+            }  # fmt: skip
             chunks = micro_chunks(rows, dist, s.micro_batch_size)
             optimizer.zero_grad(set_to_none=True)
             for i, chunk in enumerate(chunks):
@@ -129,7 +175,7 @@ def ppo_update(
                 with no_sync(model, last=i == len(chunks) - 1):
                     logp, ent = forward_response(
                         model, mb, temperature=s.temperature, precision=precision,
-                        with_entropy=s.entropy_coeff > 0,
+                        with_entropy=s.entropy_coeff > 0 or measure, entropy_grad=s.entropy_coeff > 0,
                     )  # fmt: skip
                     pg, m = policy_loss(
                         old_log_prob[idx], logp, advantages[idx], mb.response_mask,
@@ -150,10 +196,18 @@ def ppo_update(
                         loss = loss + s.kl_coef * kl_term
                     (loss * weight).backward()
                 tok = float(mb.response_mask.sum()) * weight
+                first = [0.0, 0.0, 0.0, 0.0]
+                if measure:
+                    known = mb.response_mask * mb.rollout_logprob_mask
+                    first = [
+                        float(masked_sum(ent.detach(), mb.response_mask)) * weight if ent is not None else 0.0,
+                        tok, float(masked_sum(mb.rollout_log_probs - logp.detach(), known)) * weight,
+                        float(known.sum()) * weight,
+                    ]  # fmt: skip
                 acc += torch.tensor([
                     float(pg.detach()) * weight / dist.world, float(kl_term.detach()) * weight / dist.world,
                     float(ent_term.detach()) * weight / dist.world, float(m["pg_clipfrac"]) * tok,
-                    float(m["pg_clipfrac_lower"]) * tok, float(m["ppo_kl"]) * tok, tok,
+                    float(m["pg_clipfrac_lower"]) * tok, float(m["ppo_kl"]) * tok, tok, *first,
                 ], dtype=torch.float64)  # fmt: skip
             grad_norm = clip_grad_norm(model, s.grad_clip)
             if math.isfinite(grad_norm):
@@ -164,7 +218,14 @@ def ppo_update(
             optimizer.zero_grad(set_to_none=True)
     tot = dist.all_reduce_sum(acc).cpu()
     tok = max(float(tot[6]), 1.0)
+    first_epoch: dict[str, float] = {}
+    if first_epoch_stats:
+        first_epoch = {
+            "actor/entropy": float(tot[7]) / max(float(tot[8]), 1.0),
+            "rollout/kl": float(tot[9]) / max(float(tot[10]), 1.0),
+        }
     return {
+        **first_epoch,
         "actor/pg_loss": float(tot[0]) / n_mini,
         "actor/kl_loss": float(tot[1]) / n_mini,
         "actor/entropy_loss": float(tot[2]) / n_mini,
