@@ -198,7 +198,7 @@ BOUNDED_LABELS = {
     "outcome": "PromptOutcome enum", "reason": "enums of reasons", "gateway": "gateway addresses of the run",
     "code": "gRPC / HTTP status codes", "kind": "verifier error kinds", "why": "redispatch causes",
     "action": "long-tail actions", "finish_reason": "Finish enum", "cause": "AbortCause enum",
-    "status": "ItemStatus enum", "staleness": "0..max_staleness (<= 64)",
+    "status": "ItemStatus enum", "staleness": "0..ceil(max_staleness) (<= 64)",
     "path": "checkpoint_info keeps one series", "trigger": "kopf triggers", "result": "ok | error",
     "namespace": "operator: watched namespaces", "run": "operator: runs", "phase": "Phase enum",
 }  # fmt: skip

@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from asyncdapo.config import RunConfig
 from asyncdapo.prompts import PromptRecord
 from asyncdapo.scheduler.core import (
@@ -51,9 +53,7 @@ class Hand:
 
     def __post_init__(self) -> None:
         self.core = RolloutCore(self.cfg, pool_exists=lambda label: label in self.pools)
-        self.store = MemoryGroupStore(
-            self.run, self.cfg.data.train_batch_size, self.cfg.rollout.max_staleness
-        )
+        self.store = MemoryGroupStore(self.run, self.cfg.data.train_batch_size, self.cfg.staleness_window)
         self.queue = MemoryQueue(self.run, "s1")
         self.queue.store = self.store
         self.queue.take_over()
@@ -119,7 +119,7 @@ class Hand:
         for j in jobs:
             rule = j.ground_truth
             acc = {"mixed": float(j.idx % 2 == 0), "all1": 1.0, "all0": 0.0}[rule]
-            scored.append((j.task, j.idx, acc, acc, str(int(acc))))
+            scored.append((j.task, j.idx, acc, str(int(acc))))
         scores = self.core.scores_to_record(scored)
         owners = [self.core.tasks[(s.pid, s.attempt)] for s in scores]
         assert self.core.recorded(owners, scores, self.store.record(scores))
@@ -334,7 +334,7 @@ def test_an_outcome_waits_for_the_answer_of_a_record_whose_reply_was_lost() -> N
     rid = sorted(h.running)[0]
     h.complete(rid, 8)
     (job,) = h.to_score
-    scores = h.core.scores_to_record([(job.task, job.idx, 1.0, 1.0, "1")])
+    scores = h.core.scores_to_record([(job.task, job.idx, 1.0, "1")])
     owners = [job.task]
     h.store.record(scores)  # Redis counted it; the reply is lost
     h.do(h.core.stop(abort_in_flight=True, reason=RequeueReason.SHUTDOWN))
@@ -358,9 +358,9 @@ def test_a_group_redis_completed_under_a_lost_reply_is_committed_after_the_retry
     for rid in sorted(h.running):
         h.complete(rid, 8)
     first, second = sorted(h.to_score, key=lambda j: j.idx)
-    lost = h.core.scores_to_record([(first.task, first.idx, 1.0, 1.0, "1")])
+    lost = h.core.scores_to_record([(first.task, first.idx, 1.0, "1")])
     h.store.record(lost)  # Redis counted response 0; the reply is lost
-    scores = h.core.scores_to_record([(second.task, second.idx, 0.0, 0.0, "0")])
+    scores = h.core.scores_to_record([(second.task, second.idx, 0.0, "0")])
     assert h.core.recorded([second.task], scores, h.store.record(scores))
     assert second.task.group_complete  # ready in memory
     assert h.core.next_finish_batch(h.store.finish_call) == ([], [])  # the commit waits
@@ -380,7 +380,7 @@ def test_fenced_core_drops_everything_and_decides_nothing_more() -> None:
     other.take_over()
     for rid in sorted(h.running):
         h.complete(rid, 8)
-    scored = [(j.task, j.idx, 1.0, 1.0, "1") for j in h.to_score]
+    scored = [(j.task, j.idx, 1.0, "1") for j in h.to_score]
     scores = h.core.scores_to_record(scored)
     owners = [h.core.tasks[(s.pid, s.attempt)] for s in scores]
     assert not h.core.recorded(owners, scores, h.store.record(scores))  # refused: fenced
@@ -472,3 +472,87 @@ def test_pdsr_a_cancel_enters_what_its_responses_reached_into_the_window_as_cens
     assert list(h.core.probes.obs) == [*window, (36, False), (20, False)]
     h.do(h.core.stop(abort_in_flight=True))  # cancelled tasks are not censored twice
     assert list(h.core.probes.obs) == [*window, (36, False), (20, False)]
+
+
+def _scored_group(cfg: RunConfig, lengths: tuple[int, int]) -> rollout_pb2.Group:
+    """One `mixed` prompt (response 0 right, response 1 wrong) of the given lengths, committed."""
+    h = Hand(cfg)
+    h.push(["mixed"])
+    h.core.start()
+    h.admit()
+    for rid in sorted(h.running):
+        h.complete(rid, lengths[h.running[rid].idx])
+    h.score_all()
+    h.finish()
+    (g,) = h.groups()
+    return g
+
+
+def test_the_recorded_reward_is_the_configured_score_of_the_verdict_plus_the_overlong_penalty() -> None:
+    # max_response_length 64, overlong buffer 16: penalised from 48 tokens, -1 at 64
+    g = _scored_group(cfg_of(), (56, 64))
+    right, wrong = g.responses
+    assert (right.acc, right.score, right.overlong_penalty, right.reward) == (1.0, 1.0, -0.5, 0.5)
+    assert (wrong.acc, wrong.score, wrong.overlong_penalty, wrong.reward) == (0.0, -1.0, -1.0, -2.0)
+    assert g.reward_mean == pytest.approx(-0.75)
+    assert g.reward_std == pytest.approx(0.5)  # the filter metric (acc), not the reward
+    # verl's GSM8K / MATH scorers: 1 / 0, no shaping
+    gsm8k = cfg_of(reward={"incorrect_reward": 0.0, "overlong_buffer": {"enable": False}})
+    right, wrong = _scored_group(gsm8k, (56, 64)).responses
+    assert [(r.score, r.reward) for r in (right, wrong)] == [(1.0, 1.0), (0.0, 0.0)]
+
+
+def test_the_score_filter_metric_uses_the_configured_scores() -> None:
+    g = _scored_group(cfg_of(reward={"filter_metric": "score"}), (8, 8))
+    assert g.reward_std == pytest.approx(1.0)  # std of (+1, -1): the penalty is not part of the score
+    g = _scored_group(cfg_of(reward={"filter_metric": "score", "correct_reward": 3.0}), (8, 8))
+    assert g.reward_std == pytest.approx(2.0) and [r.reward for r in g.responses] == [3.0, -1.0]
+
+
+def test_the_reward_filter_metric_includes_the_overlong_penalty() -> None:
+    # verl's seq_reward: two right answers that differ only in their overlong penalty differ
+    cfg = cfg_of(reward={"filter_metric": "reward"})
+    h = Hand(cfg)
+    h.push(["all1"])
+    h.core.start()
+    h.admit()
+    for rid in sorted(h.running):
+        h.complete(rid, (8, 56)[h.running[rid].idx])
+    h.score_all()
+    h.finish()
+    (g,) = h.groups()
+    assert [r.reward for r in g.responses] == [1.0, 0.5]
+    assert g.reward_std == pytest.approx(0.25)  # the std of (1, 0.5): by acc or score it would be 0
+
+
+def test_validation_samples_with_the_val_settings_training_with_the_rollout_ones() -> None:
+    core = RolloutCore(
+        cfg_of(rollout={"temperature": 0.9, "top_p": 0.8, "top_k": 20, "val_temperature": 0.5,
+                        "val_top_p": 0.7, "val_top_k": 5})
+    )  # fmt: skip
+    train, val = core.sampling(), core.sampling(validation=True)
+    assert (round(train.temperature, 3), round(train.top_p, 3), train.top_k) == (0.9, 0.8, 20)
+    assert (round(val.temperature, 3), round(val.top_p, 3), val.top_k) == (0.5, 0.7, 5)
+    assert train.max_tokens == val.max_tokens == 64
+
+
+def test_a_fractional_staleness_bounds_the_valid_groups_of_a_version() -> None:
+    # B = 2, s = 0.5: at version 0 at most floor(1.5 * 2) = 3 valid groups, then at 5 (v = 1), ...
+    h = Hand(cfg_of(rollout={"max_staleness": 0.5, "max_concurrent_prompts": 8}))
+    h.push(["mixed"] * 8)
+    h.core.start()
+    h.admit()
+    for rid in sorted(h.running):
+        h.complete(rid, 8)
+    h.score_all()
+    h.finish()
+    assert h.core.valid_produced == 3 and h.core.phase == Phase.BOUND
+    h.core.weights_published(1, "/w/v1")
+    h.admit()
+    for rid in sorted(h.running):
+        h.complete(rid, 8, version=1)
+    h.score_all()
+    h.finish()
+    assert h.core.valid_produced == 5
+    # a group of version 0 may still train at step 1 = 0 + ceil(0.5): none was requeued as stale
+    assert not [lbl for v in h.ledger().values() for lbl in v if lbl == "requeued:stale"]

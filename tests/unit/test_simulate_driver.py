@@ -37,11 +37,21 @@ def run(mode: str, engines: int = 8, **wl: Any) -> tuple[Simulation, Any]:
 
 
 @pytest.mark.parametrize(
-    "mode", ["sync", "async", "async-fifo", "fully-async", "fully-async-s2", "pdsr", "async+greedy"]
+    "mode",
+    [
+        "sync",
+        "async",
+        "async-fifo",
+        "fully-async",
+        "fully-async-s2",
+        "fully-async-s0.5",
+        "pdsr",
+        "async+greedy",
+    ],
 )
 def test_every_step_trains_b_groups_within_the_staleness_bound(mode: str) -> None:
     sim, res = run(mode)
-    s = sim.cfg.rollout.max_staleness
+    s = sim.cfg.staleness_window  # ceil(s): 1 for s = 0.5
     assert [st.version for st in res.steps] == list(range(1, VERSIONS + 1))
     assert all(len(st.staleness) == B for st in res.steps)
     assert all(0 <= x <= s for st in res.steps for x in st.staleness)
@@ -103,12 +113,27 @@ def test_report_holds_the_mode_against_the_ideal() -> None:
     assert 0 <= rep.engine_idle_fraction < 1 and rep.staleness == {0: (VERSIONS - 1) * B}
 
 
+def test_the_ideal_step_overlaps_rollout_with_training_as_far_as_s_allows() -> None:
+    """s = 0: rollout then training; s >= 1: they overlap; s = 0.5: half the next step's groups
+    may be made while a step trains, so its ideal lies in between."""
+    sim, res = run("fully-async-s0.5")
+    ide = ideal(sim.cfg, sim.cluster, sim.workload)
+    reps = {
+        s: mode_report("m", mode_config(sim.cfg, f"fully-async-s{s}"), res, ide, 0.0)
+        for s in ("0", "0.5", "1")
+    }
+    r0, half, r1 = (reps[s].ideal_step_s for s in ("0", "0.5", "1"))
+    assert r1 < half < r0
+    assert r0 == pytest.approx(ide.rollout_for(0) + reps["0"].train_s + reps["0"].sync_s)
+
+
 def test_modes_parse_and_bad_ones_are_clear() -> None:
     base = RunConfig.model_validate(RUN)
     assert mode_config(base, "fully-async-s3").rollout.max_staleness == 3
+    assert mode_config(base, "pdsr-s0.5").rollout.max_staleness == 0.5
     assert mode_config(base, "async+m1.5").rollout.admission.margin == 1.5
     assert mode_config(base, "pdsr").rollout.long_tail.policy.value == "pdsr"
-    for bad in ("turbo", "sync-s1", "async+x"):
+    for bad in ("turbo", "sync-s1", "sync-s0.5", "async-s.5", "async+x"):
         with pytest.raises(ModeError):
             mode_config(base, bad)
     check_supported(mode_config(base, "sync"))

@@ -39,7 +39,7 @@ async def _setup(
         await pipe.execute()
     rtt = RoundTrips()
     scripts = ScriptRunner(r, rtt)
-    store = GroupStore(scripts, KEYS, train_batch_size=b, max_staleness=s)
+    store = GroupStore(scripts, KEYS, train_batch_size=b, staleness_window=s)
     q = PromptQueue(r, KEYS, scripts, store, rtt, owner=owner)
     await q.take_over()
     return r, q, store

@@ -77,6 +77,7 @@ async def test_grpcurl_drives_the_scheduler_process(
                 "model": {"path": str(tiny_model_dir)},
                 "data": {"train_batch_size": 4},
                 "trainer": {"ppo_mini_batch_size": 4},
+                "rollout": {"max_staleness": 0.5},  # verl fully-async's staleness_threshold 0.5
             }
         )
     )
@@ -113,7 +114,10 @@ async def test_grpcurl_drives_the_scheduler_process(
             "asyncdapo.v1.Scheduler/GetRun",
         ]
         got = json.loads(await _run(*get))
-        assert got["run"] == "t" and got["phase"] == "RUN_PHASE_IDLE" and got["valid_groups_bound"] == "4"
+        assert got["run"] == "t" and got["phase"] == "RUN_PHASE_IDLE"
+        # s = 0.5: floor((0 + 1 + 0.5) * 4) valid groups at version 0; groups train up to ceil(s) late
+        assert got["valid_groups_bound"] == "6"
+        assert got["max_staleness"] == 1 and got["max_staleness_exact"] == 0.5
         assert got["queue_depth"] == "8" and got["mode"] == "async"
         health = json.loads(await _run(grpcurl, "-plaintext", target, "grpc.health.v1.Health/Check"))
         assert health["status"] == "SERVING"
@@ -127,7 +131,7 @@ async def test_grpcurl_drives_the_scheduler_process(
             and gws["gateways"][0]["load"]["engine"] == "sim"
         )
         metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics").text
-        assert "asyncdapo_scheduler_valid_groups_bound 4.0" in metrics
+        assert "asyncdapo_scheduler_valid_groups_bound 6.0" in metrics
     finally:
         for p in (sched, gateway):
             p.terminate()
@@ -198,6 +202,7 @@ async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> Non
             metadata=AUTH,
         )
         assert list(ev.results[0].acc) == [1.0, 0.0, 1.0, 0.0] and ev.accuracy == 0.5
+        assert list(ev.results[0].score) == [1.0, -1.0, 1.0, -1.0]  # verl's DAPO reward, the default
         assert ev.policy_version == 1 and ev.mean_response_length > 0
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await stub.Evaluate(

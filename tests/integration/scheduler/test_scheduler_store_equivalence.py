@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio as aioredis
 
+from asyncdapo.config import RunConfig
 from asyncdapo.prompts import PromptRecord, queue_prompts
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.group_records import ResponseScore
@@ -69,17 +70,27 @@ class Backend:
     def other(self, owner: str) -> Backend:
         """A second scheduler on the same run (another owner)."""
         if self.run is not None:
-            store = MemoryGroupStore(self.run, self.store.train_batch_size, self.store.max_staleness)
+            store = MemoryGroupStore(self.run, self.store.train_batch_size, self.store.staleness_window)
             q = MemoryQueue(self.run, owner)
             q.store = store
             return Backend(self.name, q, store, run=self.run)
         assert self.redis is not None
         rtt = RoundTrips()
         scripts = ScriptRunner(self.redis, rtt)
-        store = GroupStore(scripts, KEYS, self.store.train_batch_size, self.store.max_staleness)
+        store = GroupStore(scripts, KEYS, self.store.train_batch_size, self.store.staleness_window)
         return Backend(
             self.name, PromptQueue(self.redis, KEYS, scripts, store, rtt, owner=owner), store, self.redis
         )
+
+
+def _cfg(b: int, s: float) -> RunConfig:
+    return RunConfig.model_validate(
+        {
+            "data": {"train_batch_size": b},
+            "trainer": {"ppo_mini_batch_size": b},
+            "rollout": {"max_staleness": s},
+        }
+    )
 
 
 async def _backends(redis_url: str, b: int = 1, s: int = 0) -> list[Backend]:
@@ -164,6 +175,39 @@ async def test_staleness_and_credits_answer_alike(redis_url: str) -> None:
     await _both(bes, lambda be: be.state())
 
 
+async def test_a_fractional_staleness_answers_alike(redis_url: str) -> None:
+    """s = 0.5, B = 2 (verl fully-async, staleness_threshold 0.5): floor((v + 1.5) * 2) valid groups
+    at version v, and a group trains at most ceil(0.5) = 1 version late."""
+    cfg = _cfg(2, 0.5)
+    bes = await _backends(redis_url, b=2, s=cfg.staleness_window)
+    await _both(bes, lambda be: be.push([_rec(i) for i in range(8)]))
+    await _both(bes, lambda be: _a(be.queue.take_over()))
+    claims = (await _both(bes, lambda be: _a(be.queue.claim(8, 2, token="t")))).claims
+
+    def valid(be: Backend, cs: list[Any], mv: int) -> Any:
+        s, bound = be.store, cfg.valid_group_bound(be.store.version)
+        return _a(
+            s.finish_many(
+                [
+                    s.finish_call(c.pid, c.attempt, Outcome.VALID, bound=bound, group=b"G", min_version=mv)
+                    for c in cs
+                ]
+            )
+        )
+
+    at_v0 = await _both(bes, lambda be: valid(be, claims[:4], 0))
+    # 3 groups, not 2 (s = 0) or 4 (s = 1)
+    assert [r.label for r in at_v0] == ["valid"] * 3 + ["requeued:over_bound"]
+    for be in bes:
+        be.store.version = 1
+    at_v1 = await _both(bes, lambda be: valid(be, claims[4:6], 0))
+    # position 3 trains at step 1 (1 version late: kept); position 4 would train at step 2 (too late)
+    assert [r.label for r in at_v1] == ["valid", "requeued:stale"]
+    fresh = await _both(bes, lambda be: valid(be, claims[6:8], 1))
+    assert [r.label for r in fresh] == ["valid", "requeued:over_bound"]  # floor(2.5 * 2) = 5 reached
+    await _both(bes, lambda be: be.state())
+
+
 async def test_fencing_and_recovery_answer_alike(redis_url: str) -> None:
     bes = await _backends(redis_url)
     await _both(bes, lambda be: be.push([_rec(i) for i in range(5)]))
@@ -187,12 +231,14 @@ async def test_fencing_and_recovery_answer_alike(redis_url: str) -> None:
     await _both(bes, lambda be: be.state())
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_random_operation_sequences_answer_alike(redis_url: str, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "s"), [(1, 1), (2, 1), (3, 1), (4, 0.5), (5, 1.3)])
+async def test_random_operation_sequences_answer_alike(redis_url: str, seed: int, s: float) -> None:
     """A seeded random walk over claims, records (with repeats and stale attempts), finishes of every
     kind (valid under a moving bound and version, filtered, dropped, requeued, repeats), credits and
-    reconciliation: every answer, and the queue and counters at the end, are the same."""
-    bes = await _backends(redis_url, b=3, s=1)
+    reconciliation: every answer, and the queue and counters at the end, are the same; s fractional
+    too (the bound floor((v + 1 + s) * B), the window ceil(s))."""
+    cfg = _cfg(3, s)
+    bes = await _backends(redis_url, b=3, s=cfg.staleness_window)
     rng = random.Random(seed)
     await _both(bes, lambda be: be.push([_rec(i) for i in range(40)]))
     await _both(bes, lambda be: _a(be.queue.take_over()))
@@ -217,7 +263,7 @@ async def test_random_operation_sequences_answer_alike(redis_url: str, seed: int
             reason = {Outcome.DROPPED: "gateway_error", Outcome.REQUEUED: RequeueReason.EARLY_STOP}.get(
                 kind, ""
             )
-            bound = rng.choice([-1, (version + 2) * 3])
+            bound = rng.choice([-1, cfg.valid_group_bound(version)])
             mv = max(0, version - rng.randint(0, 2))
             res = await _both(
                 bes,

@@ -206,6 +206,7 @@ async def test_real_stack_exact_b_aborts_requeue_outage_and_gateway_loss(
             assert len(r.token_ids) == len(r.logprobs) > 0 and r.reward == pytest.approx(
                 r.score + r.overlong_penalty
             )
+            assert r.score == (1.0 if r.acc else -1.0)  # the real verifier's verdict, verl's DAPO scores
     c = counters(redis_url, "t")
     assert not any(k.startswith("outcome:dropped") for k in c), c
     assert c.get("outcome:filtered", 0) > 0

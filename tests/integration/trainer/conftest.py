@@ -96,21 +96,23 @@ class RolloutDouble:
             data_source=rec.data_source, min_version=version, max_version=version,
             created_unix_ms=int(time.time() * 1000),
         )  # fmt: skip
-        rewards = []
+        accs, rewards = [], []
         for (toks, lps, truncated), text in zip(samples, texts, strict=True):
-            score = 1.0 if text and verify(gold, parse(f"\\boxed{{{text}}}")) else 0.0
-            penalty = cfg.overlong_penalty(len(toks))
+            acc = bool(text) and bool(verify(gold, parse(f"\\boxed{{{text}}}")))
+            score, penalty = cfg.reward_of(acc, len(toks))  # as the scheduler scores
             g.responses.add(
                 token_ids=toks, logprobs=lps,
                 version_runs=[common_pb2.VersionRun(version=version, num_tokens=len(toks))],
                 finish_reason=common_pb2.FINISH_REASON_LENGTH if truncated else common_pb2.FINISH_REASON_STOP,
-                reward=score + penalty, score=score, acc=score, overlong_penalty=penalty, pred=text,
+                reward=score + penalty, score=score, acc=float(acc), overlong_penalty=penalty, pred=text,
                 gateway="rollout-double",
             )  # fmt: skip
-            rewards.append(score)
-        mean = sum(rewards) / len(rewards)
-        std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-        g.reward_mean, g.reward_std = mean, std
+            accs.append(float(acc))
+            rewards.append(score + penalty)
+        # as the scheduler's record: the mean reward, and the std of the filter metric (acc, the default)
+        mean = sum(accs) / len(accs)
+        std = (sum((r - mean) ** 2 for r in accs) / len(accs)) ** 0.5
+        g.reward_mean, g.reward_std = sum(rewards) / len(rewards), std
         return g if std > cfg.reward.filter_eps else None
 
     def produce(

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from asyncdapo.config import RunConfig
 from asyncdapo.data.verl_format import Example
 from asyncdapo.prompts import PromptRecord, epoch_order
 from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
@@ -80,6 +81,25 @@ def test_feed_skips_and_counts_too_long_prompts(redis_client: Any) -> None:
         _feed(redis_client, n=5, watermark=50, max_len=1).refill()
 
 
+def test_feed_truncates_long_prompts_as_data_truncation_says(redis_client: Any) -> None:
+    from asyncdapo.config import PromptTruncation
+    from asyncdapo.data.prompting import PromptTooLong
+    from asyncdapo.prompts import load_prompt
+
+    feed = PromptFeed(redis_client, KEYS, _examples(5), _encode, watermark=5, max_prompt_length=4, seed=5,
+                      shuffle=False, truncation=PromptTruncation.LEFT)  # fmt: skip
+    feed.refill()
+    assert _queued(redis_client) == [f"e0-{i}" for i in range(5)]  # none dropped
+    record = load_prompt(redis_client, KEYS, "e0-4")  # "q4 xxxx": its last 4 characters
+    assert record is not None and list(record.prompt_token_ids) == [ord("x")] * 4
+    assert not redis_client.hget(KEYS.counters, COUNTER_TOO_LONG)
+    redis_client.delete(KEYS.prompts, KEYS.trainer_feed)
+    strict = PromptFeed(redis_client, KEYS, _examples(5), _encode, watermark=5, max_prompt_length=4, seed=5,
+                        shuffle=False, truncation=PromptTruncation.ERROR)  # fmt: skip
+    with pytest.raises(PromptTooLong, match=r"training example 2 .*prompt of 5 tokens given"):
+        strict.refill()
+
+
 def _group(pid: str, vmin: int = 0, vmax: int = 0) -> bytes:
     g = rollout_pb2.Group(
         run="io-test", prompt_id=pid, prompt_token_ids=[1, 2], min_version=vmin, max_version=vmax
@@ -100,6 +120,20 @@ def test_classify_staleness_and_future() -> None:
     assert classify(g, 5, 1, 100, 8)[0] is GroupDropReason.STALE
     assert classify(g, 3, 0, 100, 8)[0] is GroupDropReason.FUTURE
     assert classify(g, 4, 1, 4, 8)[0] is GroupDropReason.MALFORMED
+
+
+@pytest.mark.parametrize(("s", "last_step"), [(0, 3), (0.1, 4), (0.5, 4), (1, 4), (1.5, 5), (2, 5)])
+def test_a_group_trains_up_to_ceil_s_steps_after_its_version(s: float, last_step: int) -> None:
+    """verl fully-async's staleness_threshold 0.1 or 0.5 lets a group of version 3 train at step 4
+    (one version late), as s = 1 does; s = 0 keeps it on-policy."""
+    cfg = RunConfig.model_validate({"rollout": {"max_staleness": s}})
+    g = rollout_pb2.Group.FromString(_group("a", vmin=3, vmax=3))
+    for step in range(3, 7):
+        reason, detail = classify(g, step, cfg.staleness_window, 100, 8)
+        if step <= last_step:
+            assert reason is None, (step, detail)
+        else:
+            assert reason is GroupDropReason.STALE and detail == f"min_version 3 < {step} - {last_step - 3}"
 
 
 def test_reader_replays_pending_then_reads_new_and_acks_checkpointed(redis_client: Any) -> None:

@@ -45,7 +45,7 @@ class Ideal:
     concurrency: int  # sequences per engine assumed
     per_step: list[tuple[float, float]] = field(default_factory=list)  # (critical path, volume)
 
-    def rollout_for(self, staleness: int) -> float:
+    def rollout_for(self, staleness: float) -> float:
         """With s >= 1 a response may span s + 1 versions: its critical path is spread over them."""
         return statistics.fmean(max(c / (staleness + 1), v) for c, v in self.per_step)
 
@@ -95,7 +95,7 @@ def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, steps: int
 @dataclass
 class ModeReport:
     mode: str
-    staleness_bound: int
+    staleness_bound: float
     steps: int
     step_s: float  # mean end-to-end step (publish to publish), steps after the warm-up
     step_s_median: float
@@ -143,7 +143,10 @@ def mode_report(
     sync = statistics.fmean(s.sync_s for s in steps)
     s_bound = cfg.rollout.max_staleness
     ideal_rollout = ideal_.rollout_for(s_bound)
-    ideal_step = ideal_rollout + train + sync if s_bound == 0 else max(ideal_rollout, train + sync)
+    # the bound lets rollout make min(s, 1)·B of the next step's groups while a step trains; the rest
+    # waits for the publish (s = 0: all of it, s >= 1: none)
+    overlap = min(s_bound, 1.0)
+    ideal_step = max(ideal_rollout, train + sync + (1.0 - overlap) * ideal_rollout)
     step_s = statistics.fmean(body)
     stale: Counter[int] = Counter(x for s in steps for x in s.staleness)
     trained_tokens = sum(s.tokens for s in steps)

@@ -58,7 +58,7 @@ class Simulation:
         self.workload = workload
         self.versions = versions
         self.B = cfg.data.train_batch_size
-        self.s = ro.max_staleness
+        self.s = cfg.staleness_window  # ceil(s): the version window; the bound is cfg.valid_group_bound
         self.n = ro.n
         self.cap = cfg.data.max_response_length
         self.clock = VirtualClock()
@@ -344,7 +344,7 @@ class Simulation:
             a = self._attempt(task)
             length = len(j.token_ids)
             right = a.right[j.idx] and length < cap and length >= a.lengths[j.idx]
-            scored.append((task, j.idx, 1.0, 1.0, "1") if right else (task, j.idx, -1.0, 0.0, "0"))
+            scored.append((task, j.idx, 1.0, "1") if right else (task, j.idx, 0.0, "0"))
         judged = self.core.counts.finished_groups
         if scored:
             scores = self.core.scores_to_record(scored)

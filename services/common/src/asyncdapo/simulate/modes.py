@@ -6,9 +6,10 @@ between two modes of one comparison: same workload, cluster, seed and every othe
     async          async, s = 0, early_stop_order any (stop at B valid groups, abort + requeue)
     async-fifo     async, s = 0, early_stop_order fifo (the first B valid in admission order)
     fully-async    async, s = 1, weight_update_mode keep (responses span versions)
-    fully-async-sK async, s = K, keep
+    fully-async-sK async, s = K, keep; K may be fractional (fully-async-s0.5: verl fully-async's
+                   staleness_threshold 0.5, see `rollout.max_staleness`)
     pdsr           async, s = 0, long_tail.policy pdsr (cap on the fast pool, continue on heavy)
-    pdsr-sK        pdsr with s = K
+    pdsr-sK        pdsr with s = K (K may be fractional)
     …+greedy       any async mode with admission.policy greedy (e.g. async+greedy)
     …+mX           admission.margin X (e.g. async+m1.5)
 """
@@ -26,7 +27,7 @@ class ModeError(AsyncdapoError, ValueError):
     pass
 
 
-_BASE = re.compile(r"^(sync|async|async-fifo|fully-async|pdsr)(?:-s(\d+))?$")
+_BASE = re.compile(r"^(sync|async|async-fifo|fully-async|pdsr)(?:-s(\d+(?:\.\d+)?))?$")
 
 
 def mode_config(base: RunConfig, mode: str) -> RunConfig:
@@ -35,7 +36,8 @@ def mode_config(base: RunConfig, mode: str) -> RunConfig:
     m = _BASE.match(head)
     if m is None:
         raise ModeError(
-            f"unknown mode {mode!r}: sync, async, async-fifo, fully-async[-sK], pdsr[-sK], optionally +greedy or +m<margin>"
+            f"unknown mode {mode!r}: sync, async[-sK], async-fifo[-sK], fully-async[-sK], pdsr[-sK] "
+            "(K a staleness such as 1 or 0.5), optionally +greedy or +m<margin>"
         )
     kind, s_txt = m.group(1), m.group(2)
     data = base.model_dump(mode="json")
@@ -48,7 +50,7 @@ def mode_config(base: RunConfig, mode: str) -> RunConfig:
     else:
         ro.update(mode="async", early_stop_order="fifo" if kind == "async-fifo" else "any")
         default_s = 1 if kind == "fully-async" else 0
-        ro["max_staleness"] = int(s_txt) if s_txt else default_s
+        ro["max_staleness"] = (float(s_txt) if "." in s_txt else int(s_txt)) if s_txt else default_s
         if kind == "fully-async":
             ro["weight_update_mode"] = "keep"
         if kind == "pdsr":

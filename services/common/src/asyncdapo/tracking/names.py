@@ -28,9 +28,11 @@ METRICS: list[Metric] = [
     Metric("workers", None, "data-parallel trainer workers"),
     Metric("batch/groups", None, "groups in the batch (= data.train_batch_size)"),
     Metric("batch/responses", None, "responses in the batch"),
-    Metric("reward/mean", "critic/rewards/mean", "reward: verifier score + overlong shaping (no KL in the reward)"),
+    Metric("reward/mean", "critic/rewards/mean", "reward: score + overlong shaping (no KL in the reward)"),
     Metric("reward/std", None, "reward standard deviation over the batch"),
-    Metric("score/mean", None, "verifier score before overlong shaping (verl's critic/score includes it)"),
+    Metric("score/mean", None,
+           "score before overlong shaping: reward.correct_reward or incorrect_reward per response "
+           "(verl's critic/score includes the shaping)"),
     Metric("acc/mean", None, "fraction of correct answers in the batch"),
     Metric("response_length/mean", "response_length/mean", "response tokens"),
     Metric("response_length/max", "response_length/max", "longest response"),

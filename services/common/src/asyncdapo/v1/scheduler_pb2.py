@@ -26,7 +26,7 @@ from asyncdapo.v1 import common_pb2 as asyncdapo_dot_v1_dot_common__pb2
 from asyncdapo.v1 import gateway_pb2 as asyncdapo_dot_v1_dot_gateway__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61syncdapo/v1/scheduler.proto\x12\x0c\x61syncdapo.v1\x1a\x19\x61syncdapo/v1/common.proto\x1a\x1a\x61syncdapo/v1/gateway.proto\"\x1e\n\x0fStartRunRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\"\x1c\n\rGetRunRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\"6\n\x0eStopRunRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x62ort_in_flight\x18\x02 \x01(\x08\"3\n\x0fWatchRunRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x13\n\x0binterval_ms\x18\x02 \x01(\x05\"\x98\x04\n\tRunStatus\x12\x0b\n\x03run\x18\x01 \x01(\t\x12%\n\x05phase\x18\x02 \x01(\x0e\x32\x16.asyncdapo.v1.RunPhase\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x1d\n\x15valid_groups_produced\x18\x04 \x01(\x03\x12\x1a\n\x12valid_groups_bound\x18\x05 \x01(\x03\x12\x19\n\x11in_flight_prompts\x18\x06 \x01(\x05\x12\x13\n\x0bqueue_depth\x18\x07 \x01(\x03\x12\x37\n\x08outcomes\x18\x08 \x03(\x0b\x32%.asyncdapo.v1.RunStatus.OutcomesEntry\x12\x13\n\x0b\x65\x61rly_stops\x18\t \x01(\x03\x12\x18\n\x10\x61\x62orted_requests\x18\n \x01(\x03\x12\x16\n\x0e\x61\x62orted_tokens\x18\x0b \x01(\x03\x12\x13\n\x0b\x63ompletions\x18\x0c \x01(\x03\x12\x18\n\x10generated_tokens\x18\r \x01(\x03\x12\x0c\n\x04mode\x18\x0e \x01(\t\x12\x15\n\rmax_staleness\x18\x0f \x01(\x05\x12\x1d\n\x15valid_groups_credited\x18\x10 \x01(\x03\x12\x17\n\x0fredis_available\x18\x11 \x01(\x08\x12\x17\n\x0fscheduler_epoch\x18\x12 \x01(\x03\x1a/\n\rOutcomesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"s\n\x15PublishWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12%\n\x04mode\x18\x03 \x01(\x0e\x32\x17.asyncdapo.v1.PauseMode\x12\x15\n\rtrainer_epoch\x18\x04 \x01(\x03\"`\n\rGatewayResult\x12\x0f\n\x07gateway\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61\x62orted\x18\x05 \x01(\x05\"k\n\x16PublishWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12,\n\x07results\x18\x02 \x03(\x0b\x32\x1b.asyncdapo.v1.GatewayResult\x12\x12\n\nduration_s\x18\x03 \x01(\x01\"\x9d\x01\n\x0bGatewayInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.asyncdapo.v1.GatewayState\x12 \n\x04load\x18\x03 \x01(\x0b\x32\x12.asyncdapo.v1.Load\x12\x1c\n\x14\x64ispatched_in_flight\x18\x04 \x01(\x05\x12\x12\n\nlast_error\x18\x05 \x01(\t\"\x15\n\x13ListGatewaysRequest\"C\n\x14ListGatewaysResponse\x12+\n\x08gateways\x18\x01 \x03(\x0b\x32\x19.asyncdapo.v1.GatewayInfo\"?\n\x13\x44rainGatewayRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x62ort_in_flight\x18\x02 \x01(\x08\"B\n\x14\x44rainGatewayResponse\x12*\n\x07gateway\x18\x01 \x01(\x0b\x32\x19.asyncdapo.v1.GatewayInfo\"X\n\nEvalPrompt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x14\n\x0cground_truth\x18\x04 \x01(\t\"w\n\x0f\x45valuateRequest\x12)\n\x07prompts\x18\x01 \x03(\x0b\x32\x18.asyncdapo.v1.EvalPrompt\x12\t\n\x01n\x18\x02 \x01(\x05\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.asyncdapo.v1.SamplingParams\"[\n\nEvalResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03\x61\x63\x63\x18\x02 \x03(\x02\x12\r\n\x05score\x18\x03 \x03(\x02\x12\x17\n\x0fresponse_length\x18\x04 \x03(\x05\x12\x0c\n\x04pred\x18\x05 \x03(\t\"\x85\x01\n\x10\x45valuateResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.asyncdapo.v1.EvalResult\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\x12\x1c\n\x14mean_response_length\x18\x03 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03*\x94\x01\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_PHASE_IDLE\x10\x01\x12\x15\n\x11RUN_PHASE_ROLLING\x10\x02\x12\x13\n\x0fRUN_PHASE_BOUND\x10\x03\x12\x16\n\x12RUN_PHASE_STOPPING\x10\x04\x12\x15\n\x11RUN_PHASE_STOPPED\x10\x05*w\n\x0cGatewayState\x12\x1d\n\x19GATEWAY_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10GATEWAY_STATE_UP\x10\x01\x12\x16\n\x12GATEWAY_STATE_DOWN\x10\x02\x12\x1a\n\x16GATEWAY_STATE_DRAINING\x10\x03\x32\xed\x04\n\tScheduler\x12\x42\n\x08StartRun\x12\x1d.asyncdapo.v1.StartRunRequest\x1a\x17.asyncdapo.v1.RunStatus\x12>\n\x06GetRun\x12\x1b.asyncdapo.v1.GetRunRequest\x1a\x17.asyncdapo.v1.RunStatus\x12@\n\x07StopRun\x12\x1c.asyncdapo.v1.StopRunRequest\x1a\x17.asyncdapo.v1.RunStatus\x12\x44\n\x08WatchRun\x12\x1d.asyncdapo.v1.WatchRunRequest\x1a\x17.asyncdapo.v1.RunStatus0\x01\x12[\n\x0ePublishWeights\x12#.asyncdapo.v1.PublishWeightsRequest\x1a$.asyncdapo.v1.PublishWeightsResponse\x12U\n\x0cListGateways\x12!.asyncdapo.v1.ListGatewaysRequest\x1a\".asyncdapo.v1.ListGatewaysResponse\x12U\n\x0c\x44rainGateway\x12!.asyncdapo.v1.DrainGatewayRequest\x1a\".asyncdapo.v1.DrainGatewayResponse\x12I\n\x08\x45valuate\x12\x1d.asyncdapo.v1.EvaluateRequest\x1a\x1e.asyncdapo.v1.EvaluateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61syncdapo/v1/scheduler.proto\x12\x0c\x61syncdapo.v1\x1a\x19\x61syncdapo/v1/common.proto\x1a\x1a\x61syncdapo/v1/gateway.proto\"\x1e\n\x0fStartRunRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\"\x1c\n\rGetRunRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\"6\n\x0eStopRunRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x62ort_in_flight\x18\x02 \x01(\x08\"3\n\x0fWatchRunRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x13\n\x0binterval_ms\x18\x02 \x01(\x05\"\xb5\x04\n\tRunStatus\x12\x0b\n\x03run\x18\x01 \x01(\t\x12%\n\x05phase\x18\x02 \x01(\x0e\x32\x16.asyncdapo.v1.RunPhase\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x1d\n\x15valid_groups_produced\x18\x04 \x01(\x03\x12\x1a\n\x12valid_groups_bound\x18\x05 \x01(\x03\x12\x19\n\x11in_flight_prompts\x18\x06 \x01(\x05\x12\x13\n\x0bqueue_depth\x18\x07 \x01(\x03\x12\x37\n\x08outcomes\x18\x08 \x03(\x0b\x32%.asyncdapo.v1.RunStatus.OutcomesEntry\x12\x13\n\x0b\x65\x61rly_stops\x18\t \x01(\x03\x12\x18\n\x10\x61\x62orted_requests\x18\n \x01(\x03\x12\x16\n\x0e\x61\x62orted_tokens\x18\x0b \x01(\x03\x12\x13\n\x0b\x63ompletions\x18\x0c \x01(\x03\x12\x18\n\x10generated_tokens\x18\r \x01(\x03\x12\x0c\n\x04mode\x18\x0e \x01(\t\x12\x15\n\rmax_staleness\x18\x0f \x01(\x05\x12\x1d\n\x15valid_groups_credited\x18\x10 \x01(\x03\x12\x17\n\x0fredis_available\x18\x11 \x01(\x08\x12\x17\n\x0fscheduler_epoch\x18\x12 \x01(\x03\x12\x1b\n\x13max_staleness_exact\x18\x13 \x01(\x01\x1a/\n\rOutcomesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"s\n\x15PublishWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12%\n\x04mode\x18\x03 \x01(\x0e\x32\x17.asyncdapo.v1.PauseMode\x12\x15\n\rtrainer_epoch\x18\x04 \x01(\x03\"`\n\rGatewayResult\x12\x0f\n\x07gateway\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61\x62orted\x18\x05 \x01(\x05\"k\n\x16PublishWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12,\n\x07results\x18\x02 \x03(\x0b\x32\x1b.asyncdapo.v1.GatewayResult\x12\x12\n\nduration_s\x18\x03 \x01(\x01\"\x9d\x01\n\x0bGatewayInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.asyncdapo.v1.GatewayState\x12 \n\x04load\x18\x03 \x01(\x0b\x32\x12.asyncdapo.v1.Load\x12\x1c\n\x14\x64ispatched_in_flight\x18\x04 \x01(\x05\x12\x12\n\nlast_error\x18\x05 \x01(\t\"\x15\n\x13ListGatewaysRequest\"C\n\x14ListGatewaysResponse\x12+\n\x08gateways\x18\x01 \x03(\x0b\x32\x19.asyncdapo.v1.GatewayInfo\"?\n\x13\x44rainGatewayRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x62ort_in_flight\x18\x02 \x01(\x08\"B\n\x14\x44rainGatewayResponse\x12*\n\x07gateway\x18\x01 \x01(\x0b\x32\x19.asyncdapo.v1.GatewayInfo\"X\n\nEvalPrompt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x14\n\x0cground_truth\x18\x04 \x01(\t\"w\n\x0f\x45valuateRequest\x12)\n\x07prompts\x18\x01 \x03(\x0b\x32\x18.asyncdapo.v1.EvalPrompt\x12\t\n\x01n\x18\x02 \x01(\x05\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.asyncdapo.v1.SamplingParams\"[\n\nEvalResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03\x61\x63\x63\x18\x02 \x03(\x02\x12\r\n\x05score\x18\x03 \x03(\x02\x12\x17\n\x0fresponse_length\x18\x04 \x03(\x05\x12\x0c\n\x04pred\x18\x05 \x03(\t\"\x85\x01\n\x10\x45valuateResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.asyncdapo.v1.EvalResult\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\x12\x1c\n\x14mean_response_length\x18\x03 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03*\x94\x01\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_PHASE_IDLE\x10\x01\x12\x15\n\x11RUN_PHASE_ROLLING\x10\x02\x12\x13\n\x0fRUN_PHASE_BOUND\x10\x03\x12\x16\n\x12RUN_PHASE_STOPPING\x10\x04\x12\x15\n\x11RUN_PHASE_STOPPED\x10\x05*w\n\x0cGatewayState\x12\x1d\n\x19GATEWAY_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10GATEWAY_STATE_UP\x10\x01\x12\x16\n\x12GATEWAY_STATE_DOWN\x10\x02\x12\x1a\n\x16GATEWAY_STATE_DRAINING\x10\x03\x32\xed\x04\n\tScheduler\x12\x42\n\x08StartRun\x12\x1d.asyncdapo.v1.StartRunRequest\x1a\x17.asyncdapo.v1.RunStatus\x12>\n\x06GetRun\x12\x1b.asyncdapo.v1.GetRunRequest\x1a\x17.asyncdapo.v1.RunStatus\x12@\n\x07StopRun\x12\x1c.asyncdapo.v1.StopRunRequest\x1a\x17.asyncdapo.v1.RunStatus\x12\x44\n\x08WatchRun\x12\x1d.asyncdapo.v1.WatchRunRequest\x1a\x17.asyncdapo.v1.RunStatus0\x01\x12[\n\x0ePublishWeights\x12#.asyncdapo.v1.PublishWeightsRequest\x1a$.asyncdapo.v1.PublishWeightsResponse\x12U\n\x0cListGateways\x12!.asyncdapo.v1.ListGatewaysRequest\x1a\".asyncdapo.v1.ListGatewaysResponse\x12U\n\x0c\x44rainGateway\x12!.asyncdapo.v1.DrainGatewayRequest\x1a\".asyncdapo.v1.DrainGatewayResponse\x12I\n\x08\x45valuate\x12\x1d.asyncdapo.v1.EvaluateRequest\x1a\x1e.asyncdapo.v1.EvaluateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNSTATUS_OUTCOMESENTRY']._loaded_options = None
   _globals['_RUNSTATUS_OUTCOMESENTRY']._serialized_options = b'8\001'
-  _globals['_RUNPHASE']._serialized_start=1961
-  _globals['_RUNPHASE']._serialized_end=2109
-  _globals['_GATEWAYSTATE']._serialized_start=2111
-  _globals['_GATEWAYSTATE']._serialized_end=2230
+  _globals['_RUNPHASE']._serialized_start=1990
+  _globals['_RUNPHASE']._serialized_end=2138
+  _globals['_GATEWAYSTATE']._serialized_start=2140
+  _globals['_GATEWAYSTATE']._serialized_end=2259
   _globals['_STARTRUNREQUEST']._serialized_start=101
   _globals['_STARTRUNREQUEST']._serialized_end=131
   _globals['_GETRUNREQUEST']._serialized_start=133
@@ -48,33 +48,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHRUNREQUEST']._serialized_start=219
   _globals['_WATCHRUNREQUEST']._serialized_end=270
   _globals['_RUNSTATUS']._serialized_start=273
-  _globals['_RUNSTATUS']._serialized_end=809
-  _globals['_RUNSTATUS_OUTCOMESENTRY']._serialized_start=762
-  _globals['_RUNSTATUS_OUTCOMESENTRY']._serialized_end=809
-  _globals['_PUBLISHWEIGHTSREQUEST']._serialized_start=811
-  _globals['_PUBLISHWEIGHTSREQUEST']._serialized_end=926
-  _globals['_GATEWAYRESULT']._serialized_start=928
-  _globals['_GATEWAYRESULT']._serialized_end=1024
-  _globals['_PUBLISHWEIGHTSRESPONSE']._serialized_start=1026
-  _globals['_PUBLISHWEIGHTSRESPONSE']._serialized_end=1133
-  _globals['_GATEWAYINFO']._serialized_start=1136
-  _globals['_GATEWAYINFO']._serialized_end=1293
-  _globals['_LISTGATEWAYSREQUEST']._serialized_start=1295
-  _globals['_LISTGATEWAYSREQUEST']._serialized_end=1316
-  _globals['_LISTGATEWAYSRESPONSE']._serialized_start=1318
-  _globals['_LISTGATEWAYSRESPONSE']._serialized_end=1385
-  _globals['_DRAINGATEWAYREQUEST']._serialized_start=1387
-  _globals['_DRAINGATEWAYREQUEST']._serialized_end=1450
-  _globals['_DRAINGATEWAYRESPONSE']._serialized_start=1452
-  _globals['_DRAINGATEWAYRESPONSE']._serialized_end=1518
-  _globals['_EVALPROMPT']._serialized_start=1520
-  _globals['_EVALPROMPT']._serialized_end=1608
-  _globals['_EVALUATEREQUEST']._serialized_start=1610
-  _globals['_EVALUATEREQUEST']._serialized_end=1729
-  _globals['_EVALRESULT']._serialized_start=1731
-  _globals['_EVALRESULT']._serialized_end=1822
-  _globals['_EVALUATERESPONSE']._serialized_start=1825
-  _globals['_EVALUATERESPONSE']._serialized_end=1958
-  _globals['_SCHEDULER']._serialized_start=2233
-  _globals['_SCHEDULER']._serialized_end=2854
+  _globals['_RUNSTATUS']._serialized_end=838
+  _globals['_RUNSTATUS_OUTCOMESENTRY']._serialized_start=791
+  _globals['_RUNSTATUS_OUTCOMESENTRY']._serialized_end=838
+  _globals['_PUBLISHWEIGHTSREQUEST']._serialized_start=840
+  _globals['_PUBLISHWEIGHTSREQUEST']._serialized_end=955
+  _globals['_GATEWAYRESULT']._serialized_start=957
+  _globals['_GATEWAYRESULT']._serialized_end=1053
+  _globals['_PUBLISHWEIGHTSRESPONSE']._serialized_start=1055
+  _globals['_PUBLISHWEIGHTSRESPONSE']._serialized_end=1162
+  _globals['_GATEWAYINFO']._serialized_start=1165
+  _globals['_GATEWAYINFO']._serialized_end=1322
+  _globals['_LISTGATEWAYSREQUEST']._serialized_start=1324
+  _globals['_LISTGATEWAYSREQUEST']._serialized_end=1345
+  _globals['_LISTGATEWAYSRESPONSE']._serialized_start=1347
+  _globals['_LISTGATEWAYSRESPONSE']._serialized_end=1414
+  _globals['_DRAINGATEWAYREQUEST']._serialized_start=1416
+  _globals['_DRAINGATEWAYREQUEST']._serialized_end=1479
+  _globals['_DRAINGATEWAYRESPONSE']._serialized_start=1481
+  _globals['_DRAINGATEWAYRESPONSE']._serialized_end=1547
+  _globals['_EVALPROMPT']._serialized_start=1549
+  _globals['_EVALPROMPT']._serialized_end=1637
+  _globals['_EVALUATEREQUEST']._serialized_start=1639
+  _globals['_EVALUATEREQUEST']._serialized_end=1758
+  _globals['_EVALRESULT']._serialized_start=1760
+  _globals['_EVALRESULT']._serialized_end=1851
+  _globals['_EVALUATERESPONSE']._serialized_start=1854
+  _globals['_EVALUATERESPONSE']._serialized_end=1987
+  _globals['_SCHEDULER']._serialized_start=2262
+  _globals['_SCHEDULER']._serialized_end=2883
 # @@protoc_insertion_point(module_scope)

@@ -64,7 +64,7 @@ class WatchRunRequest(_message.Message):
     def __init__(self, run: _Optional[str] = ..., interval_ms: _Optional[int] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run", "phase", "policy_version", "valid_groups_produced", "valid_groups_bound", "in_flight_prompts", "queue_depth", "outcomes", "early_stops", "aborted_requests", "aborted_tokens", "completions", "generated_tokens", "mode", "max_staleness", "valid_groups_credited", "redis_available", "scheduler_epoch")
+    __slots__ = ("run", "phase", "policy_version", "valid_groups_produced", "valid_groups_bound", "in_flight_prompts", "queue_depth", "outcomes", "early_stops", "aborted_requests", "aborted_tokens", "completions", "generated_tokens", "mode", "max_staleness", "valid_groups_credited", "redis_available", "scheduler_epoch", "max_staleness_exact")
     class OutcomesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class RunStatus(_message.Message):
     VALID_GROUPS_CREDITED_FIELD_NUMBER: _ClassVar[int]
     REDIS_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_EXACT_FIELD_NUMBER: _ClassVar[int]
     run: str
     phase: RunPhase
     policy_version: int
@@ -108,7 +109,8 @@ class RunStatus(_message.Message):
     valid_groups_credited: int
     redis_available: bool
     scheduler_epoch: int
-    def __init__(self, run: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., policy_version: _Optional[int] = ..., valid_groups_produced: _Optional[int] = ..., valid_groups_bound: _Optional[int] = ..., in_flight_prompts: _Optional[int] = ..., queue_depth: _Optional[int] = ..., outcomes: _Optional[_Mapping[str, int]] = ..., early_stops: _Optional[int] = ..., aborted_requests: _Optional[int] = ..., aborted_tokens: _Optional[int] = ..., completions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., mode: _Optional[str] = ..., max_staleness: _Optional[int] = ..., valid_groups_credited: _Optional[int] = ..., redis_available: _Optional[bool] = ..., scheduler_epoch: _Optional[int] = ...) -> None: ...
+    max_staleness_exact: float
+    def __init__(self, run: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., policy_version: _Optional[int] = ..., valid_groups_produced: _Optional[int] = ..., valid_groups_bound: _Optional[int] = ..., in_flight_prompts: _Optional[int] = ..., queue_depth: _Optional[int] = ..., outcomes: _Optional[_Mapping[str, int]] = ..., early_stops: _Optional[int] = ..., aborted_requests: _Optional[int] = ..., aborted_tokens: _Optional[int] = ..., completions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., mode: _Optional[str] = ..., max_staleness: _Optional[int] = ..., valid_groups_credited: _Optional[int] = ..., redis_available: _Optional[bool] = ..., scheduler_epoch: _Optional[int] = ..., max_staleness_exact: _Optional[float] = ...) -> None: ...
 
 class PublishWeightsRequest(_message.Message):
     __slots__ = ("version", "uri", "mode", "trainer_epoch")

@@ -69,7 +69,7 @@ class CrossFieldRule:
     source: str
 
 
-# On `spec.run` (RunConfig._cross_field, and the trainer's start-up checks: spec.TRAINER_RULES).
+# On `spec.run` (RunConfig._cross_field: asyncdapo.config.impossible_combinations).
 RUN_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         "self.data.train_batch_size % self.trainer.ppo_mini_batch_size == 0",
@@ -85,23 +85,38 @@ RUN_RULES: tuple[CrossFieldRule, ...] = (
         "RunConfig",
     ),
     CrossFieldRule(
-        "self.rollout.mode != 'sync' || self.rollout.max_staleness == 0",
+        "self.rollout.mode != 'sync' || double(self.rollout.max_staleness) == 0.0",
         "spec.run.rollout.max_staleness must be 0 in rollout.mode sync",
         ".rollout.max_staleness",
         "RunConfig",
     ),
     CrossFieldRule(
-        "self.trainer.publish_every <= 1 || self.rollout.max_staleness >= self.trainer.publish_every - 1",
+        "self.rollout.n > 1 || !self.reward.filter_groups",
+        "spec.run.rollout.n must be >= 2 with spec.run.reward.filter_groups (a group of one response has "
+        "zero variance: no group would ever be valid)",
+        ".rollout.n",
+        "RunConfig",
+    ),
+    CrossFieldRule(
+        "self.rollout.mode != 'sync' || self.rollout.max_num_gen_batches == 0 || "
+        "self.rollout.max_num_gen_batches * self.rollout.max_concurrent_prompts >= self.data.train_batch_size",
+        "spec.run.rollout.max_num_gen_batches x spec.run.rollout.max_concurrent_prompts must reach "
+        "spec.run.data.train_batch_size in rollout.mode sync (a step could never gather its valid groups)",
+        ".rollout.max_num_gen_batches",
+        "RunConfig",
+    ),
+    CrossFieldRule(
+        "self.trainer.publish_every <= 1 || double(self.rollout.max_staleness) >= double(self.trainer.publish_every - 1)",
         "spec.run.trainer.publish_every = k needs spec.run.rollout.max_staleness >= k - 1",
         ".trainer.publish_every",
-        "TRAINER_RULES",
+        "RunConfig",
     ),
     CrossFieldRule(
         "self.trainer.workers <= self.trainer.ppo_mini_batch_size * self.rollout.n",
         "spec.run.trainer.workers must not exceed the responses of a mini-batch "
         "(trainer.ppo_mini_batch_size x rollout.n)",
         ".trainer.workers",
-        "TRAINER_RULES",
+        "RunConfig",
     ),
 )
 

@@ -166,7 +166,7 @@ ROLLOUT = Dashboard(
                 ),
                 _q(
                     f"max by (namespace, run) (asyncdapo_scheduler_valid_groups_bound{{{RUN}}})",
-                    "bound (v+s+1)·B {{namespace}} {{run}}",
+                    "bound ⌊(v+1+s)·B⌋ {{namespace}} {{run}}",
                 ),
                 _q(
                     f"max by (namespace, run) (asyncdapo_scheduler_policy_version{{{RUN}}})",

@@ -14,7 +14,8 @@ counts are in `core_commands`, and every one of those names is importable from h
 
 Flow of one prompt attempt:
   claimed → `PromptTask` with n `Request`s (pdsr: the probe first) → Dispatch → each finished
-  response → ScoreResponse → reward = score + overlong penalty → record (one batch per verifier batch) →
+  response → ScoreResponse → the verdict's score (`RunConfig.reward_of`) + overlong penalty = reward →
+  record (one batch per verifier batch) →
   the response completing the group hands the task on: filtered, or ready in the commit ledger →
   the finish batch (commit the ready ones in ledger order, requeue beyond the bound, abort what the
   plan cuts) → outcomes applied.
@@ -104,9 +105,9 @@ class RolloutCore(CoreOutcomes):
         encode_group: Callable[[str, PromptTask], bytes] | None = None,
     ) -> None:
         self.cfg = cfg
-        # response length -> DAPO overlong penalty: RunConfig's method is Python reading three
-        # nested pydantic fields, ~3 % of a simulated run when called per response
-        self._overlong: dict[int, float] = {}
+        # (verdict, response length) -> (score, overlong penalty): RunConfig's method is Python
+        # reading nested pydantic fields, ~3 % of a simulated run when called per response
+        self._reward_of: dict[tuple[bool, int], tuple[float, float]] = {}
         # the stream entry of a committed group; the simulator, whose responses carry lengths and
         # no tokens, passes its own (it trains from its own records, not from the bytes)
         self.encode_group = encode_group or _encode_group
@@ -175,13 +176,15 @@ class RolloutCore(CoreOutcomes):
             k += 1
         return k
 
-    def sampling(self, temperature: float | None = None) -> common_pb2.SamplingParams:
+    def sampling(self, validation: bool = False) -> common_pb2.SamplingParams:
+        """Sampling of training rollouts, or of validation (rollout.val_temperature / val_top_p /
+        val_top_k, verl's val_kwargs)."""
         ro = self.cfg.rollout
         return common_pb2.SamplingParams(
             max_tokens=self.cfg.data.max_response_length,
-            temperature=ro.temperature if temperature is None else temperature,
-            top_p=ro.top_p,
-            top_k=ro.top_k,
+            temperature=ro.val_temperature if validation else ro.temperature,
+            top_p=ro.val_top_p if validation else ro.top_p,
+            top_k=ro.val_top_k if validation else ro.top_k,
         )
 
     # ------------------------------------------------------------------ run control
@@ -370,17 +373,15 @@ class RolloutCore(CoreOutcomes):
         if self.pdsr and req.task.kind is Kind.TRAIN and req.continuation is None:
             self.probes.add_censored(tokens, req)
 
-    def scores_to_record(
-        self, scored: Sequence[tuple[PromptTask, int, float, float, str]]
-    ) -> list[ResponseScore]:
-        """(task, idx, score, acc, pred) of train responses the verifier judged → what to record.
-        Responses of tasks closed meanwhile are left out. Each one left in is `recording` until
-        `recorded` answers it: its task's outcome waits for that (`next_finish_batch`)."""
-        cfg = self.cfg
-        use_acc = cfg.reward.filter_metric is FilterMetric.ACC
-        overlong = self._overlong
+    def scores_to_record(self, scored: Sequence[tuple[PromptTask, int, float, str]]) -> list[ResponseScore]:
+        """(task, idx, acc, pred) of train responses the verifier judged → what to record: the
+        score of the verdict (reward.correct_reward / incorrect_reward) and the reward, score +
+        overlong penalty (`RunConfig.reward_of`). Responses of tasks closed meanwhile are left out.
+        Each one left in is `recording` until `recorded` answers it: its task's outcome waits for
+        that (`next_finish_batch`)."""
+        by = self.cfg.reward.filter_metric
         out: list[ResponseScore] = []
-        for task, idx, score, acc, pred in scored:
+        for task, idx, acc, pred in scored:
             if task.closed:
                 self._record_answered(task, idx)  # a batch delivered again: its first RECORD raised
                 continue
@@ -389,14 +390,22 @@ class RolloutCore(CoreOutcomes):
             resp = task.responses[idx]
             assert resp is not None, "a scored response is stored"
             length = len(resp.token_ids)
-            pen = overlong.get(length)
-            if pen is None:
-                pen = overlong[length] = cfg.overlong_penalty(length)
-            task.scores[idx] = Score(score, acc, pred, score + pen, pen)
+            sc = task.scores[idx] = self.score_of(acc, pred, length)
             vmin, vmax = version_range(resp, self.version)
-            metric = acc if use_acc else score
-            out.append(ResponseScore(task.pid, task.attempt, idx, metric, score + pen, vmin, vmax, length))
+            metric = acc if by is FilterMetric.ACC else sc.score if by is FilterMetric.SCORE else sc.reward
+            out.append(ResponseScore(task.pid, task.attempt, idx, metric, sc.reward, vmin, vmax, length))
         return out
+
+    def score_of(self, acc: float, pred: str, length: int) -> Score:
+        """The verifier's verdict on a response of `length` tokens → its `Score`: the score
+        `RunConfig.reward_of` gives the verdict and the reward, score + overlong penalty. Train and
+        eval responses both go through here."""
+        key = (acc > 0.0, length)
+        shaped = self._reward_of.get(key)
+        if shaped is None:
+            shaped = self._reward_of[key] = self.cfg.reward_of(key[0], length)
+        score, pen = shaped
+        return Score(score, acc, pred, score + pen, pen)
 
     def recorded(
         self, owners: Sequence[PromptTask], scores: Sequence[ResponseScore], progress: Sequence[GroupProgress]

@@ -59,7 +59,7 @@ def check_request(req: scheduler_pb2.EvaluateRequest) -> None:
 async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> scheduler_pb2.EvaluateResponse:
     check_request(req)
     n = req.n
-    sampling = rollout.sampling(rollout.cfg.rollout.val_temperature)
+    sampling = rollout.sampling(validation=True)  # what the request sets overrides these
     if req.HasField("sampling"):
         sampling.MergeFrom(req.sampling)
     if sampling.max_tokens <= 0:
@@ -94,7 +94,7 @@ async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> sche
         for resp, sc in zip(t.responses, t.scores, strict=True):
             assert resp is not None and sc is not None
             r.acc.append(sc.acc)
-            r.score.append(sc.score)
+            r.score.append(sc.score)  # reward.correct_reward / incorrect_reward: accuracy is acc's mean
             r.response_length.append(len(resp.token_ids))
             r.pred.append(sc.pred)
             accs.append(sc.acc)

@@ -281,7 +281,7 @@ class GroupStore:
         scripts: ScriptRunner,
         keys: RunKeys,
         train_batch_size: int = 1,
-        max_staleness: int = 0,
+        staleness_window: int = 0,
         finished_ttl_s: int = FINISHED_PROMPT_TTL_S,
     ) -> None:
         self.scripts = scripts
@@ -289,7 +289,8 @@ class GroupStore:
         self.epoch = 0
         self.version = 0  # the published policy version (the scheduler keeps it current)
         self.train_batch_size = train_batch_size
-        self.max_staleness = max_staleness
+        # ceil(s) (`RunConfig.staleness_window`): FINISH's version window; the bound comes per item
+        self.staleness_window = staleness_window
         self.finished_ttl_s = finished_ttl_s
 
     async def record(self, scores: Sequence[ResponseScore]) -> list[GroupProgress]:
@@ -327,7 +328,7 @@ class GroupStore:
         args: list[ScriptArg] = [
             str(self.epoch),
             self.train_batch_size,
-            self.max_staleness,
+            self.staleness_window,
             self.finished_ttl_s,
             OUTCOMES_MAXLEN,
             self.version,

@@ -151,9 +151,11 @@ return out
 
 # KEYS: counters, claimed, prompts, groups, epoch, outcomes, then per attempt its prompt key and
 # its prompt data key.
-# ARGV: epoch, train_batch_size B, max_staleness s, final_ttl_s, outcomes_maxlen, policy version v,
+# ARGV: epoch, train_batch_size B, staleness window w = ceil(s) (`RunConfig.staleness_window`),
+# final_ttl_s, outcomes_maxlen, policy version v,
 # then per attempt:
-#   pid, attempt, outcome (valid|filtered|requeued|dropped), reason, bound (-1: none),
+#   pid, attempt, outcome (valid|filtered|requeued|dropped), reason,
+#   bound (floor((v + 1 + s)·B), `RunConfig.valid_group_bound`; -1: none),
 #   group bytes, min_version (valid only: the oldest token version of the group)
 # The one place an attempt gets its outcome: exactly once, together with its side effects (the
 # group XADDed and counted, the claim released, the prompt requeued at the queue head, the audit
@@ -162,7 +164,7 @@ return out
 # or past the bound becomes `requeued(over_bound)`; a valid group that the step consuming it would
 # find stale becomes `requeued(stale)` — the trainer reads the stream in order, B groups per step,
 # so the group at effective position k is trained by step floor(k / B) and is trainable there only
-# if min_version >= floor(k / B) - s. (That step is never older than the published version v — the
+# if min_version >= floor(k / B) - w. (That step is never older than the published version v — the
 # trainer has consumed v·B groups — so max(floor(k / B), v) is used: a defence against counters
 # that disagree with the trainer, e.g. a stream reset by hand.) Returns one {label, valid_produced, valid_credited} per attempt;
 # label is the outcome, `dropped:<reason>` / `requeued:<reason>`, or dup:<stored label> / stale / fenced.
@@ -176,7 +178,7 @@ if redis.call('GET', KEYS[5]) ~= ARGV[1] then
   for i = 1, count do out[i] = {'fenced', tostring(produced), tostring(credited)} end
   return out
 end
-local B, s, ttl, v = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
+local B, w, ttl, v = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
 for i = 1, count do
   local key, dkey = KEYS[5 + 2 * i], KEYS[6 + 2 * i]
   local b = 6 + (i - 1) * 7
@@ -195,7 +197,7 @@ for i = 1, count do
         local eff = produced - credited
         if bound >= 0 and eff >= bound then
           outcome, reason = 'requeued', 'over_bound'
-        elseif tonumber(ARGV[b + 7]) < math.max(math.floor(eff / B), v) - s then
+        elseif tonumber(ARGV[b + 7]) < math.max(math.floor(eff / B), v) - w then
           outcome, reason = 'requeued', 'stale'
         else
           redis.call('XADD', groups, '*', 'g', ARGV[b + 6])

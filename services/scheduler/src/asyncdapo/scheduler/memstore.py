@@ -180,12 +180,12 @@ def _ok(done: int, n: int) -> GroupProgress:
 class MemoryGroupStore:
     """`group_state.GroupStore` in memory (same methods, synchronous)."""
 
-    def __init__(self, run: MemoryRun, train_batch_size: int = 1, max_staleness: int = 0) -> None:
+    def __init__(self, run: MemoryRun, train_batch_size: int = 1, staleness_window: int = 0) -> None:
         self.run = run
         self.epoch = 0
         self.version = 0
         self.train_batch_size = train_batch_size
-        self.max_staleness = max_staleness
+        self.staleness_window = staleness_window  # ceil(s), as `GroupStore`
 
     def record(self, scores: Sequence[ResponseScore]) -> list[GroupProgress]:
         run = self.run
@@ -254,7 +254,7 @@ class MemoryGroupStore:
         credited = run.counters.get(rk.VALID_CREDITED, 0)
         if run.epoch != self.epoch:
             return [FinishResult("fenced", produced, credited) for _ in items]
-        b, s = self.train_batch_size, self.max_staleness
+        b, s = self.train_batch_size, self.staleness_window
         out: list[FinishResult] = []
         for it in items:
             st = run.prompts.get(it.pid)

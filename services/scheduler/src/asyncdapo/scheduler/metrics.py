@@ -98,7 +98,7 @@ class SchedulerMetrics:
         self.valid_produced = TotalCounter(
             p + "valid_groups_produced_total", "Valid groups produced in total (the run's, from Redis).", r
         )
-        self.valid_bound = Gauge(p + "valid_groups_bound", "(v + s + 1) * B.", registry=r)
+        self.valid_bound = Gauge(p + "valid_groups_bound", "floor((v + 1 + s) * B).", registry=r)
         self.valid_credited = TotalCounter(
             p + "valid_groups_credited_total",
             "Valid groups the trainer dropped (stale, malformed, trimmed), credited back to the bound "

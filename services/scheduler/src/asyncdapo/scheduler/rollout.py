@@ -59,7 +59,7 @@ from asyncdapo.scheduler.queue import Fenced, PromptQueue
 from asyncdapo.scheduler.response_log import LoggedResponse, ResponseEvent, ResponseLog
 from asyncdapo.scheduler.run_status import RunStatusReader
 from asyncdapo.scheduler.score_batcher import BatcherConfig, ScoreBatcher, ScoreFailure, ScoreJob, Scorer
-from asyncdapo.scheduler.tasks import Kind, LengthStats, PromptTask, Request, Score
+from asyncdapo.scheduler.tasks import Kind, LengthStats, PromptTask, Request
 from asyncdapo.scheduler.weight_publisher import WeightPublisher
 from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
 
@@ -93,7 +93,7 @@ class Rollout:
         self.rtt = RoundTrips()
         self.redis_link = RedisLink()
         self.scripts = ScriptRunner(redis, self.rtt)
-        self.store = GroupStore(self.scripts, self.keys, cfg.data.train_batch_size, cfg.rollout.max_staleness)
+        self.store = GroupStore(self.scripts, self.keys, cfg.data.train_batch_size, cfg.staleness_window)
         self.queue = PromptQueue(redis, self.keys, self.scripts, self.store, self.rtt, owner=owner)
         self.response_log = response_log
         self.claim_chunk = claim_chunk
@@ -208,8 +208,8 @@ class Rollout:
         """Health: Redis answers and this scheduler still owns its run."""
         return self.redis_link.up and not self.core.fenced
 
-    def sampling(self, temperature: float | None = None) -> common_pb2.SamplingParams:
-        return self.core.sampling(temperature)
+    def sampling(self, validation: bool = False) -> common_pb2.SamplingParams:
+        return self.core.sampling(validation)
 
     def admissible(self, limit: int | None = None) -> int:
         return self.core.admissible(limit)
@@ -458,16 +458,16 @@ class Rollout:
             self.metrics.verifier_errors.labels("call").inc()
 
     async def _on_scored(self, jobs: list[ScoreJob]) -> None:
-        train: list[tuple[PromptTask, int, float, float, str]] = []
+        train: list[tuple[PromptTask, int, float, str]] = []
         owners: list[PromptTask] = []
         for job in jobs:
             task, idx = job.ctx
             res = job.result
             assert res is not None
             if task.kind is Kind.EVAL:
-                self._eval_scored(task, idx, res.score, res.acc, res.pred)
+                self._eval_scored(task, idx, res.acc, res.pred)
                 continue
-            train.append((task, idx, res.score, res.acc, res.pred))
+            train.append((task, idx, res.acc, res.pred))
         scores = self.core.scores_to_record(train)
         if not scores:
             return
@@ -478,18 +478,17 @@ class Rollout:
             self.on_fenced("record")
             return
         if self.response_log is not None:
-            acc = {(t.pid, t.attempt, i): a for t, i, _, a, _ in train}
+            acc = {(t.pid, t.attempt, i): a for t, i, a, _ in train}
             self.response_log.judged(
                 (LoggedResponse.of(t, s.idx, s.length, t.responses[s.idx]), acc[(s.pid, s.attempt, s.idx)])
                 for s, t in zip(scores, owners, strict=True)
             )
         self._wake_finisher_if_needed()
 
-    def _eval_scored(self, task: PromptTask, idx: int, score: float, acc: float, pred: str) -> None:
+    def _eval_scored(self, task: PromptTask, idx: int, acc: float, pred: str) -> None:
         resp = task.responses[idx]
         assert resp is not None
-        pen = self.cfg.overlong_penalty(len(resp.token_ids))
-        task.scores[idx] = Score(score, acc, pred, score + pen, pen)
+        task.scores[idx] = self.core.score_of(acc, pred, len(resp.token_ids))
         if all(s is not None for s in task.scores) and task.future is not None and not task.future.done():
             task.future.set_result(task)
 

@@ -84,8 +84,9 @@ class RunStatusReader:
             completions=c.get(rk.COMPLETIONS, 0),
             generated_tokens=c.get(rk.GENERATED_TOKENS, 0),
             mode=self._cfg.rollout.mode.value,
-            max_staleness=self._cfg.rollout.max_staleness,
+            max_staleness=self._cfg.staleness_window,  # ceil(s): the version window (int32 on the wire)
             valid_groups_credited=c.get(rk.VALID_CREDITED, 0),
             redis_available=self._link.up,
             scheduler_epoch=self._epoch(),
+            max_staleness_exact=self._cfg.rollout.max_staleness,
         )

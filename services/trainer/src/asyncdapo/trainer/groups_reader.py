@@ -63,7 +63,7 @@ T = TypeVar("T")
 
 
 class GroupDropReason(StrEnum):
-    STALE = "stale"  # min_version < version - max_staleness
+    STALE = "stale"  # min_version < version - ceil(s) (`RunConfig.staleness_window`)
     FUTURE = "future"  # produced by a version newer than the trainer's (lost in a rollback)
     MALFORMED = "malformed"  # violates the Group contract or does not parse
     MISSING = "missing"  # the entry's data was trimmed from the stream before it was read
@@ -201,17 +201,19 @@ class Entry:
 def classify(
     group: rollout_pb2.Group,
     version: int,
-    max_staleness: int,
+    staleness_window: int,
     vocab_size: int,
     max_response_length: int,
 ) -> tuple[GroupDropReason | None, str]:
-    """(None, "") if `group` may train the policy at `version`, else (reason, detail)."""
+    """(None, "") if `group` may train the policy at `version`, else (reason, detail).
+    `staleness_window` is ceil(s) (`RunConfig.staleness_window`): every group the bound
+    floor((v + 1 + s)·B) lets the scheduler commit under version v trains by step v + ceil(s)."""
     try:
         validate_group(group, vocab_size, max_response_length)
     except MalformedGroup as err:
         return GroupDropReason.MALFORMED, str(err)
-    if group.min_version < version - max_staleness:
-        return GroupDropReason.STALE, f"min_version {group.min_version} < {version} - {max_staleness}"
+    if group.min_version < version - staleness_window:
+        return GroupDropReason.STALE, f"min_version {group.min_version} < {version} - {staleness_window}"
     if group.max_version > version:
         return GroupDropReason.FUTURE, f"max_version {group.max_version} > trainer version {version}"
     return None, ""

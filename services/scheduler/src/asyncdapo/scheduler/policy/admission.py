@@ -1,7 +1,7 @@
 """Admission policies, pure: may the rollout take one more prompt from the queue now?
 
-The hard limit is the staleness bound on valid groups, (v + s + 1) · B (`RunConfig.valid_group_bound`);
-nothing is admitted at or beyond it. Below it, over-provisioning is the point (many groups are
+The hard limit is the staleness bound on valid groups, floor((v + 1 + s) · B)
+(`RunConfig.valid_group_bound`); nothing is admitted at or beyond it. Below it, over-provisioning is the point (many groups are
 filtered out), and a policy decides how much: `greedy` fills every prompt slot, `expected-valid`
 stops once the prompts in flight are expected to cover what is left with a margin, `sync-batch`
 is verl's DAPO loop (a whole generation batch at a time). The simulator compares them through the
@@ -28,7 +28,7 @@ class AdmitReason(StrEnum):
 @dataclass(frozen=True, slots=True)
 class AdmissionState:
     valid_produced: int  # valid groups committed so far (all versions)
-    bound: int  # (v + s + 1) · B
+    bound: int  # floor((v + 1 + s) · B), s possibly fractional
     in_flight_prompts: int  # admitted, no outcome yet
     max_in_flight: int  # cfg.rollout.max_concurrent_prompts
     finished_groups: int = 0  # complete groups judged so far (valid + filtered), for the valid rate
