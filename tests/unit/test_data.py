@@ -60,10 +60,20 @@ def test_text_prompts_and_numeric_ground_truth(tmp_path: Path) -> None:
     ("row", "field"),
     [
         ({"reward_model": {"ground_truth": "1"}}, "'prompt'"),
-        ({"prompt": "", "reward_model": {"ground_truth": "1"}}, "prompt must be"),
+        ({"prompt": "", "reward_model": {"ground_truth": "1"}}, "prompt: '' given; must be"),
         ({"prompt": [{"content": "x"}], "reward_model": {"ground_truth": "1"}}, r"prompt\[0\]"),
         ({"prompt": "q"}, "reward_model.ground_truth"),
-        ({"prompt": "q", "reward_model": {"ground_truth": "  "}}, "ground_truth must be"),
+        ({"prompt": "q", "reward_model": {"ground_truth": "  "}}, "ground_truth: an empty string given"),
+        (
+            {"prompt": "q", "reward_model": {"ground_truth": ["1", "2"]}},
+            "ground_truth: list given; must be a string",
+        ),
+        ({"prompt": "q", "reward_model": {"ground_truth": True}}, "ground_truth: bool given"),
+        ({"prompt": "q", "reward_model": {"ground_truth": "1"}, "extra_info": [1]}, "extra_info: list given"),
+        (
+            {"prompt": [{"role": "user", "content": None}], "reward_model": {"ground_truth": "1"}},
+            r"prompt\[0\]: null",
+        ),
     ],
 )
 def test_bad_rows_name_file_row_and_field(tmp_path: Path, row: dict, field: str) -> None:

@@ -23,7 +23,15 @@ def test_prompts_longer_than_the_training_limit_are_left_out_and_sampling_follow
     cfg = parse_run_config(
         {
             "data": {"max_prompt_length": 4, "max_response_length": 256},
-            "rollout": {"val_temperature": 0.3, "top_p": 0.9, "top_k": 5, "val_n": 2},
+            # training samples with top_p 0.5 / top_k 50; validation with its own settings
+            "rollout": {
+                "val_temperature": 0.3,
+                "val_top_p": 0.9,
+                "val_top_k": 5,
+                "val_n": 2,
+                "top_p": 0.5,
+                "top_k": 50,
+            },
         }
     )
     req = eval_request(cfg, [_ex(0, 3), _ex(1, 9), _ex(2, 4)], _encode)

@@ -1,9 +1,10 @@
 """The one builder of a `Scheduler.Evaluate` request from validation examples.
 
 Used by the trainer (validation every `trainer.val_every` steps) and by `asyncdapo up` (before and
-after training), so both measure the same thing: every example's prompt, encoded as in training,
-dropped when longer than `data.max_prompt_length` (as in training: the engines fit no more), sampled
-with the run's validation settings.
+after training), so both measure the same thing: every example's prompt, encoded as in training and
+fitted to `data.max_prompt_length` as in training (`data.truncation`: dropped, cut, or an error),
+sampled with the run's validation settings. Request ids are `val-<position>`: unique even where two
+validation files reuse the same extra_info.index.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from asyncdapo.config import RunConfig
+from asyncdapo.data.prompting import fit_prompt
 from asyncdapo.data.verl_format import Example
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.v1 import common_pb2, scheduler_pb2
@@ -26,8 +28,11 @@ def eval_request(
     prompts = []
     for ex in examples:
         ids, text = encode(ex)
-        if len(ids) > cfg.data.max_prompt_length:
+        where = f"validation example {ex.index} (data_source {ex.data_source!r}, extra_info.index {ex.source_index!r})"
+        fitted = fit_prompt(ids, cfg.data.max_prompt_length, cfg.data.truncation, where)
+        if fitted is None:
             continue
+        ids = fitted
         prompts.append(
             scheduler_pb2.EvalPrompt(
                 id=f"val-{ex.index}", prompt_token_ids=ids, prompt=text, ground_truth=ex.ground_truth
@@ -35,12 +40,13 @@ def eval_request(
         )
     if not prompts:
         raise AsyncdapoError(
-            f"every validation prompt is longer than data.max_prompt_length ({cfg.data.max_prompt_length})"
+            f"every validation prompt is longer than data.max_prompt_length ({cfg.data.max_prompt_length}) "
+            "and data.truncation is drop: raise max_prompt_length or truncate (left, right, middle)"
         )
     sampling = common_pb2.SamplingParams(
         max_tokens=cfg.data.max_response_length,
         temperature=cfg.rollout.val_temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
+        top_p=cfg.rollout.val_top_p,
+        top_k=cfg.rollout.val_top_k,
     )
     return scheduler_pb2.EvaluateRequest(prompts=prompts, n=cfg.rollout.val_n, sampling=sampling)

@@ -68,7 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     gsm.set_defaults(func=_gsm8k)
 
     show = dsub.add_parser("show", help="validate verl-layout files and print a summary")
-    show.add_argument("files", nargs="+")
+    show.add_argument(
+        "files", nargs="+", help=".parquet, .jsonl or .json (JSON Lines or an array) in verl's layout"
+    )
+    show.add_argument("--prompt-key", default="prompt", help="the prompt column (data.prompt_key)")
     show.set_defaults(func=_show)
 
 
@@ -167,10 +170,19 @@ def _show(args: argparse.Namespace) -> int:
 
     from asyncdapo.data.verl_format import load_examples
 
-    examples = load_examples(args.files)
+    examples = load_examples(args.files, args.prompt_key)
     sources = Counter(e.data_source for e in examples)
+    chat = sum(e.is_chat for e in examples)
     print(f"{len(examples)} examples; sources: {dict(sources)}")
+    print(f"prompts: {chat} chat, {len(examples) - chat} text")
+    index_kinds = Counter(
+        type(e.source_index).__name__ if e.source_index is not None else "none" for e in examples
+    )
+    columns = sorted({c for e in examples for c in e.columns})
+    print(f"extra_info.index: {dict(index_kinds)}; other columns: {columns}")
     if examples:
         e = examples[0]
-        print(f"first: prompt={e.prompt!r} ground_truth={e.ground_truth!r}")
+        print(
+            f"first: prompt={e.prompt!r} ground_truth={e.ground_truth!r} extra_info.index={e.source_index!r}"
+        )
     return 0

@@ -2,9 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from asyncdapo.data.verl_format import Example
+from asyncdapo.config import PromptTruncation
+from asyncdapo.data.verl_format import DatasetError, Example
+
+
+class PromptTooLong(DatasetError):
+    """A prompt longer than data.max_prompt_length under `data.truncation: error` (verl's default)."""
+
+
+def fit_prompt(ids: Sequence[int], limit: int, mode: PromptTruncation, where: str) -> list[int] | None:
+    """The prompt's token ids within `limit` tokens as `data.truncation` says: unchanged when they
+    fit; None (drop); cut to the last (`left`), first (`right`) or first ceil(limit/2) and last
+    floor(limit/2) (`middle`) tokens, as verl truncates; `PromptTooLong` naming `where` (`error`)."""
+    if len(ids) <= limit:
+        return list(ids)
+    if mode is PromptTruncation.DROP:
+        return None
+    if mode is PromptTruncation.LEFT:
+        return list(ids[len(ids) - limit :])
+    if mode is PromptTruncation.RIGHT:
+        return list(ids[:limit])
+    if mode is PromptTruncation.MIDDLE:
+        head = (limit + 1) // 2
+        return [*ids[:head], *ids[len(ids) - (limit - head) :]]
+    raise PromptTooLong(
+        f"{where}: prompt of {len(ids)} tokens given; data.max_prompt_length is {limit} and data.truncation "
+        "is error: raise max_prompt_length, or set data.truncation to drop, left, right or middle"
+    )
 
 
 def render_prompt(example: Example, tokenizer: Any, apply_chat_template: bool = True) -> str:

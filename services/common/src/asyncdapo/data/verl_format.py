@@ -1,10 +1,17 @@
 """Datasets in verl's layout: one row per problem with `prompt`, `reward_model.ground_truth`,
-`data_source` (plus optional `ability`, `extra_info`).
+`data_source` (plus optional `ability`, `extra_info` and any other column).
 
-`prompt` is either a list of chat messages (`[{"role": "user", "content": …}]`, verl's usual form)
-or a plain string. Files are parquet (`.parquet`) or JSON Lines (`.jsonl` / `.json`).
-Invariant: every `Example` returned has a non-empty prompt and a non-empty ground truth; rows that
-break it raise `DatasetError` naming the file, the row and the field.
+Every row shape verl's own loader accepts loads here:
+- files: parquet (`.parquet`), JSON Lines (`.jsonl`), and `.json` holding JSON Lines or one array of rows;
+- `prompt` (or `data.prompt_key`): a list of chat messages (`[{"role": "user", "content": …}]`, verl's
+  usual form; other keys of a message, e.g. `tool_calls`, are ignored) or a plain string;
+- `reward_model.ground_truth`: a string, an integer or a float (`style` and other keys ignored);
+- `extra_info`: missing, null or a mapping; its `index` missing, null, an integer or a string (the
+  UUIDs of DAPO-Math-17k) — kept verbatim as `Example.source_index`;
+- any other column (`ability`, `level`, `solution`, …): kept, and written back by `write_examples`.
+Invariant: every `Example` returned has a non-empty prompt and a non-empty ground truth, and its
+`index` is its position in the files as loaded (unique: ids are built from it); rows that break
+the layout raise `DatasetError` naming the file, the row, the field, what it holds and what is allowed.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from typing import Any
 from asyncdapo.errors import AsyncdapoError
 
 Messages = list[dict[str, str]]
+SourceIndex = str | int | float | None
+_LAYOUT = ("data_source", "prompt", "reward_model", "extra_info")
 
 
 class DatasetError(AsyncdapoError, ValueError):
@@ -30,8 +39,10 @@ class Example:
     prompt: Messages | str
     ground_truth: str
     data_source: str
-    index: int
-    extra_info: dict[str, Any] = field(default_factory=dict)
+    index: int  # position in the loaded files (unique)
+    extra_info: dict[str, Any] = field(default_factory=dict)  # without `index`
+    source_index: SourceIndex = None  # the row's own extra_info.index, as written (int, UUID string, …)
+    columns: dict[str, Any] = field(default_factory=dict)  # other top-level columns (ability, …)
 
     @property
     def is_chat(self) -> bool:
@@ -44,33 +55,52 @@ class Example:
         return "\n".join(m["content"] for m in self.prompt)
 
     def to_row(self) -> dict[str, Any]:
+        index = self.source_index if self.source_index is not None else self.index
         return {
             "data_source": self.data_source,
             "prompt": self.prompt,
             "ability": "math",
+            **self.columns,
             "reward_model": {"style": "rule", "ground_truth": self.ground_truth},
-            "extra_info": {"index": self.index, **self.extra_info},
+            "extra_info": {"index": index, **self.extra_info},
         }
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
+def _read_rows(path: Path) -> list[Any]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as err:
+            raise DatasetError(f"{path}: not a readable parquet file: {err}") from None
     if suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise DatasetError(f"{path}:{lineno}: not valid JSON: {err.msg}") from None
-        return rows
-    raise DatasetError(f"{path}: unsupported dataset format {suffix!r} (use .parquet or .jsonl)")
+        text = path.read_text()
+        if suffix == ".json" and text.lstrip().startswith("["):
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"{path}: not valid JSON: {err.msg} (line {err.lineno})") from None
+            return list(rows)
+        out = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"{path}:{lineno}: not valid JSON: {err.msg}") from None
+        return out
+    raise DatasetError(
+        f"{path}: unsupported dataset format {suffix or '(no suffix)'!r} given; "
+        "use .parquet, .jsonl or .json (JSON Lines or an array)"
+    )
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
 
 
 def _parse_prompt(value: Any, where: str, prompt_key: str) -> Messages | str:
@@ -79,32 +109,65 @@ def _parse_prompt(value: Any, where: str, prompt_key: str) -> Messages | str:
     if isinstance(value, Sequence) and value and not isinstance(value, str):
         messages = []
         for i, m in enumerate(value):
-            if not isinstance(m, dict) or not isinstance(m.get("content"), str) or "role" not in m:
-                raise DatasetError(f"{where}: {prompt_key}[{i}] must be a message {{role, content}}")
+            if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not m.get("role"):
+                raise DatasetError(
+                    f"{where}: {prompt_key}[{i}]: {_kind(m.get('content') if isinstance(m, dict) else m)} given; "
+                    "a chat message is {role, content} with a string content"
+                )
             messages.append({"role": str(m["role"]), "content": m["content"]})
         return messages
-    raise DatasetError(f"{where}: {prompt_key} must be a non-empty string or list of chat messages")
+    raise DatasetError(
+        f"{where}: {prompt_key}: {_kind(value) if value not in ('', []) else repr(value)} given; "
+        "must be a non-empty string or a list of chat messages"
+    )
 
 
-def example_from_row(row: dict[str, Any], index: int, where: str, prompt_key: str = "prompt") -> Example:
+def _ground_truth(value: Any, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise DatasetError(
+            f"{where}: reward_model.ground_truth: {_kind(value)} given; must be a string or a number "
+            "(one reference answer)"
+        )
+    text = value if isinstance(value, str) else (str(int(value)) if float(value).is_integer() else str(value))
+    if not text.strip():
+        raise DatasetError(f"{where}: reward_model.ground_truth: an empty string given; must hold the answer")
+    return text.strip()
+
+
+def example_from_row(row: Any, index: int, where: str, prompt_key: str = "prompt") -> Example:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: {_kind(row)} given; a row is a mapping of columns")
     if prompt_key not in row:
-        raise DatasetError(f"{where}: missing field {prompt_key!r}")
+        raise DatasetError(f"{where}: no {prompt_key!r} column (data.prompt_key); columns: {sorted(row)}")
     prompt = _parse_prompt(row[prompt_key], where, prompt_key)
     reward_model = row.get("reward_model")
-    if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-        raise DatasetError(f"{where}: missing field 'reward_model.ground_truth'")
-    gt = reward_model["ground_truth"]
-    if isinstance(gt, int | float):
-        gt = str(gt)
-    if not isinstance(gt, str) or not gt.strip():
-        raise DatasetError(f"{where}: reward_model.ground_truth must be a non-empty string")
-    extra = row.get("extra_info") or {}
+    if not isinstance(reward_model, dict):
+        raise DatasetError(
+            f"{where}: reward_model.ground_truth: missing (reward_model is {_kind(reward_model)}); "
+            "reward_model must be a mapping with a ground_truth"
+        )
+    if "ground_truth" not in reward_model:
+        raise DatasetError(f"{where}: reward_model.ground_truth: missing; it holds the reference answer")
+    extra = row.get("extra_info")
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, dict):
+        raise DatasetError(f"{where}: extra_info: {_kind(extra)} given; must be a mapping or null")
+    source_index = extra.get("index")
+    if source_index is not None and (
+        isinstance(source_index, bool) or not isinstance(source_index, str | int | float)
+    ):
+        raise DatasetError(
+            f"{where}: extra_info.index: {_kind(source_index)} given; must be a string or a number"
+        )
     return Example(
         prompt=prompt,
-        ground_truth=gt.strip(),
+        ground_truth=_ground_truth(reward_model["ground_truth"], where),
         data_source=str(row.get("data_source") or "unknown"),
-        index=int(extra.get("index", index)) if isinstance(extra, dict) else index,
-        extra_info={k: v for k, v in extra.items() if k != "index"} if isinstance(extra, dict) else {},
+        index=index,
+        extra_info={k: v for k, v in extra.items() if k != "index"},
+        source_index=source_index,
+        columns={k: v for k, v in row.items() if k not in (*_LAYOUT, prompt_key)},
     )
 
 

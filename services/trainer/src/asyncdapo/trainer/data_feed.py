@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import redis
 
+from asyncdapo.config import PromptTruncation
+from asyncdapo.data.prompting import fit_prompt
 from asyncdapo.data.verl_format import Example
 from asyncdapo.prompts import PromptRecord, epoch_order, prompt_id, queue_prompts
 from asyncdapo.redis_keys import TRAINER_PROMPTS_QUEUED, TRAINER_PROMPTS_TOO_LONG, RunKeys, decode_counters
@@ -70,6 +72,7 @@ class PromptFeed:
         seed: int,
         shuffle: bool,
         fence: TrainerFence | None = None,
+        truncation: PromptTruncation = PromptTruncation.DROP,
     ) -> None:
         if not examples:
             raise ValueError("the training set is empty (data.train_files)")
@@ -79,6 +82,7 @@ class PromptFeed:
         self.encode = encode
         self.watermark = watermark
         self.max_prompt_length = max_prompt_length
+        self.truncation = truncation
         self.seed = seed
         self.shuffle = shuffle
         self.fence = fence
@@ -156,9 +160,12 @@ class PromptFeed:
             index, nxt = self._next(cursor)
             ex = self.examples[index]
             ids, text = self.encode(ex)
-            if len(ids) > self.max_prompt_length:
+            where = f"training example {index} (data_source {ex.data_source!r}, extra_info.index {ex.source_index!r})"
+            fitted = fit_prompt(ids, self.max_prompt_length, self.truncation, where)
+            if fitted is None:
                 too_long += 1
             else:
+                ids = fitted
                 records.append(PromptRecord(
                     id=prompt_id(cursor.epoch, index), prompt_token_ids=ids, prompt_text=text,
                     ground_truth=ex.ground_truth, data_source=ex.data_source,
@@ -168,7 +175,8 @@ class PromptFeed:
             visited += 1
             if visited >= len(self.examples) and not records:
                 raise ValueError(
-                    f"no training prompt fits data.max_prompt_length={self.max_prompt_length} tokens"
+                    f"no training prompt fits data.max_prompt_length={self.max_prompt_length} tokens "
+                    "(data.truncation: drop)"
                 )
         pipe.multi()
         queue_prompts(pipe, self.keys, records)
