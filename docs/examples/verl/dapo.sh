@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# A verl DAPO run in the shape of verl's recipe/dapo scripts (variables first, then Hydra overrides),
-# used by docs/coming-from-verl.md and by the tests of `asyncdapo config from-verl`:
-#   asyncdapo config from-verl docs/examples/verl-dapo-recipe.sh -o runs/dapo-from-verl.yaml
+# DAPO with dynamic sampling and overlong shaping, written the way verl's recipe/dapo scripts are
+# (variables first, then Hydra overrides; the generation batch 3x the training batch). Converted and
+# checked field by field by `make test` (tests/unit/test_from_verl.py); see docs/coming-from-verl.md:
+#   asyncdapo config from-verl docs/examples/verl/dapo.sh -o runs/dapo.yaml
 set -xeuo pipefail
 
 project_name='DAPO'
-exp_name='DAPO-Qwen2.5-Math-7B-gsm8k'
+exp_name='DAPO-Qwen2.5-Math-7B'
 
 adv_estimator=grpo
 use_kl_in_reward=False
@@ -31,7 +32,8 @@ gen_prompt_bsz=$((train_prompt_bsz * 3))
 n_resp_per_prompt=8
 train_prompt_mini_bsz=16
 
-DATA_HOME=${DATA_HOME:-"data/gsm8k"}
+TRAIN_FILE=${TRAIN_FILE:-"data/dapo-math-17k.parquet"}
+TEST_FILE=${TEST_FILE:-"data/aime-2024.parquet"}
 MODEL_PATH=${MODEL_PATH:-"Qwen/Qwen2.5-Math-7B"}
 CKPTS_DIR=${CKPTS_DIR:-"checkpoints/${project_name}/${exp_name}"}
 
@@ -40,8 +42,8 @@ top_p=1.0
 top_k=-1 # -1 for vLLM rollout
 
 python3 -m recipe.dapo.main_dapo \
-    data.train_files="${DATA_HOME}/train.parquet" \
-    data.val_files="${DATA_HOME}/test.parquet" \
+    data.train_files="${TRAIN_FILE}" \
+    data.val_files="${TEST_FILE}" \
     data.prompt_key=prompt \
     data.truncation='left' \
     data.max_prompt_length=${max_prompt_length} \

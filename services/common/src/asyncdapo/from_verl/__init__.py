@@ -1,6 +1,21 @@
-"""Coming from verl: convert a verl DAPO recipe's config keys to a RunConfig (`asyncdapo config from-verl`)."""
+"""Coming from verl: convert a verl recipe (DAPO, GRPO, one-step-off, fully-async) to the run
+config verl would run (`asyncdapo config from-verl`)."""
 
-from asyncdapo.from_verl.convert import Conversion, VerlKeys, convert, read_sources
-from asyncdapo.from_verl.keys import RULES, keys_table
+from asyncdapo.from_verl.convert import Conversion, VerlKeys, convert, read_sources, resolve_entry
+from asyncdapo.from_verl.derive import VerlRecipeError
+from asyncdapo.from_verl.entries import Entry
+from asyncdapo.from_verl.keys import MAPPED, RULES, keys_table, rule_for
 
-__all__ = ["RULES", "Conversion", "VerlKeys", "convert", "keys_table", "read_sources"]
+__all__ = [
+    "MAPPED",
+    "RULES",
+    "Conversion",
+    "Entry",
+    "VerlKeys",
+    "VerlRecipeError",
+    "convert",
+    "keys_table",
+    "read_sources",
+    "resolve_entry",
+    "rule_for",
+]

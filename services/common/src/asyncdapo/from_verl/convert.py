@@ -1,10 +1,13 @@
-"""`asyncdapo config from-verl`: verl keys in, a validated RunConfig (as YAML) out.
+"""`asyncdapo config from-verl`: verl keys in, the run config verl would run out.
 
 Sources are read in order, later values win (as Hydra applies overrides): verl YAML configs
-(nested, flattened to dotted keys, `${a.b}` interpolations resolved), recipe scripts (see
-`shell.py`) and bare `key=value` arguments. Every key ends up either mapped (it set a field) or
-not mapped, with the reason; the result is validated by RunConfig, and a field that fails names
-the verl key that set it.
+(nested, flattened to dotted keys, `${a.b}` interpolations resolved), recipe scripts (`shell.py`)
+and bare `key=value` arguments. The conversion starts from verl's defaults for the recipe's entry
+(`entries.py`), so an unset key means what it means in verl, and writes every field it derives.
+Every key the recipe sets ends up in one list: mapped (it set a field), performance (how verl
+runs, not what it trains), no effect (verl ignores it here) or different (it changes what verl
+trains and asyncdapo cannot express it: `--strict` fails). A recipe that cannot train as written
+is refused with every reason at once.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from typing import Any
 import yaml
 
 from asyncdapo.config import ConfigError, RunConfig, parse_run_config
-from asyncdapo.from_verl.keys import Unmappable, dns_label, rule_for
+from asyncdapo.from_verl.derive import Derivation, Difference, VerlRecipeError, derive
+from asyncdapo.from_verl.entries import Entry, entry_of, known_modules
+from asyncdapo.from_verl.keys import Kind, classify
+from asyncdapo.from_verl.probe import DataProbe, probe_files
 from asyncdapo.from_verl.shell import read_script
 
 _INTERP = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
@@ -28,7 +34,13 @@ _INTERP = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 class VerlKeys:
     values: dict[str, Any] = field(default_factory=dict)  # dotted verl key -> value, last wins
     sources: list[str] = field(default_factory=list)
-    unresolved: dict[str, str] = field(default_factory=dict)  # key -> shell text left unexpanded
+    # what a script could not expand: (the verl key it affects, or None for the script, message)
+    problems: list[tuple[str | None, str]] = field(default_factory=list)
+    modules: list[str] = field(default_factory=list)  # the trainer entry each script runs
+
+    @property
+    def errors(self) -> list[str]:
+        return [msg for _, msg in self.problems]
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -75,16 +87,18 @@ def read_sources(items: Sequence[str]) -> VerlKeys:
                     raise ConfigError(f"{path}: not valid YAML: {err}") from None
                 if not isinstance(data, dict):
                     raise ConfigError(f"{path}: a verl config must be a mapping")
+                data.pop("defaults", None)  # Hydra's composition list: the entry's defaults come from --entry
                 out.values.update(_flatten(data))
                 continue
-            read = read_script(text)
-            if not read.overrides:
+            read = read_script(text, path=str(path))
+            out.problems += [(p.key, f"{path}: {p.message}") for p in read.problems]
+            if read.entry is not None:
+                out.modules.append(read.entry)
+            if not read.overrides and not read.problems:
                 raise ConfigError(f"{path}: no verl key=value arguments found in this script")
             for arg in read.overrides:
                 key, _, raw = arg.partition("=")
                 out.values[key.lstrip("+")] = _scalar(raw)
-                if arg in read.unresolved:
-                    out.unresolved[key.lstrip("+")] = read.unresolved[arg]
             continue
         key, sep, raw = item.partition("=")
         if not sep or "." not in key:
@@ -93,34 +107,93 @@ def read_sources(items: Sequence[str]) -> VerlKeys:
             )
         out.sources.append("command line")
         out.values[key.lstrip("+")] = _scalar(raw)
+        # a key given after a script settles what the script could not expand for it
+        out.problems = [(k, msg) for k, msg in out.problems if k != key.lstrip("+")]
     _resolve_interpolations(out.values)
     out.sources = list(dict.fromkeys(out.sources))
     return out
 
 
+def resolve_entry(keys: VerlKeys, chosen: str | None = None) -> tuple[Entry, str]:
+    """The recipe family, and how it was determined: --entry, the script's `python -m`, or the keys."""
+    if chosen is not None:
+        try:
+            return Entry(chosen), "--entry"
+        except ValueError:
+            allowed = ", ".join(e.value for e in Entry)
+            raise VerlRecipeError(f"--entry {chosen!r}: must be one of {allowed}") from None
+    for module in keys.modules:
+        if (entry := entry_of(module)) is not None:
+            return entry, f"the script runs {module}"
+    if keys.modules:
+        raise VerlRecipeError(
+            f"the script runs {', '.join(keys.modules)}, not a verl recipe asyncdapo converts "
+            f"({', '.join(known_modules())}); choose the closest with --entry"
+        )
+    if any(k.startswith("async_training.") for k in keys.values):
+        return Entry.FULLY_ASYNC, "inferred from async_training.* keys (--entry to choose)"
+    if any(
+        k.startswith("algorithm.filter_groups.") or k.startswith("reward_model.overlong_buffer.")
+        for k in keys.values
+    ):
+        return Entry.MAIN_DAPO, "inferred from recipe.dapo's keys (--entry to choose)"
+    return Entry.MAIN_PPO, "inferred: no script entry and no recipe-specific keys (--entry to choose)"
+
+
 @dataclass
 class Conversion:
     config: RunConfig
-    data: dict[str, Any]  # the sparse run config (what was set)
-    mapped: list[tuple[str, Any, str]]  # (verl key, value, our field)
-    unmapped: list[tuple[str, Any, str]]  # (verl key, value, why)
+    data: dict[str, Any]  # the run config's fields that were set (what verl would run)
+    entry: Entry
+    entry_reason: str
+    mapped: list[tuple[str, Any, str]]  # (verl key, value, the asyncdapo fields it set)
+    performance: list[tuple[str, Any, str]]  # (verl key, value, why it does not change the algorithm)
+    no_effect: list[tuple[str, Any, str]]
+    different: list[tuple[str, Any, str]]  # changes what verl trains; cannot be expressed
+    notes: list[str]
     sources: list[str]
+
+    @property
+    def unmapped(self) -> list[tuple[str, Any, str]]:
+        return self.performance + self.no_effect + self.different
 
     def yaml(self) -> str:
         head = [
             "# Converted by `asyncdapo config from-verl` from: " + ", ".join(self.sources),
-            "# rollout.mode is async (verl's DAPO loop is rollout.mode: sync, kept as a baseline).",
-            f"# {len(self.mapped)} verl key(s) mapped; {len(self.unmapped)} not mapped (listed at the end).",
+            f"# verl entry: {self.entry.value} ({self.entry_reason}); every field below is the value verl runs",
+            f"# (the recipe's, or verl's default for {self.entry.value}). docs/coming-from-verl.md explains each.",
+            f"# {len(self.mapped)} verl key(s) mapped, {len(self.performance)} performance-only, "
+            f"{len(self.no_effect)} without effect, {len(self.different)} that asyncdapo cannot express.",
         ]
         body = yaml.safe_dump(self.data, sort_keys=False)
-        tail = ["", "# not mapped:"] + [f"#   {k}={v!r}: {why}" for k, v, why in self.unmapped]
-        return "\n".join(head) + "\n" + body + ("\n".join(tail) + "\n" if self.unmapped else "")
+        tail: list[str] = []
+        for title, rows in (
+            ("changes what verl would train (cannot be expressed)", self.different),
+            ("performance-only (not mapped)", self.performance),
+            ("no effect in verl here", self.no_effect),
+        ):
+            if rows:
+                tail += ["", f"# {title}:"] + [f"#   {k}={v!r}: {why}" for k, v, why in rows]
+        if self.notes:
+            tail += ["", "# notes:"] + [f"#   {n}" for n in self.notes]
+        return "\n".join(head) + "\n" + body + ("\n".join(tail) + "\n" if tail else "")
 
     def summary(self) -> str:
-        lines = [f"mapped {len(self.mapped)} verl key(s):"]
+        lines = [
+            f"verl entry: {self.entry.value} ({self.entry_reason})",
+            f"mapped {len(self.mapped)} verl key(s):",
+        ]
         lines += [f"  {k} = {v!r} -> {ours}" for k, v, ours in self.mapped]
-        lines.append(f"not mapped {len(self.unmapped)} key(s):")
-        lines += [f"  {k} = {v!r}: {why}" for k, v, why in self.unmapped]
+        for title, rows in (
+            ("DIFFERENT from verl (cannot be expressed)", self.different),
+            ("performance-only, not mapped", self.performance),
+            ("no effect in verl here", self.no_effect),
+        ):
+            lines.append(f"{title}: {len(rows)} key(s)")
+            lines += [f"  {k} = {v!r}: {why}" for k, v, why in rows]
+        if self.notes:
+            lines.append("notes:")
+            lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -132,62 +205,101 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
-def convert(keys: VerlKeys, overrides: Sequence[str] = ()) -> Conversion:
-    values = dict(keys.values)
+def _override_fields(overrides: Sequence[str]) -> set[str]:
+    return {o.partition("=")[0].lstrip("+") for o in overrides}
+
+
+def convert(
+    keys: VerlKeys,
+    overrides: Sequence[str] = (),
+    entry: str | None = None,
+    probe: DataProbe | None = None,
+) -> Conversion:
+    """The run config verl would run for `keys`; `overrides` are asyncdapo `key=value` applied last.
+    `probe`: what the train files hold (read from disk when None and the files are here)."""
+    if keys.errors:
+        raise VerlRecipeError("the recipe could not be read:\n  " + "\n  ".join(keys.errors))
+    family, why = resolve_entry(keys, entry)
+    given = {k: v for k, v in keys.values.items() if not k.endswith("._target_")}
+    if probe is None:
+        files = given.get("data.train_files")
+        from asyncdapo.from_verl.derive import _as_list
+
+        probe = probe_files(_as_list(files)) if files not in (None, "") else probe_files([])
+    d = derive(given, family, probe)
+    if d.refusals:
+        raise VerlRecipeError(
+            f"this {family.value} recipe cannot run as written:\n  " + "\n  ".join(d.refusals)
+        )
+    mapped, performance, no_effect = _account(given, d)
+    set_later = _override_fields(overrides)
+    different = [(x.key, x.value, x.why) for x in d.different]
+    for need in d.needed:
+        if need.field not in set_later:
+            different.append((need.key, need.value, f"{need.why}: --set {need.field}=…"))
     data: dict[str, Any] = {}
-    set_by: dict[str, str] = {}  # our field -> verl key
-    mapped: list[tuple[str, Any, str]] = []
-    unmapped: list[tuple[str, Any, str]] = []
-    # read together: use_kl_loss gates kl_loss_coef; clip_ratio fills low/high where they are unset
-    arr = "actor_rollout_ref.actor."
-    if not _truthy(values.get(arr + "use_kl_loss", False)) and arr + "kl_loss_coef" in values:
-        values[arr + "kl_loss_coef"] = 0.0
-    for key, value in values.items():
-        if key in keys.unresolved:
-            unmapped.append(
-                (key, value, f"unexpanded shell text {keys.unresolved[key]}: set it and convert again")
-            )
-            continue
-        rule = rule_for(key)
-        if rule is None:
-            unmapped.append((key, value, "not a verl key asyncdapo knows"))
-            continue
-        if rule.ours is None:
-            unmapped.append((key, value, rule.note))
-            continue
-        try:
-            converted = rule.convert(value) if rule.convert else value
-        except (Unmappable, ValueError, TypeError) as err:
-            unmapped.append((key, value, str(err)))
-            continue
-        if converted is None:  # e.g. val_kwargs.do_sample=True: nothing to set
-            mapped.append((key, value, f"{rule.ours} (unchanged)"))
-            continue
-        targets = [rule.ours]
-        if key == arr + "clip_ratio":
-            targets = [t for t in ("algorithm.clip_ratio_low", "algorithm.clip_ratio_high")
-                       if arr + t.rsplit(".", 1)[1] not in values]  # fmt: skip
-        for target in targets:
-            _set(data, target, converted)
-            set_by[target] = key
-        mapped.append((key, value, ", ".join(targets) or "(clip_ratio_low/high given)"))
-        if key == "trainer.experiment_name":
-            try:
-                data["name"] = dns_label(value)
-                set_by["name"] = key
-            except Unmappable as err:
-                unmapped.append((key, value, f"run name: {err}"))
+    for ours, value in d.fields.items():
+        _set(data, ours, value)
     try:
         cfg = parse_run_config(data, "converted verl config", overrides)
     except ConfigError as err:
-        notes = [f"  {ours} was set by verl key {verl}" for ours, verl in set_by.items() if ours in str(err)]
+        notes = [
+            f"  {ours} was set by verl key(s) {', '.join(keys_)}"
+            for ours, keys_ in d.set_by.items()
+            if keys_ and re.search(rf"^\s*{re.escape(ours)}\b(?![.\w])", str(err), re.M)
+        ]
         raise ConfigError("\n".join([str(err), *notes])) from None
     if overrides:
         from asyncdapo.overrides import apply_overrides
 
         data = apply_overrides(data, overrides, RunConfig)
-    # the fields that were set, with the validated values ("1e-6" becomes 1e-06)
-    return Conversion(cfg, _pick(cfg.model_dump(mode="json"), data), mapped, unmapped, keys.sources)
+    return Conversion(
+        config=cfg,
+        data=_pick(cfg.model_dump(mode="json"), data),
+        entry=family,
+        entry_reason=why,
+        mapped=mapped,
+        performance=performance,
+        no_effect=no_effect,
+        different=different,
+        notes=d.notes,
+        sources=keys.sources,
+    )
+
+
+def _account(
+    given: dict[str, Any], d: Derivation
+) -> tuple[list[tuple[str, Any, str]], list[tuple[str, Any, str]], list[tuple[str, Any, str]]]:
+    """Every key the recipe set, in one list: mapped, performance-only or without effect (the keys
+    that change the algorithm are already in the derivation's differences)."""
+    sets: dict[str, list[str]] = {}
+    for ours, keys in d.set_by.items():
+        for k in keys:
+            sets.setdefault(k, []).append(ours)
+    ignored = {x.key: x for x in d.no_effect}
+    differ = {x.key for x in d.different} | {x.key for x in d.needed}
+    mapped, performance, no_effect = [], [], []
+    for key, value in given.items():
+        if key in ignored:
+            no_effect.append((key, value, ignored[key].why))
+        elif key in sets:
+            mapped.append((key, value, ", ".join(sets[key])))
+        elif key in differ:
+            continue
+        elif key in d.read:
+            no_effect.append(
+                (key, value, "read by the conversion: this value changes nothing (verl's default)")
+            )
+        else:
+            kind, why = classify(key, value)
+            row = (key, value, why)
+            if kind is Kind.PERFORMANCE:
+                performance.append(row)
+            elif kind is Kind.NO_EFFECT:
+                no_effect.append(row)
+            else:
+                d.different.append(Difference(key, value, why))
+    return mapped, performance, no_effect
 
 
 def _pick(resolved: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
@@ -195,7 +307,3 @@ def _pick(resolved: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
         k: _pick(resolved[k], v) if isinstance(v, dict) and isinstance(resolved.get(k), dict) else resolved[k]
         for k, v in shape.items()
     }
-
-
-def _truthy(v: Any) -> bool:
-    return v is True or str(v).strip().lower() in ("true", "1", "yes")
