@@ -52,7 +52,9 @@ def test_unknown_key_is_an_error() -> None:
 
 def test_cross_field_invariants() -> None:
     with pytest.raises(ConfigError, match=r"overlong_buffer\.len"):
-        parse_run_config({"data": {"max_response_length": 64}, "reward": {"overlong_buffer": {"len": 64}}})
+        parse_run_config({"data": {"max_response_length": 64}, "reward": {"overlong_buffer": {"len": 65}}})
+    # equal is allowed, as verl asserts max_resp_len >= len: every token then counts toward the penalty
+    parse_run_config({"data": {"max_response_length": 64}, "reward": {"overlong_buffer": {"len": 64}}})
     with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
         parse_run_config({"data": {"train_batch_size": 8}, "trainer": {"ppo_mini_batch_size": 3}})
     with pytest.raises(ConfigError, match="max_staleness"):

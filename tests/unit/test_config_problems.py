@@ -121,7 +121,7 @@ def test_every_impossible_combination_is_named_at_once() -> None:
     lines = _lines(
         {
             "data": {"train_batch_size": 6, "max_response_length": 64},
-            "reward": {"overlong_buffer": {"len": 64}},
+            "reward": {"overlong_buffer": {"len": 65}},
             "rollout": {"n": 1, "mode": "sync", "max_staleness": 1},
             "trainer": {"ppo_mini_batch_size": 4, "publish_every": 3, "workers": 9},
         }

@@ -267,7 +267,7 @@ def _apiserver_accepts(schema: dict[str, Any], obj: dict[str, Any]) -> bool:
 
 VIOLATIONS: dict[str, dict[tuple[str, ...], Any]] = {
     "ppo_mini_batch_size must divide": {("run", "trainer", "ppo_mini_batch_size"): 3},
-    "overlong_buffer.len must be <": {("run", "reward", "overlong_buffer", "len"): 32},
+    "overlong_buffer.len must be <=": {("run", "reward", "overlong_buffer", "len"): 33},
     "max_staleness must be 0 in rollout.mode sync": {
         ("run", "rollout", "mode"): "sync",
         ("run", "rollout", "max_staleness"): 1,

@@ -6,7 +6,7 @@ custom resource in Kubernetes, whose OpenAPI schema is generated from this model
 
 Defaults follow verl's DAPO recipe (recipe/dapo) where DAPO sets a value and verl's
 `ppo_trainer.yaml` otherwise. Invariants checked here, so that no service has to re-check them:
-- `overlong_buffer.len < max_response_length` when the buffer is enabled;
+- `overlong_buffer.len <= max_response_length` when the buffer is enabled (as verl asserts);
 - `ppo_mini_batch_size` divides `train_batch_size`;
 - the `sync` mode has no staleness (`max_staleness == 0`);
 - and the other combinations no run can work with (`impossible_combinations`).
@@ -522,12 +522,12 @@ def impossible_combinations(cfg: RunConfig) -> list[Problem]:
     out: list[Problem] = []
     d, ro, t = cfg.data, cfg.rollout, cfg.trainer
     buf = cfg.reward.overlong_buffer
-    if buf.enable and buf.len >= d.max_response_length:
+    if buf.enable and buf.len > d.max_response_length:
         out.append(
             Problem(
                 "reward.overlong_buffer.len",
                 f"{buf.len} given",
-                f"must be < data.max_response_length ({d.max_response_length}): the buffer is the end of "
+                f"must be <= data.max_response_length ({d.max_response_length}): the buffer is the end of "
                 "the longest response",
                 "lower it, or set reward.overlong_buffer.enable: false",
             )

@@ -617,14 +617,28 @@ def _workers(v: _View, o: _Out, entry: Entry) -> None:
     """Training workers."""
     if v.given("trainer.n_gpus_per_node") or v.given("trainer.nnodes"):
         gpus = (v.int("trainer.n_gpus_per_node") or 1) * (v.int("trainer.nnodes") or 1)
-        o.set("trainer.workers", gpus, "trainer.n_gpus_per_node", "trainer.nnodes")
+        # Ulysses sequence parallelism: sp GPUs share each sequence, so gpus / sp train data-parallel
+        sp = max(v.int(A + "ulysses_sequence_parallel_size") or 1, 1)
+        workers = max(gpus // sp, 1)
+        o.set(
+            "trainer.workers",
+            workers,
+            "trainer.n_gpus_per_node",
+            "trainer.nnodes",
+            A + "ulysses_sequence_parallel_size",
+        )
+        if sp > 1:
+            o.note(f"{A}ulysses_sequence_parallel_size={sp}: verl splits each sequence over {sp} of the {gpus} "
+                   f"training GPUs; asyncdapo has no sequence parallelism: {workers} data-parallel worker(s) "
+                   "(trainer.gpus_per_worker to give each more GPUs)")  # fmt: skip
+        gpus = workers
         strategy = v.str(A + "strategy")
         o.set("trainer.sharding", "fsdp" if gpus > 1 and strategy != "ddp" else "ddp", A + "strategy")
         if entry in (Entry.MAIN_PPO, Entry.MAIN_DAPO):
             o.note(f"trainer.workers={gpus}: verl colocates rollout and training on these GPUs; asyncdapo's "
                    "gateways are separate (`asyncdapo up --gateways`, Helm gateway.replicas)")  # fmt: skip
     else:
-        o.d.read.add(A + "strategy")
+        o.d.read.update({A + "strategy", A + "ulysses_sequence_parallel_size"})
 
 
 def _logging(v: _View, o: _Out) -> None:

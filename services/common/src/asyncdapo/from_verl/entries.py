@@ -87,6 +87,7 @@ _PPO: dict[str, Any] = {
     "actor_rollout_ref.rollout.val_kwargs.do_sample": False,
     # actor (the policy update)
     "actor_rollout_ref.actor.strategy": "fsdp",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.actor.ppo_epochs": 1,

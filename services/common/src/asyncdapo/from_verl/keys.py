@@ -96,6 +96,8 @@ MAPPED: list[Mapped] = [
     Mapped(_ROLLOUT + "val_kwargs.top_p", "rollout.val_top_p"),
     Mapped(_ROLLOUT + "val_kwargs.top_k", "rollout.val_top_k"),
     Mapped(_ACTOR + "strategy", "trainer.sharding", "fsdp/fsdp2 on more than one GPU: fsdp"),
+    Mapped(_ACTOR + "ulysses_sequence_parallel_size", "trainer.workers",
+           "training GPUs / sp: the data-parallel workers (asyncdapo has no sequence parallelism)"),
     Mapped(_ACTOR + "ppo_mini_batch_size", "trainer.ppo_mini_batch_size", "fully-async: also B"),
     Mapped(_ACTOR + "ppo_micro_batch_size_per_gpu", "trainer.micro_batch_size"),
     Mapped(_ACTOR + "ppo_epochs", "trainer.ppo_epochs"),

@@ -79,8 +79,8 @@ RUN_RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         "!self.reward.overlong_buffer.enable || "
-        "self.reward.overlong_buffer.len < self.data.max_response_length",
-        "spec.run.reward.overlong_buffer.len must be < spec.run.data.max_response_length",
+        "self.reward.overlong_buffer.len <= self.data.max_response_length",
+        "spec.run.reward.overlong_buffer.len must be <= spec.run.data.max_response_length",
         ".reward.overlong_buffer.len",
         "RunConfig",
     ),
