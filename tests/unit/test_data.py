@@ -72,8 +72,18 @@ def test_text_prompts_and_numeric_ground_truth(tmp_path: Path) -> None:
         ({"prompt": "q", "reward_model": {"ground_truth": "1"}, "extra_info": [1]}, "extra_info: list given"),
         (
             {"prompt": [{"role": "user", "content": None}], "reward_model": {"ground_truth": "1"}},
-            r"prompt\[0\]: null",
+            r"prompt\[0\]: content null given",
         ),
+        (
+            {"prompt": [{"content": "q", "tool_calls": None}], "reward_model": {"ground_truth": "1"}},
+            r"prompt\[0\]: role null given; a chat message is \{role, content\}",
+        ),
+        ({"prompt": ["q"], "reward_model": {"ground_truth": "1"}}, r"prompt\[0\]: str given"),
+        (
+            {"prompt": "q", "reward_model": {"ground_truth": "1"}, "extra_info": {"index": [1]}},
+            "extra_info.index: list given; must be a string or a number",
+        ),
+        ({"prompt": "q", "reward_model": {"ground_truth": {"a": 1}}}, "ground_truth: dict given"),
     ],
 )
 def test_bad_rows_name_file_row_and_field(tmp_path: Path, row: dict, field: str) -> None:

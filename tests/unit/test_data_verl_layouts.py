@@ -18,7 +18,7 @@ import pytest
 
 from asyncdapo.config import PromptTruncation, parse_run_config
 from asyncdapo.data.prompting import PromptTooLong, fit_prompt
-from asyncdapo.data.verl_format import Example, load_examples, write_examples
+from asyncdapo.data.verl_format import DatasetError, Example, load_examples, write_examples
 from asyncdapo.eval_request import eval_request
 
 
@@ -32,6 +32,11 @@ def _dapo_math_17k(i: int) -> dict[str, Any]:
         "reward_model": {"ground_truth": str(i + 1), "style": "rule-lighteval/MATH_v2"},
         "extra_info": {"index": str(uuid.UUID(int=i + 1))},
     }  # fmt: skip
+
+
+def _aime_2024(source: str) -> Any:
+    """BytedTsinghua-SIA/AIME-2024: DAPO-Math-17k's shape, data_source `math_dapo` or `aime`."""
+    return lambda i: {**_dapo_math_17k(i), "data_source": source}
 
 
 def _math_lighteval(i: int) -> dict[str, Any]:
@@ -87,12 +92,22 @@ def _write(rows: list[dict[str, Any]], path: Path) -> Path:
     ("make", "source", "index_of"),
     [
         (_dapo_math_17k, "math_dapo", lambda i: str(uuid.UUID(int=i + 1))),
+        (_aime_2024("math_dapo"), "math_dapo", lambda i: str(uuid.UUID(int=i + 1))),
+        (_aime_2024("aime"), "aime", lambda i: str(uuid.UUID(int=i + 1))),
         (_math_lighteval, "DigitalLearningGmbH/MATH-lighteval", lambda i: i),
         (_gsm8k, "openai/gsm8k", lambda i: i),
         (_deepscaler, "deepscaler", lambda i: i),
         (lambda i: _deepscaler(i, text_prompt=True), "deepscaler", lambda i: i),
     ],
-    ids=["dapo-math-17k", "math-lighteval", "gsm8k", "deepscaler", "deepscaler-text"],
+    ids=[
+        "dapo-math-17k",
+        "aime-2024-math_dapo",
+        "aime-2024-aime",
+        "math-lighteval",
+        "gsm8k",
+        "deepscaler",
+        "deepscaler-text",
+    ],
 )
 def test_public_math_sets_load(tmp_path: Path, suffix: str, make: Any, source: str, index_of: Any) -> None:
     rows = [make(i) for i in range(5)]
@@ -129,6 +144,85 @@ def test_nulls_and_mixed_files(tmp_path: Path) -> None:
     assert isinstance(examples[3].source_index, str)
 
 
+def test_parquet_with_nulls_and_each_index_type(tmp_path: Path) -> None:
+    """Parquet holds one type per column: an int index with nulls (and rows whose extra_info is null
+    or lacks the key), a float index (pandas' int-with-NaN), a UUID-string index, each in its file."""
+    ints = _write(
+        [
+            {**_math_lighteval(0), "extra_info": None},
+            {**_math_lighteval(1), "extra_info": {"split": "train", "index": None}},
+            {**_math_lighteval(2), "extra_info": {"split": "train"}},  # parquet fills the missing index
+            _math_lighteval(3),
+        ],
+        tmp_path / "math.parquet",
+    )
+    floats = _write(
+        [{**_gsm8k(i), "extra_info": {"index": float(i)}} for i in range(2)], tmp_path / "f.parquet"
+    )
+    uuids = _write([_dapo_math_17k(i) for i in range(2)], tmp_path / "dapo.parquet")
+    examples = load_examples([ints, floats, uuids])
+    assert [e.index for e in examples] == list(range(8))
+    assert [e.source_index for e in examples] == [
+        None, None, None, 3, 0.0, 1.0, str(uuid.UUID(int=1)), str(uuid.UUID(int=2))
+    ]  # fmt: skip
+    assert examples[0].extra_info == {}
+    assert examples[2].extra_info == {"split": "train"}
+    assert [e.ground_truth for e in examples[:4]] == [f"\\frac{{1}}{{{i + 2}}}" for i in range(4)]
+
+
+def test_extra_columns_round_trip(tmp_path: Path) -> None:
+    """Columns a preprocessing script adds (level, type, solution, …) are kept and written back."""
+    rows = [
+        {**_math_lighteval(i), "level": f"Level {i + 1}", "type": "Algebra", "solution": f"x = {i}"}
+        for i in range(3)
+    ]
+    for suffix in (".parquet", ".jsonl"):
+        examples = load_examples([_write(rows, tmp_path / f"math{suffix}")])
+        assert examples[1].columns == {
+            "ability": "math",
+            "level": "Level 2",
+            "type": "Algebra",
+            "solution": "x = 1",
+        }
+        written = write_examples(examples, tmp_path / f"again{suffix}")
+        assert [e.columns for e in load_examples([written])] == [e.columns for e in examples]
+
+
+def test_mixed_index_types(tmp_path: Path) -> None:
+    """UUID-string and integer indexes together: JSON Lines keeps both; parquet, one type per
+    column, cannot, and says what to do instead of failing inside pyarrow."""
+    mixed = _write([_dapo_math_17k(0), _gsm8k(1)], tmp_path / "mixed.jsonl")
+    examples = load_examples([mixed])
+    assert [e.source_index for e in examples] == [str(uuid.UUID(int=1)), 1]
+    again = load_examples([write_examples(examples, tmp_path / "again.jsonl")])
+    assert [e.source_index for e in again] == [str(uuid.UUID(int=1)), 1]
+    with pytest.raises(
+        DatasetError,
+        match=r"again\.parquet: the rows' columns differ in type .* write these examples to \.jsonl",
+    ):
+        write_examples(examples, tmp_path / "again.parquet")
+
+
+def test_json_lines_in_a_json_file_and_unicode(tmp_path: Path) -> None:
+    rows = [{**_math_lighteval(0), "prompt": [{"role": "user", "content": "Find π·r² for r = 2; x ≤ 3."}]}]
+    path = tmp_path / "math.json"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    (e,) = load_examples([path])
+    assert e.prompt_text() == "Find π·r² for r = 2; x ≤ 3." and e.source_index == 0
+
+
+def test_unreadable_files_are_errors_not_tracebacks(tmp_path: Path) -> None:
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(DatasetError, match=r"latin1\.jsonl: not UTF-8"):
+        load_examples([tmp_path / "latin1.jsonl"])
+    (tmp_path / "dir.parquet").mkdir()
+    with pytest.raises(DatasetError, match=r"dir\.parquet: a directory given"):
+        load_examples([tmp_path / "dir.parquet"])
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match=r"bad\.parquet: not a readable parquet file"):
+        load_examples([tmp_path / "bad.parquet"])
+
+
 def test_validation_ids_are_unique_when_files_reuse_an_index(tmp_path: Path) -> None:
     a = _write([_gsm8k(i) for i in range(3)], tmp_path / "a.jsonl")
     b = _write([_gsm8k(i) for i in range(3)], tmp_path / "b.jsonl")  # the same extra_info.index 0..2
@@ -152,18 +246,20 @@ def test_data_show_on_a_dapo_math_17k_parquet(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "expected"),
+    ("mode", "limit", "expected"),
     [
-        (PromptTruncation.DROP, None),
-        (PromptTruncation.LEFT, [5, 6, 7, 8, 9]),
-        (PromptTruncation.RIGHT, [0, 1, 2, 3, 4]),
-        (PromptTruncation.MIDDLE, [0, 1, 2, 8, 9]),  # ceil(5/2) from the start, floor(5/2) from the end
+        (PromptTruncation.DROP, 5, None),
+        (PromptTruncation.LEFT, 5, [5, 6, 7, 8, 9]),
+        (PromptTruncation.RIGHT, 5, [0, 1, 2, 3, 4]),
+        (PromptTruncation.MIDDLE, 5, [0, 1, 7, 8, 9]),  # floor(5/2) from the start, ceil(5/2) from the end
+        (PromptTruncation.MIDDLE, 4, [0, 1, 8, 9]),
+        (PromptTruncation.MIDDLE, 1, [9]),
     ],
 )
-def test_truncation_modes(mode: PromptTruncation, expected: list[int] | None) -> None:
+def test_truncation_modes(mode: PromptTruncation, limit: int, expected: list[int] | None) -> None:
     ids = list(range(10))
-    assert fit_prompt(ids, 5, mode, "row 3") == expected
-    assert fit_prompt(ids[:5], 5, mode, "row 3") == ids[:5]  # a prompt that fits is never touched
+    assert fit_prompt(ids, limit, mode, "row 3") == expected
+    assert fit_prompt(ids[:limit], limit, mode, "row 3") == ids[:limit]  # a prompt that fits is untouched
 
 
 def test_truncation_error_names_the_row_and_its_length() -> None:

@@ -222,3 +222,32 @@ def test_build_answer_key_writes_what_it_read(tmp_path: Path, assets: tuple[Path
     answers = build_answer_key([tmp_path / "d.jsonl"], model)
     assert sorted(answers.values()) == sorted(ex.ground_truth for ex in examples[:3])
     assert load_answer_key(write_answer_key(answers, tmp_path / "k.json")) == answers
+
+
+@pytest.mark.parametrize("mode", ["left", "right", "middle", "drop"])
+def test_answer_key_finds_prompts_fitted_as_data_truncation_says(
+    tmp_path: Path, assets: tuple[Path, Path, list], mode: str
+) -> None:
+    """With a config, the key holds the ids the trainer queues after cutting (or leaves out what it drops)."""
+    from asyncdapo.config import PromptTruncation
+    from asyncdapo.data.prompting import fit_prompt
+    from asyncdapo.data.verl_format import write_examples
+
+    model, _, examples = assets
+    write_examples(examples[:4], tmp_path / "d.parquet")
+    full = _trainer_ids(model, examples[:4])
+    limit = min(len(ids) for ids in full) - 1  # every prompt is over the limit
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"model: {{path: {model}}}\n"
+        f"data: {{train_files: [{tmp_path / 'd.parquet'}], max_prompt_length: {limit}, truncation: {mode}}}\n"
+    )
+    assert main(["--config", str(config), "--out", str(tmp_path / "k.json")]) == 0
+    answers = json.loads((tmp_path / "k.json").read_text())
+    if mode == "drop":
+        assert answers == {}  # every prompt dropped: never queued, no entry
+        return
+    for ex, ids in zip(examples[:4], full, strict=True):
+        queued = fit_prompt(ids, limit, PromptTruncation(mode), "test")
+        assert queued is not None and len(queued) == limit
+        assert answers[prompt_key(queued)] == ex.ground_truth

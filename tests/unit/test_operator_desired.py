@@ -347,10 +347,10 @@ def test_config_change_rolls_pods_and_keys_are_stable() -> None:
 
 def test_invalid_spec_names_the_field() -> None:
     bad = copy.deepcopy(_spec())
-    bad["run"]["reward"]["overlong_buffer"]["len"] = 64  # >= max_response_length 32
+    bad["run"]["reward"]["overlong_buffer"]["len"] = 64  # > max_response_length 32
     with pytest.raises(
         SpecError,
-        match=r"^spec\.run\.reward\.overlong_buffer\.len: 64 given; must be < data\.max_response_length \(32\)",
+        match=r"^spec\.run\.reward\.overlong_buffer\.len: 64 given; must be <= data\.max_response_length \(32\)",
     ):
         parse_spec(bad, "tiny-math")
     with pytest.raises(SpecError, match=r"^spec\.run\.name: 'other' given; must equal metadata\.name"):

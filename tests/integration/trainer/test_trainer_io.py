@@ -3,6 +3,7 @@ replay of pending groups, drops, and the checkpoint-then-ack contract."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,6 +99,51 @@ def test_feed_truncates_long_prompts_as_data_truncation_says(redis_client: Any) 
                         shuffle=False, truncation=PromptTruncation.ERROR)  # fmt: skip
     with pytest.raises(PromptTooLong, match=r"training example 2 .*prompt of 5 tokens given"):
         strict.refill()
+
+
+def test_feed_queues_a_dapo_math_17k_parquet(redis_client: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """DAPO-Math-17k's rows (a UUID string as extra_info.index, ability MATH, the MATH_v2 style)
+    go from parquet through the loader and the chat template into the queue; `middle` keeps the
+    first floor(L/2) and the last ceil(L/2) tokens of a prompt over the limit L."""
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from asyncdapo.config import PromptTruncation
+    from asyncdapo.data.verl_format import load_examples
+    from asyncdapo.prompts import load_prompt
+    from asyncdapo.trainer.data_feed import make_encoder
+
+    rows = [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"content": f"Find {i} + 1. " + "Think. " * (30 * i), "role": "user"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": str(i + 1), "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": str(uuid.uuid4())},
+        }
+        for i in range(3)
+    ]
+    path = tmp_path / "dapo-math-17k.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    examples = load_examples([path])
+    encode = make_encoder(AutoTokenizer.from_pretrained(tiny_model_dir), apply_chat_template=True)
+    full = [encode(e)[0] for e in examples]
+    limit = len(full[0]) + 1  # the first prompt fits; the longer ones are cut
+    assert len(full[1]) > limit and len(full[2]) > limit
+    feed = PromptFeed(redis_client, KEYS, examples, encode, watermark=3, max_prompt_length=limit, seed=5,
+                      shuffle=False, truncation=PromptTruncation.MIDDLE)  # fmt: skip
+    assert feed.refill() == 3
+    for i, ids in enumerate(full):
+        record = load_prompt(redis_client, KEYS, f"e0-{i}")
+        assert record is not None
+        assert (record.ground_truth, record.data_source) == (str(i + 1), "math_dapo")
+        assert f"Find {i} + 1." in record.prompt_text
+        head = limit // 2
+        expected = ids if len(ids) <= limit else ids[:head] + ids[len(ids) - (limit - head) :]
+        assert list(record.prompt_token_ids) == expected and len(expected) <= limit
 
 
 def _group(pid: str, vmin: int = 0, vmax: int = 0) -> bytes:

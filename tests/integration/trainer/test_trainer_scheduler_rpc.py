@@ -138,3 +138,21 @@ def test_publish_errors_are_reported_not_swallowed(scheduler: Any, redis_client:
         notifier.notify(5, "/w/v5")  # retried, then reported
     notifier.close()
     bad.close()
+
+
+def test_a_validation_prompt_over_the_limit_stops_the_run_at_start(
+    tmp_path: Path, make_config: Any, redis_url: str, scheduler: Any, train_file: Path
+) -> None:
+    """data.truncation: error (verl's default) with a validation prompt longer than
+    data.max_prompt_length: the trainer stops before its first step, naming the row and its length."""
+    from asyncdapo.data.prompting import PromptTooLong
+
+    servicer, addr = scheduler
+    cfg = make_config(tmp_path / "out", trainer__val_every=2, data__val_files=[str(train_file)],
+                      data__max_prompt_length=4, data__truncation="error")  # fmt: skip
+    opts = TrainerOptions(redis_url, tmp_path / "out", scheduler=addr, token=TOKEN, max_wait_s=30)
+    with pytest.raises(
+        PromptTooLong, match=r"validation example 0 .*prompt of \d+ tokens given; data.max_prompt_length is 4"
+    ):
+        Trainer(cfg, opts).run()
+    assert servicer.published == [] and servicer.evaluated == []

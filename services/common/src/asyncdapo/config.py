@@ -68,7 +68,7 @@ class PromptTruncation(StrEnum):
     ERROR = "error"  # the run stops, naming the row (verl's default)
     LEFT = "left"  # keep the last max_prompt_length tokens
     RIGHT = "right"  # keep the first max_prompt_length tokens
-    MIDDLE = "middle"  # keep the first ceil(max/2) and the last floor(max/2) tokens
+    MIDDLE = "middle"  # keep the first floor(max/2) and the last ceil(max/2) tokens (as verl)
 
 
 class FilterMetric(StrEnum):
@@ -156,7 +156,9 @@ class DataConfig(_Strict):
     train_batch_size: int = Field(
         8, ge=1, le=65536, description="B: valid (non-filtered) groups per training step."
     )
-    max_prompt_length: int = Field(512, ge=1, le=1 << 20, description="Prompts longer than this are dropped.")
+    max_prompt_length: int = Field(
+        512, ge=1, le=1 << 20, description="Prompt token limit; a longer prompt follows `truncation`."
+    )
     max_response_length: int = Field(512, ge=1, le=1 << 20, description="max_tokens of every rollout.")
     truncation: PromptTruncation = Field(
         PromptTruncation.DROP,

@@ -15,8 +15,9 @@ class PromptTooLong(DatasetError):
 
 def fit_prompt(ids: Sequence[int], limit: int, mode: PromptTruncation, where: str) -> list[int] | None:
     """The prompt's token ids within `limit` tokens as `data.truncation` says: unchanged when they
-    fit; None (drop); cut to the last (`left`), first (`right`) or first ceil(limit/2) and last
-    floor(limit/2) (`middle`) tokens, as verl truncates; `PromptTooLong` naming `where` (`error`)."""
+    fit; None (drop); cut to the last `limit` (`left`), the first `limit` (`right`), or the first
+    floor(limit/2) and the last ceil(limit/2) tokens (`middle`), as verl cuts them; `PromptTooLong`
+    naming `where` (`error`)."""
     if len(ids) <= limit:
         return list(ids)
     if mode is PromptTruncation.DROP:
@@ -26,7 +27,7 @@ def fit_prompt(ids: Sequence[int], limit: int, mode: PromptTruncation, where: st
     if mode is PromptTruncation.RIGHT:
         return list(ids[:limit])
     if mode is PromptTruncation.MIDDLE:
-        head = (limit + 1) // 2
+        head = limit // 2
         return [*ids[:head], *ids[len(ids) - (limit - head) :]]
     raise PromptTooLong(
         f"{where}: prompt of {len(ids)} tokens given; data.max_prompt_length is {limit} and data.truncation "

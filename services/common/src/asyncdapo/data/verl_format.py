@@ -2,11 +2,12 @@
 `data_source` (plus optional `ability`, `extra_info` and any other column).
 
 Every row shape verl's own loader accepts loads here:
-- files: parquet (`.parquet`), JSON Lines (`.jsonl`), and `.json` holding JSON Lines or one array of rows;
+- files: parquet (`.parquet`), JSON Lines (`.jsonl`), and `.json` holding JSON Lines or one array of rows
+  (JSON in UTF-8);
 - `prompt` (or `data.prompt_key`): a list of chat messages (`[{"role": "user", "content": …}]`, verl's
   usual form; other keys of a message, e.g. `tool_calls`, are ignored) or a plain string;
 - `reward_model.ground_truth`: a string, an integer or a float (`style` and other keys ignored);
-- `extra_info`: missing, null or a mapping; its `index` missing, null, an integer or a string (the
+- `extra_info`: missing, null or a mapping; its `index` missing, null, a number or a string (the
   UUIDs of DAPO-Math-17k) — kept verbatim as `Example.source_index`;
 - any other column (`ability`, `level`, `solution`, …): kept, and written back by `write_examples`.
 Invariant: every `Example` returned has a non-empty prompt and a non-empty ground truth, and its
@@ -77,7 +78,12 @@ def _read_rows(path: Path) -> list[Any]:
         except (pa.ArrowException, OSError) as err:
             raise DatasetError(f"{path}: not a readable parquet file: {err}") from None
     if suffix in (".jsonl", ".json"):
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is tolerated
+        except UnicodeDecodeError as err:
+            raise DatasetError(
+                f"{path}: not UTF-8 text (byte {err.start}); JSON datasets are UTF-8"
+            ) from None
         if suffix == ".json" and text.lstrip().startswith("["):
             try:
                 rows = json.loads(text)
@@ -103,18 +109,30 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _message_problem(m: Any) -> str:
+    """What is wrong with one chat message ("" when nothing); keys other than role/content are allowed."""
+    if not isinstance(m, dict):
+        return _kind(m)
+    if not isinstance(m.get("role"), str) or not m["role"]:
+        return f"role {_kind(m.get('role')) if m.get('role') != '' else repr('')}"
+    if not isinstance(m.get("content"), str):
+        return f"content {_kind(m.get('content'))}"
+    return ""
+
+
 def _parse_prompt(value: Any, where: str, prompt_key: str) -> Messages | str:
     if isinstance(value, str) and value.strip():
         return value
     if isinstance(value, Sequence) and value and not isinstance(value, str):
         messages = []
         for i, m in enumerate(value):
-            if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not m.get("role"):
+            problem = _message_problem(m)
+            if problem:
                 raise DatasetError(
-                    f"{where}: {prompt_key}[{i}]: {_kind(m.get('content') if isinstance(m, dict) else m)} given; "
-                    "a chat message is {role, content} with a string content"
+                    f"{where}: {prompt_key}[{i}]: {problem} given; "
+                    "a chat message is {role, content} with string role and content"
                 )
-            messages.append({"role": str(m["role"]), "content": m["content"]})
+            messages.append({"role": m["role"], "content": m["content"]})
         return messages
     raise DatasetError(
         f"{where}: {prompt_key}: {_kind(value) if value not in ('', []) else repr(value)} given; "
@@ -178,6 +196,8 @@ def load_examples(paths: Iterable[str | Path], prompt_key: str = "prompt") -> li
         path = Path(p)
         if not path.exists():
             raise DatasetError(f"{path}: dataset file not found")
+        if not path.is_file():
+            raise DatasetError(f"{path}: a directory given; list the dataset's files")
         for i, row in enumerate(_read_rows(path)):
             examples.append(example_from_row(row, len(examples), f"{path} row {i}", prompt_key))
     return examples
@@ -192,9 +212,17 @@ def write_examples(examples: Sequence[Example], path: str | Path) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(rows), path)
+        try:
+            table = pa.Table.from_pylist(rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            # a parquet column has one type: e.g. UUID-string and integer extra_info.index together
+            raise DatasetError(
+                f"{path}: the rows' columns differ in type ({err}); parquet holds one type per column: "
+                "write these examples to .jsonl, or to one parquet file per source"
+            ) from None
+        pq.write_table(table, path)
     elif path.suffix in (".jsonl", ".json"):
-        with path.open("w") as f:
+        with path.open("w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
     else:
@@ -221,7 +249,7 @@ def gsm8k_examples(path: str | Path, instruction: str = GSM8K_INSTRUCTION) -> li
     examples = []
     for i, row in enumerate(_read_rows(path)):
         where = f"{path} row {i}"
-        if "question" not in row or "answer" not in row:
+        if not isinstance(row, dict) or "question" not in row or "answer" not in row:
             raise DatasetError(f"{where}: GSM8K rows need 'question' and 'answer'")
         try:
             gt = gsm8k_ground_truth(row["answer"])

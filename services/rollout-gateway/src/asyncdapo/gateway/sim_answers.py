@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncdapo.config import PromptTruncation
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.gateway.engine import Finish
 
@@ -90,19 +91,28 @@ def build_answer_key(
     prompt_field: str = "prompt",
     apply_chat_template: bool = True,
     trust_remote_code: bool = False,
+    max_prompt_length: int | None = None,
+    truncation: PromptTruncation = PromptTruncation.DROP,
 ) -> dict[str, str]:
     """The answer key of verl-format `files`, keyed by the prompt token ids the trainer queues
-    (same tokenizer class and rendering as `asyncdapo.trainer.data_feed.make_encoder`)."""
+    (same tokenizer class and rendering as `asyncdapo.trainer.data_feed.make_encoder`; with
+    `max_prompt_length`, fitted as `data.truncation` fits them, so a cut prompt is found too)."""
     from transformers import AutoTokenizer
 
-    from asyncdapo.data.prompting import prompt_token_ids
+    from asyncdapo.data.prompting import fit_prompt, prompt_token_ids
     from asyncdapo.data.verl_format import load_examples
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     answers: dict[str, str] = {}
     conflicts = 0
+    # `error` would stop the trainer on an overlong prompt; here such a prompt just has no entry.
+    mode = PromptTruncation.DROP if truncation is PromptTruncation.ERROR else truncation
     for ex in load_examples(files, prompt_field):
-        key = prompt_key(prompt_token_ids(ex, tokenizer, apply_chat_template))
+        full = prompt_token_ids(ex, tokenizer, apply_chat_template)
+        ids = full if max_prompt_length is None else fit_prompt(full, max_prompt_length, mode, "")
+        if ids is None:
+            continue  # never queued: dropped as longer than max_prompt_length
+        key = prompt_key(ids)
         if answers.setdefault(key, ex.ground_truth) != ex.ground_truth:
             conflicts += 1
     if conflicts:
@@ -239,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="answer key JSON to write")
     args = p.parse_args(argv)
     prompt_field, template, trust = "prompt", True, False
+    max_prompt_length: int | None = None
+    truncation = PromptTruncation.DROP
     files: list[str] = list(args.data or [])
     model = args.model
     if args.config:
@@ -249,10 +261,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         files = files or [*cfg.data.train_files, *(cfg.data.val_files or [])]
         prompt_field, template = cfg.data.prompt_key, cfg.data.apply_chat_template
         trust = cfg.model.trust_remote_code
+        max_prompt_length, truncation = cfg.data.max_prompt_length, cfg.data.truncation
     if not model or not files:
         p.error("give --config, or --model and --data")
     answers = build_answer_key(
-        files, model, prompt_field=prompt_field, apply_chat_template=template, trust_remote_code=trust
+        files,
+        model,
+        prompt_field=prompt_field,
+        apply_chat_template=template,
+        trust_remote_code=trust,
+        max_prompt_length=max_prompt_length,
+        truncation=truncation,
     )
     print(f"wrote {len(answers)} answers to {write_answer_key(answers, args.out)}")
     return 0

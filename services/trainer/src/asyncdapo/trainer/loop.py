@@ -235,6 +235,11 @@ class Trainer:
             self.val_examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
             if cfg.data.val_size:
                 self.val_examples = self.val_examples[: cfg.data.val_size]
+            from asyncdapo.eval_request import eval_request
+
+            # A validation set that does not fit data.max_prompt_length (data.truncation: error, or
+            # every prompt dropped) is the user's to fix: stop now, naming the row, not at step val_every.
+            eval_request(cfg, self.val_examples, self.encode)
         announced = self.notifier.current_version(cfg.name)
         if announced > self.state.step:
             raise TrainerStateError(
