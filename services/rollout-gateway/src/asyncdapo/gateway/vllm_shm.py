@@ -47,10 +47,12 @@ def configure(spin_s: float | None, recheck_ms: int | None) -> None:
 
 def register() -> None:
     """The `vllm.general_plugins` entry point (may run more than once per process). Also arms the
-    engine processes vLLM spawns to die with their parent (`parent_death.py`)."""
-    from asyncdapo.gateway import parent_death
+    engine processes vLLM spawns to die with their parent (`parent_death.py`) and lets them use
+    AMX tiles (`amx.py`: without it vLLM's bfloat16 CPU kernels die with SIGILL on AMX hosts)."""
+    from asyncdapo.gateway import amx, parent_death
 
     parent_death.on_plugin_load()
+    amx.request_tile_permission()
     spin, recheck = os.environ.get(ENV_SPIN_S), os.environ.get(ENV_RECHECK_MS)
     if spin is None and recheck is None:
         return
