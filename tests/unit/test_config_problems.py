@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from asyncdapo.config import ConfigError, RunConfig, impossible_combinations, parse_run_config
+from asyncdapo.config import ConfigError, RunConfig, parse_run_config
 from asyncdapo.config_cli import explain_verl_keys
 from asyncdapo.config_problems import ProblemKind, did_you_mean
+from asyncdapo.config_rules import impossible_combinations
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny-math.yaml"

@@ -4,13 +4,10 @@ Loaded from YAML locally (`asyncdapo up RUN.yaml`) and from the `spec.run` of a 
 custom resource in Kubernetes, whose OpenAPI schema is generated from this model
 (`RunConfig.model_json_schema()`), so the two can never drift.
 
-Defaults follow verl's DAPO recipe (recipe/dapo) where DAPO sets a value and verl's
-`ppo_trainer.yaml` otherwise. Invariants checked here, so that no service has to re-check them:
-- `overlong_buffer.len <= max_response_length` when the buffer is enabled (as verl asserts);
-- `ppo_mini_batch_size` divides `train_batch_size`;
-- the `sync` mode has no staleness (`max_staleness == 0`);
-- and the other combinations no run can work with (`impossible_combinations`).
-Every mistake reads `field.path: <what was given>; <what is allowed>` (asyncdapo.config_problems).
+Defaults are the DAPO paper's recipe, as verl's recipe/dapo scripts set it (`config from-verl`
+starts from verl's own defaults instead). Combinations no run can work with are refused when a
+config is validated (`asyncdapo.config_rules`), so that no service has to re-check them; every
+mistake reads `field.path: <what was given>; <what is allowed>` (asyncdapo.config_problems).
 """
 
 from __future__ import annotations
@@ -484,6 +481,8 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
+        from asyncdapo.config_rules import impossible_combinations  # it reads RunConfig's fields
+
         problems = impossible_combinations(self)
         if problems:
             raise conflict(problems)  # every one at once, each naming its field
@@ -516,89 +515,6 @@ class RunConfig(_Strict):
         reward.correct_reward or reward.incorrect_reward, the penalty `overlong_penalty(length)`."""
         r = self.reward
         return (r.correct_reward if acc else r.incorrect_reward), self.overlong_penalty(length)
-
-
-def impossible_combinations(cfg: RunConfig) -> list[Problem]:
-    """Values that are each fine alone but can never make a run together (not merely unusual
-    ones): the run would wait forever, never train, or be refused by the trainer."""
-    out: list[Problem] = []
-    d, ro, t = cfg.data, cfg.rollout, cfg.trainer
-    buf = cfg.reward.overlong_buffer
-    if buf.enable and buf.len > d.max_response_length:
-        out.append(
-            Problem(
-                "reward.overlong_buffer.len",
-                f"{buf.len} given",
-                f"must be <= data.max_response_length ({d.max_response_length}): the buffer is the end of "
-                "the longest response",
-                "lower it, or set reward.overlong_buffer.enable: false",
-            )
-        )
-    if d.train_batch_size % t.ppo_mini_batch_size:
-        out.append(
-            Problem(
-                "trainer.ppo_mini_batch_size",
-                f"{t.ppo_mini_batch_size} given",
-                f"must divide data.train_batch_size ({d.train_batch_size})",
-            )
-        )
-    if ro.mode is RolloutMode.SYNC and ro.max_staleness:
-        out.append(
-            Problem(
-                "rollout.max_staleness",
-                f"{ro.max_staleness} given",
-                "must be 0 in rollout.mode sync (verl's loop trains on what the current weights generated)",
-                "set rollout.mode: async for off-policy groups",
-            )
-        )
-    if ro.n == 1 and cfg.reward.filter_groups:
-        out.append(
-            Problem(
-                "rollout.n",
-                "1 given",
-                "must be >= 2 with reward.filter_groups (DAPO dynamic sampling keeps only groups whose "
-                "rewards vary; a group of one response has zero variance, so no group would ever be valid "
-                "and no step would train)",
-                "set rollout.n to 2 or more (DAPO uses 16), or reward.filter_groups: false",
-            )
-        )
-    if ro.mode is RolloutMode.SYNC and ro.max_num_gen_batches:
-        most = ro.max_num_gen_batches * ro.max_concurrent_prompts
-        if most < d.train_batch_size:
-            need = -(-d.train_batch_size // ro.max_concurrent_prompts)
-            out.append(
-                Problem(
-                    "rollout.max_num_gen_batches",
-                    f"{ro.max_num_gen_batches} given",
-                    f"in rollout.mode sync a step generates at most max_num_gen_batches x "
-                    f"rollout.max_concurrent_prompts ({ro.max_concurrent_prompts}) = {most} groups, fewer "
-                    f"than the data.train_batch_size ({d.train_batch_size}) valid groups it needs",
-                    f"set it to {need} or more, or 0 (no limit)",
-                )
-            )
-    # The trainer's own start-up checks (asyncdapo.trainer.loop.check_config), here so that a run
-    # is refused before anything starts rather than when its trainer does.
-    if t.publish_every > 1 and ro.max_staleness < t.publish_every - 1:
-        out.append(
-            Problem(
-                "trainer.publish_every",
-                f"{t.publish_every} given",
-                f"needs rollout.max_staleness >= {t.publish_every - 1} ({ro.max_staleness} given): groups "
-                "come from published versions only, so the trainer would wait forever",
-                f"set rollout.max_staleness: {t.publish_every - 1}, or trainer.publish_every: 1",
-            )
-        )
-    rows = t.ppo_mini_batch_size * ro.n
-    if t.workers > rows:
-        out.append(
-            Problem(
-                "trainer.workers",
-                f"{t.workers} given",
-                f"must be <= the {rows} responses of a mini-batch (trainer.ppo_mini_batch_size x "
-                "rollout.n): a worker would get none",
-            )
-        )
-    return out
 
 
 class ConfigError(AsyncdapoError, ValueError):

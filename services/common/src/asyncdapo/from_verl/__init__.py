@@ -2,9 +2,9 @@
 config verl would run (`asyncdapo config from-verl`)."""
 
 from asyncdapo.from_verl.convert import Conversion, VerlKeys, convert, read_sources, resolve_entry
-from asyncdapo.from_verl.derive import VerlRecipeError
 from asyncdapo.from_verl.entries import Entry
 from asyncdapo.from_verl.keys import MAPPED, RULES, keys_table, rule_for
+from asyncdapo.from_verl.view import VerlRecipeError
 
 __all__ = [
     "MAPPED",

@@ -21,11 +21,12 @@ from typing import Any
 import yaml
 
 from asyncdapo.config import ConfigError, RunConfig, parse_run_config
-from asyncdapo.from_verl.derive import Derivation, Difference, VerlRecipeError, derive
+from asyncdapo.from_verl.derive import derive
 from asyncdapo.from_verl.entries import Entry, entry_of, known_modules
 from asyncdapo.from_verl.keys import Kind, classify
 from asyncdapo.from_verl.probe import DataProbe, probe_files
 from asyncdapo.from_verl.shell import read_script
+from asyncdapo.from_verl.view import Derivation, Difference, VerlRecipeError, as_list
 
 _INTERP = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
@@ -223,9 +224,7 @@ def convert(
     given = {k: v for k, v in keys.values.items() if not k.endswith("._target_")}
     if probe is None:
         files = given.get("data.train_files")
-        from asyncdapo.from_verl.derive import _as_list
-
-        probe = probe_files(_as_list(files)) if files not in (None, "") else probe_files([])
+        probe = probe_files(as_list(files)) if files not in (None, "") else probe_files([])
     d = derive(given, family, probe)
     if d.refusals:
         raise VerlRecipeError(

@@ -9,16 +9,25 @@ train as written (GAE with a critic, LoRA, one response per group with dynamic s
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from asyncdapo.errors import AsyncdapoError
-from asyncdapo.from_verl.entries import Entry, verl_defaults
+from asyncdapo.from_verl.entries import Entry
 from asyncdapo.from_verl.keys import MAX_RESP_LEN_KEYS, OVERLONG_PREFIXES, REWARD_MANAGER_KEYS
 from asyncdapo.from_verl.probe import DataProbe
 from asyncdapo.from_verl.scorers import MATH_DAPO, scorer_for
+from asyncdapo.from_verl.view import (
+    Derivation,
+    Difference,
+    Needed,
+    Out,
+    View,
+    as_bool,
+    as_float,
+    as_int,
+    as_list,
+    dns_label,
+    last_given,
+)
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -28,163 +37,10 @@ FG = "algorithm.filter_groups."
 AT = "async_training."
 
 
-class VerlRecipeError(AsyncdapoError):
-    """A verl recipe that cannot be converted: it cannot train as written, or a value is unreadable."""
-
-
-@dataclass(frozen=True)
-class Difference:
-    key: str  # the verl key
-    value: Any
-    why: str
-
-
-@dataclass(frozen=True)
-class Needed:
-    """A field the recipe determines but the conversion could not compute here (e.g. total_steps
-    from epochs without the train files): a difference unless `--set` gives the field."""
-
-    field: str
-    key: str
-    value: Any
-    why: str
-
-
-@dataclass
-class Derivation:
-    fields: dict[str, Any] = field(default_factory=dict)  # dotted run-config field -> value
-    set_by: dict[str, list[str]] = field(default_factory=dict)  # field -> the verl keys it came from
-    read: set[str] = field(default_factory=set)  # verl keys the derivation looked at
-    no_effect: list[Difference] = field(default_factory=list)  # read, but verl ignores them here
-    different: list[Difference] = field(default_factory=list)
-    needed: list[Needed] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    refusals: list[str] = field(default_factory=list)
-
-
-class _Bad(Exception):
-    pass
-
-
-def _as_bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    s = str(v).strip().lower()
-    if s in ("true", "1", "yes"):
-        return True
-    if s in ("false", "0", "no"):
-        return False
-    raise _Bad("a boolean")
-
-
-def _as_float(v: Any) -> float:
-    if isinstance(v, bool):
-        raise _Bad("a number")
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise _Bad("a number") from None
-
-
-def _as_int(v: Any) -> int:
-    f = _as_float(v)
-    if f != int(f):
-        raise _Bad("an integer")
-    return int(f)
-
-
-def _as_list(v: Any) -> list[str]:
-    if isinstance(v, list | tuple):
-        return [str(x) for x in v]
-    s = str(v).strip()
-    if s.startswith("[") and s.endswith("]"):
-        return [x.strip().strip("'\"") for x in s[1:-1].split(",") if x.strip()]
-    return [s]
-
-
-def _none(v: Any) -> bool:
-    return v is None or (isinstance(v, str) and v.strip().lower() in ("null", "none", "~", ""))
-
-
-def dns_label(v: Any) -> str:
-    """An experiment name as a run name (a DNS label): 'DAPO-Qwen2.5-7B' -> 'dapo-qwen2-5-7b'."""
-    return re.sub(r"[^a-z0-9-]+", "-", str(v).lower()).strip("-")[:53].strip("-")
-
-
-class _View:
-    """verl's value of each key: the recipe's where it sets one, else verl's default for the entry."""
-
-    def __init__(self, given: dict[str, Any], entry: Entry, out: Derivation) -> None:
-        self.given_values = given
-        self.defaults = verl_defaults(entry)
-        self.out = out
-
-    def given(self, key: str) -> bool:
-        return key in self.given_values
-
-    def raw(self, key: str) -> Any:
-        self.out.read.add(key)
-        value = self.given_values.get(key, self.defaults.get(key))
-        return None if _none(value) else value
-
-    def _typed(self, key: str, conv: Any) -> Any:
-        value = self.raw(key)
-        if value is None:
-            return None
-        try:
-            return conv(value)
-        except _Bad as err:
-            raise VerlRecipeError(f"verl key {key}: {value!r} given; must be {err}") from None
-
-    def bool(self, key: str) -> bool:
-        return bool(self._typed(key, _as_bool))
-
-    def float(self, key: str) -> float | None:
-        v: float | None = self._typed(key, _as_float)
-        return v
-
-    def int(self, key: str) -> int | None:
-        v: int | None = self._typed(key, _as_int)
-        return v
-
-    def str(self, key: str) -> str | None:
-        value = self.raw(key)
-        return None if value is None else str(value).strip()
-
-
-class _Out:
-    def __init__(self, out: Derivation, view: _View) -> None:
-        self.d, self.v = out, view
-
-    def set(self, ours: str, value: Any, *keys: str) -> None:
-        self.d.fields[ours] = value
-        self.d.set_by.setdefault(ours, []).extend(k for k in keys if k not in self.d.set_by.get(ours, []))
-
-    def differ(self, key: str, why: str) -> None:
-        self.d.different.append(Difference(key, self.v.given_values.get(key, self.v.defaults.get(key)), why))
-
-    def ignored(self, key: str, why: str) -> None:
-        if self.v.given(key):
-            self.d.read.add(key)
-            self.d.no_effect.append(Difference(key, self.v.given_values[key], why))
-
-    def refuse(self, why: str) -> None:
-        self.d.refusals.append(why)
-
-    def note(self, text: str) -> None:
-        self.d.notes.append(text)
-
-
-def _last_given(view: _View, keys: Sequence[str]) -> str | None:
-    """Of several places a verl version may put one setting, the one the recipe set (the last)."""
-    given = [k for k in view.given_values if k in keys]
-    return given[-1] if given else None
-
-
 def derive(given: dict[str, Any], entry: Entry, probe: DataProbe) -> Derivation:
     d = Derivation()
-    v = _View(given, entry, d)
-    o = _Out(d, v)
+    v = View(given, entry, d)
+    o = Out(d, v)
     _objective(v, o)
     _model(v, o)
     _data(v, o)
@@ -200,7 +56,7 @@ def derive(given: dict[str, Any], entry: Entry, probe: DataProbe) -> Derivation:
     return d
 
 
-def _objective(v: _View, o: _Out) -> None:
+def _objective(v: View, o: Out) -> None:
     """What is trained: GRPO over groups of n responses."""
     est = v.str("algorithm.adv_estimator")
     if est != "grpo":
@@ -220,7 +76,7 @@ def _objective(v: _View, o: _Out) -> None:
     o.set("rollout.n", n, R + "n")
 
 
-def _model(v: _View, o: _Out) -> None:
+def _model(v: View, o: Out) -> None:
     """The model."""
     path = v.str(M + "path")
     if path is None:
@@ -245,11 +101,11 @@ def _model(v: _View, o: _Out) -> None:
               M + "enable_gradient_checkpointing")  # fmt: skip
 
 
-def _data(v: _View, o: _Out) -> None:
+def _data(v: View, o: Out) -> None:
     """Data."""
     for key in ("data.train_files", "data.val_files"):
         if (files := v.raw(key)) is not None:
-            o.set(key, _as_list(files), key)
+            o.set(key, as_list(files), key)
     if "data.train_files" not in o.d.fields:
         o.note("data.train_files is not set: set it before `asyncdapo up`")
     o.set("data.prompt_key", v.str("data.prompt_key"), "data.prompt_key")
@@ -279,7 +135,7 @@ def _data(v: _View, o: _Out) -> None:
         o.differ(key, "a chat-template argument: asyncdapo renders the template without arguments")
 
 
-def _step(v: _View, o: _Out, entry: Entry) -> None:
+def _step(v: View, o: Out, entry: Entry) -> None:
     """One training step, staleness, and what rollout does while weights change."""
     mini = v.int(A + "ppo_mini_batch_size") or 1
     o.set("rollout.mode", "async")
@@ -352,7 +208,7 @@ def _step(v: _View, o: _Out, entry: Entry) -> None:
         o.differ(A + "shuffle", "mini-batches drawn in random order: asyncdapo takes them in order")
 
 
-def _sampling(v: _View, o: _Out) -> None:
+def _sampling(v: View, o: Out) -> None:
     """Sampling."""
     temperature = v.float(R + "temperature")
     if not v.bool(R + "do_sample"):
@@ -382,7 +238,7 @@ def _sampling(v: _View, o: _Out) -> None:
             o.ignored(key, "val_kwargs.do_sample is false: validation is greedy")
 
 
-def _policy_loss(v: _View, o: _Out) -> None:
+def _policy_loss(v: View, o: Out) -> None:
     """The policy loss."""
     clip = v.float(A + "clip_ratio")
     low, high = v.float(A + "clip_ratio_low"), v.float(A + "clip_ratio_high")
@@ -438,7 +294,7 @@ def _policy_loss(v: _View, o: _Out) -> None:
     o.set("trainer.grad_clip", v.float(A + "grad_clip"), A + "grad_clip")
 
 
-def _corrections(v: _View, o: _Out) -> None:
+def _corrections(v: View, o: Out) -> None:
     """Off-policy corrections: truncated importance sampling against the engines' log-probs."""
     old = o.d.fields["algorithm.old_log_prob"]
     level = v.str(RC + "rollout_is")
@@ -460,12 +316,12 @@ def _corrections(v: _View, o: _Out) -> None:
                       (RC + "loss_type", "ppo_clip"), (RC + "rollout_is_batch_normalize", False)):  # fmt: skip
         value = v.raw(key)
         if isinstance(fine, bool):
-            value = _as_bool(value) if value is not None else False
+            value = as_bool(value) if value is not None else False
         if value != fine:
             o.differ(key, "a rollout correction asyncdapo does not have")
 
 
-def _reward(v: _View, o: _Out, entry: Entry, probe: DataProbe) -> None:
+def _reward(v: View, o: Out, entry: Entry, probe: DataProbe) -> None:
     """The reward."""
     if entry is Entry.MAIN_DAPO:
         filtering = v.bool(FG + "enable")
@@ -502,7 +358,7 @@ def _reward(v: _View, o: _Out, entry: Entry, probe: DataProbe) -> None:
             f"{R}n=1 with {FG}enable=True: a group of one response has zero variance, so dynamic "
             "sampling would drop every group; set n >= 2 or disable filter_groups"
         )
-    manager_key = _last_given(v, REWARD_MANAGER_KEYS) or "reward_model.reward_manager"
+    manager_key = last_given(v, REWARD_MANAGER_KEYS) or "reward_model.reward_manager"
     manager = v.str(manager_key) or "naive"
     for key in REWARD_MANAGER_KEYS:
         o.d.read.add(key)
@@ -510,28 +366,28 @@ def _reward(v: _View, o: _Out, entry: Entry, probe: DataProbe) -> None:
         o.differ(manager_key, f"reward manager {manager!r}")
     over: dict[str, Any] = {}
     for part in ("enable", "len", "penalty_factor"):
-        key = _last_given(v, [p + part for p in OVERLONG_PREFIXES]) or OVERLONG_PREFIXES[0] + part
+        key = last_given(v, [p + part for p in OVERLONG_PREFIXES]) or OVERLONG_PREFIXES[0] + part
         for p in OVERLONG_PREFIXES:
             o.d.read.add(p + part)
         over[part] = (key, v.raw(key))
-    enabled = over["enable"][1] is not None and _as_bool(over["enable"][1])
+    enabled = over["enable"][1] is not None and as_bool(over["enable"][1])
     if enabled and manager != "dapo":
         for key, _ in over.values():
             o.ignored(key, f"verl's {manager!r} reward manager does not shape overlong responses (dapo does)")
         enabled = False
     o.set("reward.overlong_buffer.enable", enabled, over["enable"][0], manager_key)
     if enabled:
-        length = _as_int(over["len"][1]) if over["len"][1] is not None else 0
+        length = as_int(over["len"][1]) if over["len"][1] is not None else 0
         if length <= 0:
             o.refuse(
                 f"{over['enable'][0]}=True with {over['len'][0]}={over['len'][1]}: the buffer must be > 0 tokens"
             )
         o.set("reward.overlong_buffer.len", length, over["len"][0])
         factor = over["penalty_factor"][1]
-        o.set("reward.overlong_buffer.penalty_factor", _as_float(factor) if factor is not None else 0.0,
+        o.set("reward.overlong_buffer.penalty_factor", as_float(factor) if factor is not None else 0.0,
               over["penalty_factor"][0])  # fmt: skip
         for key in MAX_RESP_LEN_KEYS:
-            if (value := v.raw(key)) is not None and _as_int(value) != o.d.fields["data.max_response_length"]:
+            if (value := v.raw(key)) is not None and as_int(value) != o.d.fields["data.max_response_length"]:
                 o.differ(key, f"the overlong penalty measured against {value} tokens; asyncdapo measures it "
                               f"against data.max_response_length ({o.d.fields['data.max_response_length']})")  # fmt: skip
     else:
@@ -549,14 +405,14 @@ def _reward(v: _View, o: _Out, entry: Entry, probe: DataProbe) -> None:
     _reward_values(o, probe, material=enabled or not o.d.fields["algorithm.norm_adv_by_std"])
 
 
-def _optimizer(v: _View, o: _Out) -> None:
+def _optimizer(v: View, o: Out) -> None:
     """Learning rate."""
     if (opt := v.str(A + "optim.optimizer")) not in ("AdamW", "adamw"):
         o.differ(A + "optim.optimizer", f"optimizer {opt!r}: asyncdapo uses AdamW")
     o.set("trainer.lr", v.float(A + "optim.lr"), A + "optim.lr")
     o.set("trainer.weight_decay", v.float(A + "optim.weight_decay"), A + "optim.weight_decay")
     betas = v.raw(A + "optim.betas")
-    o.set("trainer.betas", [float(b) for b in _as_list(betas)], A + "optim.betas")
+    o.set("trainer.betas", [float(b) for b in as_list(betas)], A + "optim.betas")
     style_key = (
         A + "optim.warmup_style"
         if v.raw(A + "optim.warmup_style") is not None
@@ -576,7 +432,7 @@ def _optimizer(v: _View, o: _Out) -> None:
             o.ignored(key, "the LR schedule is constant")
 
 
-def _length(v: _View, o: _Out, entry: Entry, probe: DataProbe) -> None:
+def _length(v: View, o: Out, entry: Entry, probe: DataProbe) -> None:
     """How long, how often."""
     steps = _total_steps(v, o, entry, o.d.fields["data.train_batch_size"], probe)
     warmup = v.int(A + "optim.lr_warmup_steps")
@@ -613,7 +469,7 @@ def _length(v: _View, o: _Out, entry: Entry, probe: DataProbe) -> None:
         o.set("trainer.checkpoint_dir", ckpt, "trainer.default_local_dir")
 
 
-def _workers(v: _View, o: _Out, entry: Entry) -> None:
+def _workers(v: View, o: Out, entry: Entry) -> None:
     """Training workers."""
     if v.given("trainer.n_gpus_per_node") or v.given("trainer.nnodes"):
         gpus = (v.int("trainer.n_gpus_per_node") or 1) * (v.int("trainer.nnodes") or 1)
@@ -641,10 +497,10 @@ def _workers(v: _View, o: _Out, entry: Entry) -> None:
         o.d.read.update({A + "strategy", A + "ulysses_sequence_parallel_size"})
 
 
-def _logging(v: _View, o: _Out) -> None:
+def _logging(v: View, o: Out) -> None:
     """Logging."""
     backends = []
-    for name in _as_list(v.raw("trainer.logger") or []):
+    for name in as_list(v.raw("trainer.logger") or []):
         mapped = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "file": "jsonl"}.get(
             name
         )
@@ -662,7 +518,7 @@ def _logging(v: _View, o: _Out) -> None:
         o.set("name", label, "trainer.experiment_name")
 
 
-def _reward_values(o: _Out, probe: DataProbe, *, material: bool) -> None:
+def _reward_values(o: Out, probe: DataProbe, *, material: bool) -> None:
     """The reward for a correct and a wrong answer: verl's scorer for the data's data_source."""
     if probe.rows is None:
         o.set("reward.correct_reward", MATH_DAPO.correct)
@@ -696,7 +552,7 @@ def _reward_values(o: _Out, probe: DataProbe, *, material: bool) -> None:
            f"({', '.join(sorted(probe.data_sources))}); asyncdapo judges answers with math-verify")  # fmt: skip
 
 
-def _total_steps(v: _View, o: _Out, entry: Entry, batch: int, probe: DataProbe) -> int | None:
+def _total_steps(v: View, o: Out, entry: Entry, batch: int, probe: DataProbe) -> int | None:
     if entry is Entry.FULLY_ASYNC:
         samples = v.int("rollout.total_rollout_steps") or 0
         steps = samples // batch

@@ -69,7 +69,7 @@ class CrossFieldRule:
     source: str
 
 
-# On `spec.run` (RunConfig._cross_field: asyncdapo.config.impossible_combinations).
+# On `spec.run` (RunConfig._cross_field: asyncdapo.config_rules.impossible_combinations).
 RUN_RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         "self.data.train_batch_size % self.trainer.ppo_mini_batch_size == 0",
