@@ -173,7 +173,6 @@ def _step(v: View, o: Out, entry: Entry) -> None:
         o.set("rollout.max_concurrent_prompts", max(1, min(16 * engines, int(batch * trigger * (1 + threshold)))),
               "rollout.nnodes", "rollout.n_gpus_per_node", R + "tensor_model_parallel_size")  # fmt: skip
         v.raw("data.gen_batch_size")  # verl requires 1: streaming, one sample at a time
-        bypass_key = None
     else:
         batch = v.int("data.train_batch_size") or 1
         o.set("data.train_batch_size", batch, "data.train_batch_size")
@@ -198,8 +197,8 @@ def _step(v: View, o: Out, entry: Entry) -> None:
                 )
         # verl keeps the first B valid groups in the order the prompts were drawn, not the first to finish
         o.set("rollout.early_stop_order", "fifo")
-        bypass_key = RC + "bypass_mode"
-        o.set("algorithm.old_log_prob", "rollout" if v.bool(bypass_key) else "recompute", bypass_key)
+        bypass = v.bool(RC + "bypass_mode")
+        o.set("algorithm.old_log_prob", "rollout" if bypass else "recompute", RC + "bypass_mode")
     o.set("trainer.ppo_mini_batch_size", mini, A + "ppo_mini_batch_size")
     if (micro := v.int(A + "ppo_micro_batch_size_per_gpu")) is not None:
         o.set("trainer.micro_batch_size", micro, A + "ppo_micro_batch_size_per_gpu")

@@ -55,7 +55,7 @@ from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id
 from asyncdapo.trainer.publish import VersionNotifier, publish, remove_snapshot_leftovers
 from asyncdapo.trainer.redis_io import RedisWaiter, connect
 from asyncdapo.trainer.update import UpdateSettings, old_log_probs, ppo_update, rows_of_rank
-from asyncdapo.v1 import rollout_pb2
+from asyncdapo.v1 import rollout_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
 
@@ -230,16 +230,17 @@ class Trainer:
         waiter.on_change(lambda up: redis_up.set(1 if up else 0))
         Gauge(PREFIX + "fence_epoch", "Fencing epoch of this trainer (trainer:epoch when it took the lease)",
               registry=self.metrics.registry).set(self.fence.epoch)  # fmt: skip
-        self.val_examples = []
+        # The Evaluate request, built once: the validation set and its encoding never change. A set
+        # that does not fit data.max_prompt_length (data.truncation: error, or every prompt dropped)
+        # is the user's to fix: the trainer stops now, naming the row, not at step val_every.
+        self.val_request: scheduler_pb2.EvaluateRequest | None = None
         if cfg.trainer.val_every and cfg.data.val_files and self.opts.scheduler:
-            self.val_examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
-            if cfg.data.val_size:
-                self.val_examples = self.val_examples[: cfg.data.val_size]
             from asyncdapo.eval_request import eval_request
 
-            # A validation set that does not fit data.max_prompt_length (data.truncation: error, or
-            # every prompt dropped) is the user's to fix: stop now, naming the row, not at step val_every.
-            eval_request(cfg, self.val_examples, self.encode)
+            val_examples = load_examples(cfg.data.val_files, cfg.data.prompt_key)
+            if cfg.data.val_size:
+                val_examples = val_examples[: cfg.data.val_size]
+            self.val_request = eval_request(cfg, val_examples, self.encode)
         announced = self.notifier.current_version(cfg.name)
         if announced > self.state.step:
             raise TrainerStateError(
@@ -518,17 +519,12 @@ class Trainer:
     def _maybe_validate(self) -> dict[str, float]:
         """Scheduler.Evaluate every val_every steps; a failure is logged and counted, not fatal."""
         every = self.cfg.trainer.val_every
-        if not (every and self.val_examples and self.state.step % every == 0):
+        req = self.val_request
+        if not (every and req is not None and self.state.step % every == 0):
             return {}
-        from asyncdapo.eval_request import eval_request
         from asyncdapo.trainer.publish import PublishError
         from asyncdapo.trainer.val_rollouts import evaluate
 
-        try:
-            req = eval_request(self.cfg, self.val_examples, self.encode)
-        except AsyncdapoError as err:
-            log.error("validation at step %d: %s", self.state.step, err)
-            return {"val/failed": 1.0}
         stub = self.notifier.scheduler_stub()
         try:
             return self.notifier.call(
