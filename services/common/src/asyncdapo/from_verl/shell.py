@@ -22,8 +22,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from asyncdapo.from_verl.bash.interpreter import Arg, Cause, Command, Outcome, Unknown, run_script
-from asyncdapo.from_verl.bash.parse import ShellSyntaxError
+from asyncdapo.from_verl.bash.interpreter import run_script
+from asyncdapo.from_verl.bash.syntax import ShellSyntaxError
+from asyncdapo.from_verl.bash.values import Arg, Cause, Command, Outcome, Unknown
 
 # a Hydra override: optional +/++, a dotted key; its value follows the `=`
 _OVERRIDE = re.compile(r"(\+{0,2})([A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)+)=")
