@@ -13,11 +13,27 @@ bare_update_s` is what the trainer's I/O and bookkeeping cost on top of the math
 also timed with `algorithm.old_log_prob: rollout` (the engines' log-probs, no pass before the update),
 alternating with the default `recompute` on the same batch and weights: `rollout_saving` is the
 share of the bare update's CPU time that the skipped pass costs.
+
+Packed vs padded (`trainer.packing`, `trainer.micro_batch_tokens`), on a long-tailed batch: response
+lengths drawn from the simulator's workload model (the `rollpacker-14b` preset, its brief-answer
+share and cap set to bench-longtail's measured train-v0.3 figures: a 512-token cap that half the
+responses reach, mean ~317 tokens; prompts as the `tiny-longtail` preset, ~30 tokens), 8 groups of
+8 on the same tiny model. The same PPO update (old log-probs given, one optimizer step per 2
+groups) runs padded (`micro_batch_size` 8 rows, every row the batch's full width) and packed
+(one padding-free row per micro-batch, a token budget of the same 8 padded rows' tokens), each
+from the same weights, 3 repetitions interleaved (ABBA...). Measured: trained (response) tokens per
+CPU-second of the process (`time.process_time`: CPU, not wall, so other load on the machine
+slows neither side's figure much), median and spread; the share of the tokens each forward computes
+that are padding (counted at the model's input); and the relative difference of their losses.
+Goal: packed >= 1.5x padded.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import os
 import random
 import statistics
 import tempfile
@@ -58,6 +74,10 @@ def main() -> None:
     ap.add_argument(
         "--groups-per-s", type=float, default=0.0, help="feed groups at this rate (0: all queued)"
     )
+    ap.add_argument("--packing-groups", type=int, default=8, help="packed vs padded: groups in the batch")
+    ap.add_argument("--packing-n", type=int, default=8, help="packed vs padded: responses per group")
+    ap.add_argument("--packing-cap", type=int, default=512, help="packed vs padded: the response cap")
+    ap.add_argument("--packing-reps", type=int, default=3, help="packed vs padded: repetitions of each")
     ap.add_argument(
         "--threads",
         type=int,
@@ -170,12 +190,136 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     print(f"baseline bare update (old log-probs + PPO update, no I/O): {bare_s:.3f}s (cpu {bare_cpu:.3f}s)")
     print(f"  with old_log_prob rollout (no pass before the update): {ro_s:.3f}s (cpu {ro_cpu:.3f}s), "
           f"saving {bare_cpu - ro_cpu:.3f} cpu-s = {1 - ro_cpu / bare_cpu:.0%}")  # fmt: skip
+    pk = packing_experiment(args, model_dir)
     print(
         f"RESULT step_s={step_s:.3f} wait_frac={med('timing/wait_frac'):.3f} publish_s={med('timing/publish_s'):.3f} "
         f"checkpoint_s={med('timing/checkpoint_s'):.3f} compute_s={med('timing/compute_s'):.3f} "
         f"bare_update_s={bare_s:.3f} overhead_ratio={step_s / bare_s:.2f} "
-        f"bare_cpu_s={bare_cpu:.3f} rollout_bare_cpu_s={ro_cpu:.3f} rollout_saving={1 - ro_cpu / bare_cpu:.3f}"
+        f"bare_cpu_s={bare_cpu:.3f} rollout_bare_cpu_s={ro_cpu:.3f} rollout_saving={1 - ro_cpu / bare_cpu:.3f} "
+        + " ".join(f"{k}={v}" for k, v in pk.items())
     )
+
+
+def long_tail_groups(n_groups: int, n: int, cap: int, seed: int = 0) -> list[Any]:
+    """Groups whose prompt and response lengths follow the simulator's workload model: the
+    rollpacker-14b preset with bench-longtail's train-v0.3 figures (half the responses answer
+    briefly, ~100 tokens; the others run to the 512-token cap; mean ~317) and tiny-longtail's prompts. Tokens are random; rewards are the
+    model's right/wrong draws (content does not change the cost)."""
+    from asyncdapo.simulate.presets import load_workload
+    from asyncdapo.v1 import rollout_pb2
+
+    work = load_workload(
+        "rollpacker-14b", seed=seed, max_response_length=cap, length_median=16 * cap, brief_fraction=0.5,
+        brief_median=100, brief_sigma=0.6, prompt_median=30, max_prompt_length=64, n_ref=n,
+    )  # fmt: skip
+    rng = random.Random(seed)
+    groups = []
+    for i in range(n_groups):
+        att = work.attempt(i, 1, n)
+        g = rollout_pb2.Group(
+            prompt_id=f"lt{i}", prompt_token_ids=[rng.randrange(3, 500) for _ in range(work.prompt_length(i))]
+        )
+        for length, right in zip(att.lengths, att.right, strict=True):
+            k = min(length, cap)
+            g.responses.add(token_ids=[rng.randrange(3, 500) for _ in range(k)], reward=float(right),
+                            score=float(right), acc=float(right))  # fmt: skip
+        groups.append(g)
+    return groups
+
+
+class _TokenCount:
+    """Tokens the model's forward passes compute, and how many of them are padding."""
+
+    def __init__(self) -> None:
+        self.computed = 0
+        self.real = 0
+
+    def __call__(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        self.computed += ids.numel()
+        self.real += int(mask.sum()) if mask is not None else ids.numel()
+
+    @property
+    def pad_frac(self) -> float:
+        return 1.0 - self.real / max(self.computed, 1)
+
+
+def packing_experiment(args: argparse.Namespace, model_dir: str) -> dict[str, str]:
+    """Packed vs padded micro-batches on a long-tailed batch (see the module docstring)."""
+    from asyncdapo.config import parse_run_config
+    from asyncdapo.trainer.algos import grpo_advantages
+    from asyncdapo.trainer.batch import build_batch
+    from asyncdapo.trainer.dist import DistContext
+    from asyncdapo.trainer.model import Precision, compute_log_probs, load_policy
+    from asyncdapo.trainer.packing import use_packed_attention
+    from asyncdapo.trainer.update import UpdateSettings, ppo_update
+
+    cpu = torch.device("cpu")
+    prec = Precision(torch.float32, cpu)
+    base, tok = load_policy(model_dir, cpu)
+    batch = build_batch(
+        long_tail_groups(args.packing_groups, args.packing_n, args.packing_cap), int(tok.eos_token_id)
+    )
+    micro = 8
+    cfg = parse_run_config({
+        "data": {"train_batch_size": args.packing_groups, "max_response_length": args.packing_cap},
+        "rollout": {"n": args.packing_n}, "reward": {"overlong_buffer": {"enable": False}},
+        "trainer": {"ppo_mini_batch_size": max(1, args.packing_groups // 2), "micro_batch_size": micro,
+                    "lr": 1e-5, "packing": False},
+    })  # fmt: skip
+    padded = UpdateSettings.from_config(cfg)
+    width = batch.input_ids.shape[1]
+    settings = {
+        "padded": padded,
+        "packed": dataclasses.replace(padded, packing=True, micro_batch_tokens=micro * width),
+    }
+    models = {"padded": base, "packed": copy.deepcopy(base)}
+    use_packed_attention(models["packed"])
+    old, _ = compute_log_probs(base, batch, micro_batch_size=micro, temperature=1.0, precision=prec)
+    old = old - 0.02  # ratio != 1: clipping takes part
+    adv = grpo_advantages(batch.rewards, batch.group_ordinal)
+    resp_tokens = int(batch.response_mask.sum())
+    real_tokens = int(batch.attention_mask.sum())
+    rate: dict[str, list[float]] = {k: [] for k in settings}
+    loss: dict[str, list[float]] = {k: [] for k in settings}
+    pad: dict[str, float] = {}
+    load0 = os.getloadavg()[0]
+    order = list(settings)
+    for rep in range(args.packing_reps):
+        for mode in order if rep % 2 == 0 else order[::-1]:  # interleaved: both see the same load
+            model = copy.deepcopy(models[mode])
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+            count = _TokenCount()
+            hook = model.register_forward_pre_hook(count, with_kwargs=True)
+            c0 = time.process_time()
+            m = ppo_update(model, opt, batch, adv, old, settings[mode], DistContext(), prec)
+            cpu_s = time.process_time() - c0
+            hook.remove()
+            rate[mode].append(resp_tokens / cpu_s)
+            loss[mode].append(m["actor/pg_loss"])
+            pad[mode] = count.pad_frac
+    load1 = os.getloadavg()[0]
+    med = {k: statistics.median(v) for k, v in rate.items()}
+    rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(loss["packed"], loss["padded"], strict=True))
+    lengths = batch.response_mask.sum(-1)
+    print(f"packed vs padded: {batch.size} responses, cap {args.packing_cap}: "
+          f"{float((lengths >= args.packing_cap).float().mean()):.0%} at the cap, mean {float(lengths.mean()):.0f} "
+          f"tokens; {real_tokens} real prompt+response tokens, padded width {width}; "
+          f"{args.packing_reps} reps interleaved, load average {load0:.2f} -> {load1:.2f}")  # fmt: skip
+    for mode in settings:
+        print(f"  {mode:>6}: {med[mode]:7.0f} trained tokens/cpu-s (spread {min(rate[mode]):.0f}-"
+              f"{max(rate[mode]):.0f}), padding {pad[mode]:.1%} of computed tokens, "
+              f"pg_loss {loss[mode][0]:.6f}")  # fmt: skip
+    print(f"  packed / padded: {med['packed'] / med['padded']:.2f}x, loss relative difference {rel:.1e}")
+    return {
+        "packed_tok_per_cpu_s": f"{med['packed']:.0f}",
+        "padded_tok_per_cpu_s": f"{med['padded']:.0f}",
+        "packed_speedup": f"{med['packed'] / med['padded']:.2f}",
+        "padded_pad_frac": f"{pad['padded']:.3f}",
+        "packed_pad_frac": f"{pad['packed']:.3f}",
+        "loss_rel_diff": f"{rel:.1e}",
+        "packing_load_avg": f"{max(load0, load1):.2f}",
+    }
 
 
 if __name__ == "__main__":

@@ -104,13 +104,15 @@ def test_dapo_recipe_with_dynamic_sampling(tmp_path: Path) -> None:
     )
     assert (t.total_steps, t.ppo_mini_batch_size, t.val_every, t.checkpoint_every) == (200, 16, 10, 10)
     assert (t.workers, t.sharding.value, t.activation_checkpointing) == (8, "fsdp", True)
+    # use_remove_padding, use_dynamic_bsz with ppo_max_token_len_per_gpu (prompt + response) x 2
+    assert (t.packing, t.micro_batch_tokens) == (True, (1024 + 3072) * 2)
     assert (cfg.rollout.val_n, cfg.rollout.val_temperature, cfg.rollout.val_top_p) == (4, 1.0, 0.7)
     assert [b.value for b in cfg.logging.backends] == ["wandb"] and cfg.logging.project == "DAPO"
     text = out.read_text()
     # performance-only keys are listed (file and stderr), not fatal under --strict
     for key in (
         "actor_rollout_ref.rollout.gpu_memory_utilization",
-        "actor_rollout_ref.actor.use_dynamic_bsz",
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
     ):
         assert f"#   {key}=" in text and key in proc.stderr
 
@@ -263,6 +265,38 @@ def test_strict_fails_only_on_what_changes_the_algorithm() -> None:
     assert _from_verl(*epochs, "--strict", "--set", "trainer.total_steps=90").returncode == 0
 
 
+def test_padding_removal_and_dynamic_batch_size_set_packing_and_the_token_budget() -> None:
+    probe = DataProbe(rows=100, data_sources=frozenset({"math_dapo"}))
+    base = [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.model.path=m",
+        "trainer.total_training_steps=5",
+    ]
+    default = convert(read_sources(base), probe=probe)
+    # verl's defaults: padding removed, micro-batches of ppo_micro_batch_size_per_gpu sequences
+    assert (default.config.trainer.packing, default.config.trainer.micro_batch_tokens) == (True, None)
+    dynamic = convert(read_sources([*base, "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                                    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=12000",
+                                    "actor_rollout_ref.model.use_remove_padding=False"]), probe=probe)  # fmt: skip
+    assert (dynamic.config.trainer.packing, dynamic.config.trainer.micro_batch_tokens) == (False, 12000)
+    assert not dynamic.different
+    mapped = {k: ours for k, _, ours in dynamic.mapped}
+    assert mapped["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "trainer.micro_batch_tokens"
+    assert mapped["actor_rollout_ref.model.use_remove_padding"] == "trainer.packing"
+    dynamic_default = convert(
+        read_sources([*base, "actor_rollout_ref.actor.use_dynamic_bsz=True"]), probe=probe
+    )
+    assert dynamic_default.config.trainer.micro_batch_tokens == 16384  # verl's default budget
+    # a budget without dynamic batch size: verl ignores it, so does the conversion (and says so)
+    fixed = convert(
+        read_sources([*base, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=12000"]), probe=probe
+    )
+    assert fixed.config.trainer.micro_batch_tokens is None
+    assert [why for k, _, why in fixed.no_effect if k.endswith("ppo_max_token_len_per_gpu")] == [
+        "only with use_dynamic_bsz"
+    ]
+
+
 def test_token_tis_and_the_older_tis_key() -> None:
     probe = DataProbe(rows=100, data_sources=frozenset({"math_dapo"}))
     base = [
@@ -315,7 +349,7 @@ def test_every_key_the_conversion_reads_is_documented() -> None:
         "trainer.n_gpus_per_node": 2, "actor_rollout_ref.rollout.max_num_seqs": 64, "data.seed": 3,
         "actor_rollout_ref.model.enable_gradient_checkpointing": False, "data.val_max_samples": 8,
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.1, "algorithm.rollout_correction.rollout_is": "token",
-        "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0,
+        "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0, "actor_rollout_ref.actor.use_dynamic_bsz": True,
     }  # fmt: skip
     read: set[str] = set()
     for entry in Entry:

@@ -376,6 +376,21 @@ class TrainerConfig(_Strict):
         LrSchedule.CONSTANT,
         description="LR after warm-up: constant, or cosine (verl's lr_scheduler_type) from lr down to "
         "min_lr_ratio * lr over total_steps.",
+    packing: bool = Field(
+        True,
+        description="Padding-free: a micro-batch's sequences are packed into one row with position ids "
+        "restarting per sequence; no pad token is computed (verl's use_remove_padding). Models that "
+        "transformers ships only; another model's code trains padded.",
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Token budget of one micro-batch (prompt + response tokens; without packing each "
+        "sequence counts the batch's padded width); None: `micro_batch_size` sequences per micro-batch. "
+        "Sequences are grouped longest first; one longer than the budget goes alone in its micro-batch, "
+        "so a budget below data.max_prompt_length + data.max_response_length is allowed (verl's "
+        "use_dynamic_bsz with ppo_max_token_len_per_gpu).",
+    )
     )
     min_lr_ratio: float = Field(
         0.0,

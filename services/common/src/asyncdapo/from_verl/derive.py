@@ -202,6 +202,13 @@ def _step(v: View, o: Out, entry: Entry) -> None:
     o.set("trainer.ppo_mini_batch_size", mini, A + "ppo_mini_batch_size")
     if (micro := v.int(A + "ppo_micro_batch_size_per_gpu")) is not None:
         o.set("trainer.micro_batch_size", micro, A + "ppo_micro_batch_size_per_gpu")
+    o.set("trainer.packing", v.bool(M + "use_remove_padding"), M + "use_remove_padding")
+    # dynamic batch size: micro-batches sized by a token budget (verl ignores the budget otherwise)
+    dynamic, budget = v.bool(A + "use_dynamic_bsz"), v.int(A + "ppo_max_token_len_per_gpu")
+    o.set("trainer.micro_batch_tokens", budget if dynamic else None, A + "use_dynamic_bsz",
+          A + "ppo_max_token_len_per_gpu")  # fmt: skip
+    if not dynamic:
+        o.ignored(A + "ppo_max_token_len_per_gpu", "only with use_dynamic_bsz")
     o.set("trainer.ppo_epochs", v.int(A + "ppo_epochs"), A + "ppo_epochs")
     if v.bool(A + "shuffle"):
         o.differ(A + "shuffle", "mini-batches drawn in random order: asyncdapo takes them in order")

@@ -70,6 +70,7 @@ _PPO: dict[str, Any] = {
     "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.model.custom_chat_template": None,
     "actor_rollout_ref.model.tokenizer_path": None,
+    "actor_rollout_ref.model.use_remove_padding": True,
     # rollout (training and validation sampling)
     "actor_rollout_ref.rollout.n": 1,
     "actor_rollout_ref.rollout.temperature": 1.0,
@@ -90,6 +91,8 @@ _PPO: dict[str, Any] = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None,
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
     "actor_rollout_ref.actor.ppo_epochs": 1,
     "actor_rollout_ref.actor.shuffle": False,
     "actor_rollout_ref.actor.clip_ratio": 0.2,

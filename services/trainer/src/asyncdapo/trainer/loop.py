@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,15 @@ from asyncdapo.trainer.fsdp import Sharding, hf_model
 from asyncdapo.trainer.groups_reader import Entry, GroupDropReason, GroupsReader, classify, dropped_counter
 from asyncdapo.trainer.lr_schedule import make_lr_scheduler
 from asyncdapo.trainer.metrics import PREFIX, JsonlLog, MetricsSink, batch_metrics
-from asyncdapo.trainer.model import compute_log_probs, load_policy, pad_token_id, resolve_precision, unwrap
+from asyncdapo.trainer.model import (
+    compute_log_probs,
+    load_policy,
+    packing_supported,
+    pad_token_id,
+    resolve_precision,
+    unwrap,
+)
+from asyncdapo.trainer.packing import use_packed_attention
 from asyncdapo.trainer.publish import VersionNotifier, publish, remove_snapshot_leftovers
 from asyncdapo.trainer.redis_io import RedisWaiter, connect
 from asyncdapo.trainer.update import UpdateSettings, old_log_probs, ppo_update, rows_of_rank
@@ -138,10 +146,21 @@ class Trainer:
         if cfg.algorithm.kl_coef > 0:
             self.ref_model, _ = load_policy(cfg.model.path, dev, cfg.model.trust_remote_code)
             self.ref_model.requires_grad_(False)
+        if self.settings.packing and not packing_supported(model):
+            log.warning(
+                "trainer.packing is on but %s is not a model transformers ships: its attention may not "
+                "separate packed sequences, so the trainer computes padded micro-batches",
+                type(model).__name__,
+            )
+            self.settings = replace(self.settings, packing=False)
         # DDP replicas or FSDP shards (trainer.sharding), activation checkpointing (fsdp.py)
         self.sharding = Sharding(cfg.trainer, self.dist, self.precision.compute_dtype)
         self.model = self.sharding.wrap(model)
         t = cfg.trainer
+        if self.settings.packing:  # SDPA attends sequence by sequence in packed passes (packing.py)
+            for m in (model, self.ref_model):
+                if m is not None:
+                    use_packed_attention(m)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
         )
@@ -443,6 +462,7 @@ class Trainer:
             batch,
             dev_batch,
             mine,
+                packing=self.settings.packing, micro_batch_tokens=self.settings.micro_batch_tokens,
             old_lp,
             entropy,
             tis,

@@ -7,7 +7,8 @@ Log-probs use the rollout temperature (logits / T), as verl does, so they are co
 engine's sampled distribution. They are computed in fp32 chunk by chunk along the response
 (`LOGITS_CHUNK` positions): with a 150k vocabulary and 20k-token responses a whole fp32 copy of the
 logits would be the update's largest tensor; a chunk's copy lives only while that chunk is computed
-(and is recomputed in backward).
+(and is recomputed in backward). With `packing` a micro-batch runs as one padding-free row
+(packing.py) and its values come back in the padded layout.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from asyncdapo.errors import AsyncdapoError
 from asyncdapo.trainer.algos import entropy_from_logits, log_probs_from_logits
 from asyncdapo.trainer.batch import TrainBatch
 from asyncdapo.trainer.fsdp import aligned_forwards
+from asyncdapo.trainer.packing import (
+    PACKED_SDPA,
+    first_fit_decreasing,
+    pack_rows,
+    row_tokens,
+    scatter_response,
+)
 
 LOGITS_CHUNK = 4096  # response positions per fp32 log-softmax chunk
 
@@ -93,6 +101,14 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
+def packing_supported(model: nn.Module) -> bool:
+    """Whether `model` reads packed sequences' boundaries from restarting position ids: the models
+    transformers ships do (their masks and flash-attention paths detect the restarts); a model's
+    own code (trust_remote_code) may not, and would attend across the packed sequences."""
+    inner: nn.Module = getattr(model, "module", model)
+    return type(inner).__module__.startswith("transformers.models.")
+
+
 def forward_response(
     model: nn.Module,
     batch: TrainBatch,
@@ -101,9 +117,18 @@ def forward_response(
     precision: Precision,
     with_entropy: bool,
     entropy_grad: bool = True,
+    packing: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """(log-probs, entropy or None) of every response token, each (n, R); grads flow if enabled
-    (`entropy_grad=False`: the entropy is only a metric, computed without a graph)."""
+    (`entropy_grad=False`: the entropy is only a metric, computed without a graph).
+
+    `packing`: one padding-free pass over the rows packed end to end (packing.py); the values come
+    back in the same (n, R) layout, 0 on padding."""
+    if packing:
+        return _forward_packed(
+            model, batch, temperature=temperature, precision=precision,
+            with_entropy=with_entropy, entropy_grad=entropy_grad,
+        )  # fmt: skip
     r_len = batch.responses.shape[1]
     kwargs: dict[str, Any] = {}
     if _accepts_logits_to_keep(model):
@@ -117,7 +142,46 @@ def forward_response(
             **kwargs,
         )
     logits = out.logits[:, -(r_len + 1) : -1, :]
-    log_probs = response_log_probs(logits, batch.responses, temperature)
+    return _response_values(logits, batch.responses, temperature, with_entropy, entropy_grad)
+
+
+def _forward_packed(
+    model: nn.Module,
+    batch: TrainBatch,
+    *,
+    temperature: float,
+    precision: Precision,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[Tensor, Tensor | None]:
+    packed = pack_rows(batch)
+    inner: nn.Module = getattr(model, "module", model)
+    per_sequence = getattr(inner.config, "_attn_implementation", None) == PACKED_SDPA
+    # PACKED_SDPA reads the boundaries on the host; flash kernels want them on the device
+    kwargs: dict[str, Any] = packed.boundaries(
+        torch.device("cpu") if per_sequence else packed.input_ids.device
+    )
+    keep = _accepts_logits_to_keep(model)
+    if keep:
+        kwargs["logits_to_keep"] = packed.logit_index  # logits only where response tokens are predicted
+    # PACKED_SDPA: an all-ones mask, so that no (T, T) mask is built (it attends per sequence);
+    # otherwise none: the model derives the boundaries from the restarting position ids
+    mask = torch.ones_like(packed.input_ids) if per_sequence else None
+    with precision.autocast():
+        out = model(
+            input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False,
+            **kwargs,
+        )  # fmt: skip
+    logits = out.logits if keep else out.logits[:, packed.logit_index]
+    lp, ent = _response_values(logits, packed.labels.unsqueeze(0), temperature, with_entropy, entropy_grad)
+    mask = batch.response_mask
+    return scatter_response(lp[0], mask), (None if ent is None else scatter_response(ent[0], mask))
+
+
+def _response_values(
+    logits: Tensor, labels: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    log_probs = response_log_probs(logits, labels, temperature)
     entropy = None
     if with_entropy and entropy_grad:
         entropy = response_entropy(logits, temperature)
@@ -174,29 +238,44 @@ def compute_log_probs(
     temperature: float,
     precision: Precision,
     with_entropy: bool = True,
+    packing: bool = False,
+    micro_batch_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (and entropy) of all rows of `batch` under `model`, in micro-batches, no grad."""
+    """Log-probs (and entropy) of all rows of `batch` under `model`, in micro-batches, no grad:
+    `micro_batch_size` rows each, or rows grouped by the `micro_batch_tokens` budget (packing.py);
+    `packing`: each micro-batch in one padding-free pass."""
     was_training = model.training
     model.eval()
-    lps, ents = [], []
-    starts = list(range(0, batch.size, micro_batch_size))
+    tokens = row_tokens(batch, packing)
+    if micro_batch_tokens is None:
+        chunks = [
+            list(range(s, min(s + micro_batch_size, batch.size)))
+            for s in range(0, batch.size, micro_batch_size)
+        ]
+    else:
+        chunks = first_fit_decreasing(range(batch.size), tokens, micro_batch_tokens)
+    lps = torch.zeros_like(batch.response_mask)
+    ents = torch.zeros_like(batch.response_mask)
     try:
-        with aligned_forwards(model, len(starts)) as n_forwards:
-            for start in starts:
-                mb = batch.select(range(start, min(start + micro_batch_size, batch.size)))
+        with aligned_forwards(model, len(chunks)) as n_forwards:
+            for chunk in chunks:
                 lp, ent = forward_response(
-                    model, mb, temperature=temperature, precision=precision, with_entropy=with_entropy
-                )
-                lps.append(lp)
+                    model, batch.select(chunk), temperature=temperature, precision=precision,
+                    with_entropy=with_entropy, packing=packing,
+                )  # fmt: skip
+                idx = torch.as_tensor(chunk, device=lps.device)
+                lps[idx] = lp.to(lps.dtype)
                 if ent is not None:
-                    ents.append(ent)
-            for _ in range(n_forwards - len(starts)):  # a sharded model: match the other ranks' gathers
+                    ents[idx] = ent.to(ents.dtype)
+            shortest = min(range(batch.size), key=lambda r: tokens[r])
+            for _ in range(n_forwards - len(chunks)):  # a sharded model: match the other ranks' gathers
                 forward_response(
-                    model, batch.select([0]), temperature=temperature, precision=precision, with_entropy=False
-                )
+                    model, batch.select([shortest]), temperature=temperature, precision=precision,
+                    with_entropy=False, packing=packing,
+                )  # fmt: skip
     finally:
         model.train(was_training)
-    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+    return lps, (ents if with_entropy else None)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

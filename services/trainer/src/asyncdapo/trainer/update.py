@@ -7,7 +7,9 @@ gradient of the mini-batch loss, whatever the micro-batch size or the number of 
 
 Every rank runs the same number of micro-batches per mini-batch (DDP all-reduces on the last
 backward, FSDP all-gathers in every forward and reduce-scatters in every backward); a rank whose
-share runs out first repeats a row with weight 0. The same code trains a replica (DDP) or a shard
+share runs out first repeats its mini-batch's shortest row with weight 0. A micro-batch is
+`micro_batch_size` rows, or rows grouped by the `micro_batch_tokens` budget (packing.py); with
+`packing` each runs as one padding-free pass. The same code trains a replica (DDP) or a shard
 (FSDP, fsdp.py): the gradient norm is global either way.
 
 With old log-probs from the rollout (`algorithm.old_log_prob: rollout`) no forward pass precedes
@@ -19,8 +21,8 @@ the policy as its mini-batch is trained (pi_old for the first mini-batch), as ve
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TypedDict
 
 import numpy as np
@@ -33,12 +35,15 @@ from asyncdapo.trainer.batch import TrainBatch, group_row_ranges, rows_without_b
 from asyncdapo.trainer.dist import DistContext
 from asyncdapo.trainer.fsdp import clip_grad_norm, no_sync
 from asyncdapo.trainer.model import Precision, forward_response
+from asyncdapo.trainer.packing import first_fit_decreasing, row_tokens
 
 
 @dataclass(frozen=True)
 class UpdateSettings:
     groups_per_mini_batch: int
     micro_batch_size: int
+    packing: bool  # padding-free forward passes (packing.py)
+    micro_batch_tokens: int | None  # token budget of a micro-batch; None: micro_batch_size rows
     ppo_epochs: int
     grad_clip: float
     clip_ratio_low: float
@@ -56,6 +61,8 @@ class UpdateSettings:
         return cls(
             groups_per_mini_batch=t.ppo_mini_batch_size,
             micro_batch_size=t.micro_batch_size,
+            packing=t.packing,
+            micro_batch_tokens=t.micro_batch_tokens,
             ppo_epochs=t.ppo_epochs,
             grad_clip=t.grad_clip,
             clip_ratio_low=a.clip_ratio_low,
@@ -98,6 +105,28 @@ def micro_chunks(rows: list[int], dist: DistContext, micro_batch_size: int) -> l
     per_rank = math.ceil(len(rows) / dist.world)
     n_micro = max(1, math.ceil(per_rank / micro_batch_size))
     return [list(map(int, c)) for c in np.array_split(np.asarray(dist.shard(rows), dtype=np.int64), n_micro)]
+
+
+def budget_chunks(rows: list[int], dist: DistContext, tokens: Sequence[int], budget: int) -> list[list[int]]:
+    """This rank's rows of one mini-batch in micro-batches of at most `budget` tokens (`tokens[row]`
+    each; a longer row alone), then empty micro-batches up to the count of the rank that needs the
+    most. Every rank sees the whole batch, so each works out every rank's count without a collective."""
+    counts = [
+        len(first_fit_decreasing(replace(dist, rank=r).shard(rows), tokens, budget))
+        for r in range(dist.world)
+    ]
+    mine = first_fit_decreasing(dist.shard(rows), tokens, budget)
+    return mine + [[] for _ in range(max(counts) - len(mine))]
+
+
+def micro_batches(
+    rows: list[int], dist: DistContext, settings: UpdateSettings, tokens: Sequence[int]
+) -> list[list[int]]:
+    """This rank's micro-batches of one mini-batch: by `micro_batch_tokens` when set, else
+    `micro_batch_size` rows; the same count on every rank (an empty one: a zero-weight pass)."""
+    if settings.micro_batch_tokens is None:
+        return micro_chunks(rows, dist, settings.micro_batch_size)
+    return budget_chunks(rows, dist, tokens, settings.micro_batch_tokens)
 
 
 # (rows, with_entropy) -> (log-probs, entropy) of the current weights, full-size (0 off `rows`)
@@ -154,6 +183,7 @@ def ppo_update(
     grad_norms: list[float] = []
     skipped = 0
     n_mini = 0
+    tokens = row_tokens(batch, s.packing)
     for epoch in range(s.ppo_epochs):
         measure = first_epoch_stats and epoch == 0
         for rows in mini_batch_rows(batch, s.groups_per_mini_batch):
@@ -164,18 +194,19 @@ def ppo_update(
             norm: _Norm = {
                 "num_tokens": n_tok, "num_seqs": n_seq, "dp_size": dist.world, "horizon": s.loss_horizon
             }  # fmt: skip
-            chunks = micro_chunks(rows, dist, s.micro_batch_size)
+            chunks = micro_batches(rows, dist, s, tokens)
             optimizer.zero_grad(set_to_none=True)
             for i, chunk in enumerate(chunks):
                 weight = 1.0
-                if not chunk:  # this rank has fewer rows: keep DDP's collective calls aligned
-                    chunk, weight = rows[:1], 0.0
+                if not chunk:  # this rank has fewer micro-batches: keep the collective calls aligned
+                    chunk, weight = [min(rows, key=lambda r: tokens[r])], 0.0  # the cheapest pass
                 mb = batch.select(chunk).to(dist.device)
                 idx = torch.as_tensor(chunk, device=old_log_prob.device)
                 with no_sync(model, last=i == len(chunks) - 1):
                     logp, ent = forward_response(
                         model, mb, temperature=s.temperature, precision=precision,
                         with_entropy=s.entropy_coeff > 0 or measure, entropy_grad=s.entropy_coeff > 0,
+                        packing=s.packing,
                     )  # fmt: skip
                     pg, m = policy_loss(
                         old_log_prob[idx], logp, advantages[idx], mb.response_mask,
