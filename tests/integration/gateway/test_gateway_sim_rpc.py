@@ -209,7 +209,13 @@ def test_cli_reports_bad_flags(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert out.returncode == 2 and "--model is required" in out.stderr
+    assert out.returncode == 2 and "needs --model" in out.stderr and "--weights-from" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "sim", "--model", str(tmp_path),
+         "--weights-from", "127.0.0.1:9"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "give one" in out.stderr, out.stderr
     out = subprocess.run(
         [sys.executable, "-m", "asyncdapo.cli", "gateway", "--engine", "vllm", "--model", str(tmp_path),
          "--vllm-executor", "uni"],

@@ -188,6 +188,40 @@ async def test_pause_keep_reload_resume_carries_two_versions(
     assert _close(after.logprobs, hf.logprobs(other_weights, prompt, after.token_ids))
 
 
+async def test_stream_weights_reach_the_engine_exactly(
+    vllm_gateway, hf, prompt, other_weights, gateway_token, tmp_path
+) -> None:
+    """A stream:// version: fetched from a trainer-side WeightStore (token-protected) into the
+    gateway's memory, loaded in place; log-probs are those of the trainer's weights."""
+    import shutil
+
+    from asyncdapo.weight_stream.server import WeightStoreServer
+    from asyncdapo.weight_stream.store import WeightStore
+    from asyncdapo.weight_stream.uri import stream_uri
+
+    shutil.copytree(other_weights, tmp_path / "export")
+    store = WeightStore(tmp_path, "trainer")
+    server = WeightStoreServer(store, "127.0.0.1:0", token=gateway_token)
+    port = server.start()
+    model_dir = vllm_gateway.model_dir
+    try:
+        async with GatewayClient(vllm_gateway.target, token=gateway_token) as c:
+            v = (await c.get_load()).weight_version + 1
+            store.hold_complete(v, tmp_path / "export")
+            out = await c.load_weights(v, stream_uri(f"127.0.0.1:{port}"))
+            assert out.version == v and (await c.get_load()).weight_version == v
+            assert store.bytes_served == store.get(v).manifest.total_bytes  # one copy, all of it
+            try:
+                r = await c.generate("stream-after", prompt, Sampling(max_tokens=16, seed=5, ignore_eos=True))
+                assert r.version_runs == [(v, 16)]
+                assert _close(r.logprobs, hf.logprobs(other_weights, prompt, r.token_ids))
+            finally:
+                await c.load_weights(v + 1, str(model_dir))  # back to the served model for other tests
+    finally:
+        server.stop()
+        store.close()
+
+
 async def test_pause_abort_and_pause_wait(vllm_gateway, prompt, gateway_token) -> None:
     async with GatewayClient(vllm_gateway.target, token=gateway_token) as c:
         tasks = await _start_long(c, "pa", 16, prompt)

@@ -76,8 +76,10 @@ async def start_sim_gateway(
     pool: str = "",
     token: str | None = None,
     tls: Any = None,
+    weight_store: Path | None = None,
     **timing: Any,
 ) -> SimGateway:
+    """`weight_store`: a directory the gateway receives stream:// versions into (and relays from)."""
     from prometheus_client import CollectorRegistry
 
     from asyncdapo.gateway.gateway_service import GatewayOptions
@@ -88,11 +90,20 @@ async def start_sim_gateway(
     engine = SimulatedEngine(
         SimTiming(**{**FAST_SIM, **timing}), max_concurrency=capacity, model_dir=model_dir
     )
+    weights = None
+    if weight_store is not None:
+        from asyncdapo.gateway.gateway_service import StreamWeights
+        from asyncdapo.weight_stream.fetch import Fetcher
+        from asyncdapo.weight_stream.store import WeightStore
+
+        store = WeightStore(weight_store, name)
+        weights = StreamWeights(store, Fetcher(store, token))
     server = GatewayServer(
         engine,
         GatewayOptions(gateway_id=name, capacity=capacity, pool=pool),
         ServerSettings(port=port, drain_timeout_s=0.0, token=token, tls=tls),
         GatewayMetrics(CollectorRegistry()),
+        weights=weights,
     )
     return SimGateway(server, await server.start())
 

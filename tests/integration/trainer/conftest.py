@@ -159,8 +159,10 @@ def base_config(model_dir: Path, train_file: Path, ckpt: Path, **over: Any) -> R
                  "max_response_length": 6, "prompt_queue_watermark": 8},
         "rollout": {"n": 4, "max_staleness": 0},
         "reward": {"overlong_buffer": {"enable": True, "len": 2, "penalty_factor": 0.5}},
+        # snapshot: these tests read the exported weights under checkpoint_dir/weights (the stream
+        # path is tested with the scheduler and gateways, test_scheduler_weight_stream.py)
         "trainer": {"total_steps": 2, "ppo_mini_batch_size": 1, "micro_batch_size": 3, "lr": 1e-3,
-                    "warmup_steps": 0, "checkpoint_dir": str(ckpt)},
+                    "warmup_steps": 0, "checkpoint_dir": str(ckpt), "weight_transport": "snapshot"},
     }  # fmt: skip
     for dotted, value in over.items():
         section, key = dotted.split("__")

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+import torch
 
 from asyncdapo.local.ports import free_port
 from asyncdapo.redis_keys import RunKeys
@@ -33,6 +34,7 @@ class RecordingScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.unavailable_left = unavailable_first
         self.published: list[tuple[int, str]] = []
         self.evaluated: list[scheduler_pb2.EvaluateRequest] = []
+        self.on_publish: Any = None
         self.lock = threading.Lock()
 
     def _auth(self, context: grpc.ServicerContext) -> None:
@@ -52,6 +54,8 @@ class RecordingScheduler(scheduler_pb2_grpc.SchedulerServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"version {request.version} is not newer")
             self.version = request.version
             self.published.append((request.version, request.uri))
+            if self.on_publish is not None:  # e.g. read the weights at once, as a gateway would
+                self.on_publish(request)
         return scheduler_pb2.PublishWeightsResponse(
             version=request.version,
             results=[scheduler_pb2.GatewayResult(gateway="gw-0", ok=True), scheduler_pb2.GatewayResult(
@@ -156,3 +160,73 @@ def test_a_validation_prompt_over_the_limit_stops_the_run_at_start(
     ):
         Trainer(cfg, opts).run()
     assert servicer.published == [] and servicer.evaluated == []
+
+
+def _pull(uri: str, version: int) -> dict[str, bytes]:
+    """A stream:// version read the way a gateway does (manifest, then every chunk, token sent),
+    each chunk checked against its digest; file name -> bytes."""
+    import hashlib
+
+    from asyncdapo.v1 import weights_pb2, weights_pb2_grpc
+    from asyncdapo.weight_stream.manifest import Manifest
+    from asyncdapo.weight_stream.uri import stream_address
+
+    md = [("authorization", f"Bearer {TOKEN}")]
+    with grpc.insecure_channel(
+        stream_address(uri), options=[("grpc.max_receive_message_length", 64 << 20)]
+    ) as ch:
+        stub = weights_pb2_grpc.WeightStoreStub(ch)
+        m = Manifest.from_pb(stub.GetManifest(weights_pb2.GetManifestRequest(version=version), metadata=md))
+        chunks = {
+            c.index: c.data
+            for c in stub.ReadChunks(weights_pb2.ReadChunksRequest(version=version), metadata=md)
+        }
+    assert sorted(chunks) == list(range(m.num_chunks))
+    assert all(hashlib.sha256(chunks[i]).digest() == m.chunk_sha256[i] for i in chunks)
+    return {
+        f.name: b"".join(chunks[i] for i in range(f.first_chunk, f.first_chunk + f.num_chunks))
+        for f in m.files
+    }
+
+
+def test_stream_transport_serves_each_published_version_from_memory(
+    tmp_path: Path, make_config: Any, rollout: Any, redis_url: str, redis_client: Any, scheduler: Any
+) -> None:
+    """trainer.weight_transport stream: PublishWeights carries the trainer's WeightStore address;
+    what it serves is the snapshot's files, nothing is written under checkpoint_dir/weights, and a
+    restarted trainer serves the version the gateways run again (for those catching up)."""
+    from safetensors.torch import load
+
+    from asyncdapo.trainer.model import unwrap
+
+    servicer, addr = scheduler
+    pulled: dict[int, dict[str, bytes]] = {}
+    servicer.on_publish = lambda req: pulled.__setitem__(req.version, _pull(req.uri, req.version))
+    cfg = make_config(tmp_path / "out", trainer__total_steps=2, rollout__max_staleness=1, trainer__weight_transport="stream",
+                      trainer__weight_store_dir=str(tmp_path / "shm"))  # fmt: skip
+    (tmp_path / "shm").mkdir()
+    rollout.produce(redis_client, RunKeys(cfg.name), iter(rollout.records(40, epoch=41)), 4)
+    opts = TrainerOptions(redis_url, tmp_path / "out", scheduler=addr, token=TOKEN, max_wait_s=30)
+    trainer = Trainer(cfg, opts)
+    trainer.run()
+    assert [v for v, _ in servicer.published] == [1, 2]
+    assert all(uri.startswith("stream://127.0.0.1:") for _, uri in servicer.published)
+    assert not (tmp_path / "out" / "weights").exists()
+    final = {k: v.detach() for k, v in unwrap(trainer.model).state_dict().items()}
+    served = load(pulled[2]["model.safetensors"])
+    assert served.keys() <= final.keys() and "model.embed_tokens.weight" in served
+    for k, t in served.items():
+        assert torch.equal(t, final[k].to(t.dtype)), k
+    assert "config.json" in pulled[2] and any(n.startswith("tokenizer") for n in pulled[2])
+    assert not list((tmp_path / "shm").iterdir())  # the store is emptied when the trainer stops
+
+    restarted = Trainer(cfg, opts)  # the scheduler serves v2: nothing to publish, v2 served again
+    try:
+        assert restarted.weight_server is not None
+        again = _pull(restarted.weight_server.uri, 2)
+        assert load(again["model.safetensors"]).keys() == served.keys()
+        for k, t in load(again["model.safetensors"]).items():
+            assert torch.equal(t, served[k]), k
+    finally:
+        restarted.close()
+    assert len(servicer.published) == 2

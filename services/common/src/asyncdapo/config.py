@@ -84,6 +84,11 @@ class PauseMode(StrEnum):
     WAIT = "wait"  # let in-flight requests finish (or abort them at the deadline)
 
 
+class WeightTransport(StrEnum):
+    STREAM = "stream"  # trainer -> gateways over gRPC in checksummed chunks, gateways relaying
+    SNAPSHOT = "snapshot"  # a safetensors directory on a volume every gateway mounts
+
+
 class RolloutMode(StrEnum):
     ASYNC = "async"
     SYNC = "sync"
@@ -241,8 +246,16 @@ class RolloutConfig(_Strict):
         60.0,
         gt=0.0,
         le=3600.0,
-        description="Bound on one gateway's weight update (pause, load, resume); a gateway that fails "
-        "or exceeds it gets no work until a background re-sync brings it to the current version.",
+        description="Bound on one gateway's weight update (fetch, pause, load, resume); a gateway that "
+        "fails or exceeds it gets no work until a background re-sync brings it to the current version.",
+    )
+    weight_relay_fanout: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="trainer.weight_transport stream: gateways one WeightStore server (the trainer, then "
+        "each gateway) feeds a new version to, as a tree: the trainer sends this many copies whatever "
+        "the number of gateways; each gateway relays the chunks it has while it still receives.",
     )
     max_concurrent_prompts: int = Field(
         32, ge=1, le=1 << 16, description="Prompt-level FIFO: at most this many prompts in flight."
@@ -363,19 +376,6 @@ class TrainerConfig(_Strict):
     total_steps: int = Field(100, ge=1, description="Policy updates to run.")
     ppo_mini_batch_size: int = Field(8, ge=1, description="Groups per optimizer step (divides B).")
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward pass.")
-    ppo_epochs: int = Field(1, ge=1, le=100, description="Passes over each batch.")
-    lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.1, ge=0.0, le=1.0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    warmup_steps: int = Field(
-        10,
-        ge=0,
-        description="Linear LR warm-up steps: update k (from 0) uses lr * min(1, (k + 1) / warmup_steps).",
-    )
-    lr_schedule: LrSchedule = Field(
-        LrSchedule.CONSTANT,
-        description="LR after warm-up: constant, or cosine (verl's lr_scheduler_type) from lr down to "
-        "min_lr_ratio * lr over total_steps.",
     packing: bool = Field(
         True,
         description="Padding-free: a micro-batch's sequences are packed into one row with position ids "
@@ -391,6 +391,19 @@ class TrainerConfig(_Strict):
         "so a budget below data.max_prompt_length + data.max_response_length is allowed (verl's "
         "use_dynamic_bsz with ppo_max_token_len_per_gpu).",
     )
+    ppo_epochs: int = Field(1, ge=1, le=100, description="Passes over each batch.")
+    lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.1, ge=0.0, le=1.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(
+        10,
+        ge=0,
+        description="Linear LR warm-up steps: update k (from 0) uses lr * min(1, (k + 1) / warmup_steps).",
+    )
+    lr_schedule: LrSchedule = Field(
+        LrSchedule.CONSTANT,
+        description="LR after warm-up: constant, or cosine (verl's lr_scheduler_type) from lr down to "
+        "min_lr_ratio * lr over total_steps.",
     )
     min_lr_ratio: float = Field(
         0.0,
@@ -405,6 +418,18 @@ class TrainerConfig(_Strict):
     )
     grad_clip: float = Field(1.0, gt=0.0, description="Max gradient norm.")
     publish_every: int = Field(1, ge=1, description="Publish weights every k steps.")
+    weight_transport: WeightTransport = Field(
+        WeightTransport.STREAM,
+        description="stream: the trainer serves each published version from memory (its WeightStore) "
+        "and gateways pull it in checksummed chunks, relaying to each other; no shared volume. "
+        "snapshot: a safetensors directory under checkpoint_dir/weights that every gateway must be able to read.",
+    )
+    weight_store_dir: str = Field(
+        "",
+        max_length=4096,
+        description="stream: where the trainer keeps the versions it serves (one or two model copies); "
+        "'' is /dev/shm when writable (memory), else the temporary directory.",
+    )
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every k steps.")
     val_every: int = Field(0, ge=0, description="Validate every k steps (0: never).")
     workers: int = Field(1, ge=1, le=4096, description="Data-parallel workers (>1 uses Ray Train).")

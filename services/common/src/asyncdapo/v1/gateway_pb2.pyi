@@ -114,22 +114,30 @@ class ResumeResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("version", "uri")
+    __slots__ = ("version", "uri", "sources", "fetch_only")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    FETCH_ONLY_FIELD_NUMBER: _ClassVar[int]
     version: int
     uri: str
-    def __init__(self, version: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
+    sources: _containers.RepeatedScalarFieldContainer[str]
+    fetch_only: bool
+    def __init__(self, version: _Optional[int] = ..., uri: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., fetch_only: _Optional[bool] = ...) -> None: ...
 
 class LoadWeightsResponse(_message.Message):
-    __slots__ = ("version", "num_tensors", "reload_s")
+    __slots__ = ("version", "num_tensors", "reload_s", "bytes_received", "fetch_s")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     RELOAD_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
     version: int
     num_tensors: int
     reload_s: float
-    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., reload_s: _Optional[float] = ...) -> None: ...
+    bytes_received: int
+    fetch_s: float
+    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., reload_s: _Optional[float] = ..., bytes_received: _Optional[int] = ..., fetch_s: _Optional[float] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()

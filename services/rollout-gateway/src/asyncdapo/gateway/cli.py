@@ -44,6 +44,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--initial-version", type=int, default=0, help="policy version of the weights in --model")
     p.add_argument("--drain-timeout-s", type=float, default=30.0, help="SIGTERM: time in-flight requests get")
     p.add_argument("--log-level", default="INFO")
+    w = p.add_argument_group("weights (stream://)")
+    w.add_argument(
+        "--weight-store-dir",
+        default="",
+        help="where stream:// versions are received and kept for peers (one or two model copies); "
+        "default /dev/shm when writable (memory), else the temporary directory",
+    )
+    w.add_argument(
+        "--no-weight-store",
+        action="store_true",
+        help="refuse stream:// uris and serve no WeightStore (snapshot-only gateways)",
+    )
+    w.add_argument(
+        "--weights-from",
+        metavar="HOST:PORT",
+        help="start from the trainer's weights: fetch the newest version its WeightStore serves (waiting "
+        "for the trainer to come up) and serve it, instead of reading --model from a volume",
+    )
+    w.add_argument(
+        "--weights-tls-ca",
+        help="pull stream:// weights over TLS, verifying the trainer's and peers' certificates against this PEM CA",
+    )
     p.add_argument(
         "--cpu-affinity",
         default=None,
@@ -173,8 +195,12 @@ def _engine_args(pairs: list[str]) -> dict[str, Any]:
 def _check_args(args: argparse.Namespace) -> str | None:
     if args.max_concurrency < 1:
         raise AsyncdapoError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
-    if args.engine == "vllm" and not args.model:
-        raise AsyncdapoError("--model is required with --engine vllm")
+    if args.engine == "vllm" and not (args.model or args.weights_from):
+        raise AsyncdapoError(
+            "--engine vllm needs --model (a directory or Hub id) or --weights-from HOST:PORT"
+        )
+    if args.model and args.weights_from:
+        raise AsyncdapoError("--model and --weights-from both name the weights to start from: give one")
     if args.sim_answer_key and args.engine != "sim":
         raise AsyncdapoError("--sim-answer-key is a SIMULATOR mode: it needs --engine sim")
     if args.model:
@@ -225,11 +251,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
-    from asyncdapo.gateway.gateway_service import GatewayOptions
+    from asyncdapo.gateway.gateway_service import GatewayOptions, StreamWeights
     from asyncdapo.gateway.metrics import GatewayMetrics
     from asyncdapo.gateway.server import GatewayServer, ServerSettings
     from asyncdapo.gateway.weight_loader import WeightsError, WeightsValidator
 
+    weights = None
+    if not args.no_weight_store:
+        from asyncdapo.grpc_security import ClientTls
+        from asyncdapo.weight_stream.fetch import Fetcher
+        from asyncdapo.weight_stream.store import WeightStore
+
+        store = WeightStore(args.weight_store_dir or None, f"gw-{os.getpid()}")
+        if not store.root.is_dir():
+            raise AsyncdapoError(f"--weight-store-dir {str(store.root)!r} is not a directory")
+        client_tls = (
+            ClientTls.from_file(args.weights_tls_ca, "--weights-tls-ca") if args.weights_tls_ca else None
+        )
+        weights = StreamWeights(store, Fetcher(store, token, client_tls))
+    if args.weights_from:
+        if weights is None:
+            raise AsyncdapoError("--weights-from needs the weight store (drop --no-weight-store)")
+        args.model, args.initial_version = await _start_weights(weights, args.weights_from)
     validator = None
     if args.model:
         try:
@@ -255,6 +298,7 @@ async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
         ),
         GatewayMetrics(),
         validator,
+        weights,
     )
     # Bind first: the port is ours (health NOT_SERVING) while the engine loads.
     try:
@@ -267,6 +311,33 @@ async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
         await server.stop(grace_s=0)
         raise
     await server.serve_until_signal()
+
+
+async def _start_weights(weights: Any, address: str) -> tuple[str, int]:
+    """(model directory, version): the newest version `address` serves, fetched into the store;
+    waits with capped backoff while the trainer is not up or serves nothing yet."""
+    import asyncio
+
+    from asyncdapo.weight_stream.fetch import FetchError
+
+    log = logging.getLogger(__name__)
+    delay = 1.0
+    while True:
+        errors: list[str] = []
+        try:
+            manifest = await weights.fetcher.manifest(-1, [address], errors)
+            res = await weights.fetcher.fetch(manifest.version, [address])
+            log.info(
+                "starting from weights v%d of %s (%.1f MB)",
+                manifest.version,
+                address,
+                res.bytes_received / 1e6,
+            )
+            return res.directory, manifest.version
+        except FetchError as err:
+            log.warning("--weights-from %s: %s; retrying in %.0f s", address, err, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 30.0)
 
 
 async def _build_engine(args: argparse.Namespace) -> Any:

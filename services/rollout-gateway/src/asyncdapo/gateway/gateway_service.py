@@ -43,6 +43,9 @@ from asyncdapo.gateway.weight_loader import (
 from asyncdapo.gateway.wire import UnknownEnumValue, finish_to_pb, pause_mode_from_pb
 from asyncdapo.grpc_security import method_names, watch_interval_s
 from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from asyncdapo.weight_stream.fetch import Fetcher, FetchError
+from asyncdapo.weight_stream.store import NotHeld, WeightStore
+from asyncdapo.weight_stream.uri import is_stream_uri, stream_address
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,21 @@ _WEIGHTS_REJECTION = {
 }
 
 
+class StreamWeights:
+    """The gateway's WeightStore (versions it loaded or receives, served to peers) and the fetcher
+    that fills it; one fetch per version at a time (a re-sync and a publish may ask at once)."""
+
+    def __init__(self, store: WeightStore, fetcher: Fetcher) -> None:
+        self.store = store
+        self.fetcher = fetcher
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    def lock(self, version: int) -> asyncio.Lock:
+        for v in [v for v in self._locks if v < version and not self._locks[v].locked()]:
+            del self._locks[v]
+        return self._locks.setdefault(version, asyncio.Lock())
+
+
 @dataclass(frozen=True)
 class GatewayOptions:
     gateway_id: str
@@ -82,7 +100,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         options: GatewayOptions,
         metrics: GatewayMetrics,
         validator: WeightsValidator | None = None,
+        weights: StreamWeights | None = None,
     ) -> None:
+        self._weights = weights
         self._engine: Engine | None = None
         self._limits = ModelLimits(0, 0)
         self._options = options
@@ -280,10 +300,21 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             await self._reject(
                 context, Rejection.INVALID_ARGUMENT, f"version must be >= 0, got {request.version}"
             )
+        uri, fetched, fetch_s = request.uri, 0, 0.0
+        if is_stream_uri(request.uri):
+            uri, fetched, fetch_s = await self._fetch(request, context)
+        elif request.fetch_only or request.sources:
+            await self._reject(
+                context, Rejection.INVALID_ARGUMENT, "fetch_only and sources apply to stream:// uris only"
+            )
         try:
-            path, num_tensors = await asyncio.to_thread(self._check_weights, request.uri)
+            path, num_tensors = await asyncio.to_thread(self._check_weights, uri)
         except WeightsError as err:
             await self._reject(context, _WEIGHTS_REJECTION[err.problem], str(err))
+        if request.fetch_only:
+            return gateway_pb2.LoadWeightsResponse(
+                version=request.version, num_tensors=num_tensors, bytes_received=fetched, fetch_s=fetch_s
+            )
         async with self._control:
             start = time.monotonic()
             auto_pause = not self._paused
@@ -303,9 +334,53 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self._metrics.weight_version.set(request.version)
         self._metrics.reload_seconds.observe(elapsed)
         log.info("loaded weights version %d from %s in %.3f s", request.version, path, elapsed)
+        if self._weights is not None:  # keep what peers may still fetch: this version and newer
+            store = self._weights.store
+            await asyncio.to_thread(store.keep_only, {v for v in store.versions() if v >= request.version})
         return gateway_pb2.LoadWeightsResponse(
-            version=request.version, num_tensors=num_tensors, reload_s=elapsed
+            version=request.version,
+            num_tensors=num_tensors,
+            reload_s=elapsed,
+            bytes_received=fetched,
+            fetch_s=fetch_s,
         )
+
+    async def _fetch(
+        self, request: gateway_pb2.LoadWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[str, int, float]:
+        """Pull a stream:// version into this gateway's store (a no-op when it is already whole
+        here); returns (its directory, bytes received, seconds). No source → UNAVAILABLE: the
+        scheduler's re-sync tries again."""
+        if self._weights is None:
+            await self._reject(
+                context, Rejection.FAILED_PRECONDITION, "this gateway has no weight store for stream:// uris"
+            )
+        try:
+            origin = stream_address(request.uri)
+        except ValueError as err:
+            await self._reject(context, Rejection.INVALID_ARGUMENT, str(err))
+        store = self._weights.store
+        with contextlib.suppress(NotHeld):
+            held = store.get(request.version)
+            if held.complete:
+                return str(held.directory), 0, 0.0
+        try:
+            async with self._weights.lock(request.version):
+                res = await self._weights.fetcher.fetch(
+                    request.version, [*request.sources, origin], manifest_order=[origin, *request.sources]
+                )
+        except FetchError as err:
+            log.error("weights v%d: %s", request.version, err)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        self._metrics.weight_bytes_received.inc(res.bytes_received)
+        log.info(
+            "fetched weights v%d: %.1f MB in %.2f s from %s",
+            request.version,
+            res.bytes_received / 1e6,
+            res.seconds,
+            {k: round(v / 1e6, 1) for k, v in res.bytes_by_source.items()},
+        )
+        return res.directory, res.bytes_received, res.seconds
 
     def _check_weights(self, uri: str) -> tuple[str, int]:
         if self._validator is not None:

@@ -55,6 +55,11 @@ class GatewayMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=r,
         )
+        self.weight_bytes_received = Counter(
+            p + "weight_bytes_received",
+            "Weight bytes pulled (checked) from the trainer or peer gateways for stream:// versions.",
+            registry=r,
+        )
         self.weight_version = Gauge(p + "weight_version", "Policy version of the served weights.", registry=r)
         self.paused = Gauge(p + "paused", "1 while generation is paused.", registry=r)
         self.draining = Gauge(p + "draining", "1 while the gateway drains before exit.", registry=r)

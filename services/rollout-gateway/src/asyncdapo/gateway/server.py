@@ -22,12 +22,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from asyncdapo.gateway.engine import Engine
-from asyncdapo.gateway.gateway_service import CONTROL_METHODS, SERVICE_NAME, GatewayOptions, GatewayService
+from asyncdapo.gateway.gateway_service import (
+    CONTROL_METHODS,
+    SERVICE_NAME,
+    GatewayOptions,
+    GatewayService,
+    StreamWeights,
+)
 from asyncdapo.gateway.metrics import GatewayMetrics
 from asyncdapo.gateway.request_checks import Rejection
 from asyncdapo.gateway.weight_loader import WeightsValidator
 from asyncdapo.grpc_security import BearerAuthInterceptor, ServerTls, add_port
-from asyncdapo.v1 import gateway_pb2_grpc
+from asyncdapo.v1 import gateway_pb2_grpc, weights_pb2_grpc
+from asyncdapo.weight_stream import service as weight_store_service
 
 log = logging.getLogger(__name__)
 _STOP_SLACK_S = 10.0  # beyond the grace period, for grpc to cancel and reap the handlers
@@ -62,12 +69,14 @@ class GatewayServer:
         settings: ServerSettings,
         metrics: GatewayMetrics,
         validator: WeightsValidator | None = None,
+        weights: StreamWeights | None = None,
     ) -> None:
         self.engine = engine
         self.options = options
         self.settings = settings
         self.metrics = metrics
-        self.service = GatewayService(engine, options, metrics, validator)
+        self.weights = weights
+        self.service = GatewayService(engine, options, metrics, validator, weights)
         self.health = health.aio.HealthServicer()
         self.port = 0
         self._server: grpc.aio.Server | None = None
@@ -79,7 +88,8 @@ class GatewayServer:
         interceptors = []
         if self.settings.token:
             rejected = self.metrics.rejected.labels(Rejection.UNAUTHENTICATED.value)
-            interceptors.append(BearerAuthInterceptor(self.settings.token, CONTROL_METHODS, rejected.inc))
+            protected = CONTROL_METHODS | weight_store_service.METHODS
+            interceptors.append(BearerAuthInterceptor(self.settings.token, protected, rejected.inc))
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -90,9 +100,15 @@ class GatewayServer:
         )
         gateway_pb2_grpc.add_GatewayServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        services = [SERVICE_NAME]
+        if self.weights is not None:  # peers relay through this gateway
+            weights_pb2_grpc.add_WeightStoreServicer_to_server(
+                weight_store_service.WeightStoreService(self.weights.store), server
+            )
+            services.append(weight_store_service.SERVICE_NAME)
         reflection.enable_server_reflection(
             (
-                SERVICE_NAME,
+                *services,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
@@ -176,6 +192,9 @@ class GatewayServer:
             self._metrics_http.shutdown()
         if self.engine is not None:
             await self.engine.shutdown()
+        if self.weights is not None:
+            await self.weights.fetcher.close()
+            self.weights.store.close()
 
     async def serve_until_signal(self) -> None:
         """Serve until SIGTERM/SIGINT, then drain and stop."""

@@ -1,5 +1,7 @@
 """Weight updates fanned out to gateways: Pause(mode) → LoadWeights → Resume, all in parallel, and
-the re-sync of gateways that missed one.
+the re-sync of gateways that missed one. A stream:// version is first fetched by every gateway
+(LoadWeights fetch_only, no pause; relayed gateway to gateway down `relay_plan`'s tree) and then
+loaded under the pause from the gateway's own memory.
 
 Rules (each bounded, none can stall the run):
 - one gateway's update is bounded by `rollout.weight_sync_timeout_s` as a whole (pause, load and
@@ -26,7 +28,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -37,7 +39,9 @@ from asyncdapo.gateway.wire import pause_mode_to_pb
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.scheduler.metrics import SchedulerMetrics
+from asyncdapo.scheduler.relay_plan import resync_sources, tree_sources
 from asyncdapo.v1 import gateway_pb2, scheduler_pb2
+from asyncdapo.weight_stream.uri import is_stream_uri
 
 log = logging.getLogger(__name__)
 RESUME_TIMEOUT_S = 10.0  # a Resume after a failed load gets its own short bound
@@ -53,13 +57,13 @@ class PublishUnavailable(RuntimeError):
 
 
 async def update_one(
-    gw: Gateway, version: int, uri: str, mode: PauseMode, timeout_s: float
+    gw: Gateway, version: int, uri: str, mode: PauseMode, timeout_s: float, sources: Sequence[str] = ()
 ) -> scheduler_pb2.GatewayResult:
     """Pause → LoadWeights → Resume on one gateway within `timeout_s` in all; Resume is tried even
     when the load failed (a paused engine serves nobody). A gateway that goes down meanwhile (its
     load reports stopped: dead, paused, cut off) fails at once instead of at the deadline."""
     down = asyncio.ensure_future(gw.went_down.wait())
-    work = asyncio.ensure_future(_update(gw, version, uri, mode, timeout_s))
+    work = asyncio.ensure_future(_update(gw, version, uri, mode, timeout_s, sources))
     try:
         await asyncio.wait({work, down}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -75,13 +79,29 @@ async def update_one(
 
 
 async def _update(
-    gw: Gateway, version: int, uri: str, mode: PauseMode, timeout_s: float
+    gw: Gateway, version: int, uri: str, mode: PauseMode, timeout_s: float, sources: Sequence[str]
 ) -> scheduler_pb2.GatewayResult:
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout_s
     aborted = 0
     paused_ok = False
     error = ""
+    request = gateway_pb2.LoadWeightsRequest(version=version, uri=uri, sources=list(sources))
+    if is_stream_uri(uri):
+        # fetch while the engine still generates: the pause below covers only the in-place load
+        try:
+            await gw.stub.LoadWeights(
+                gateway_pb2.LoadWeightsRequest(
+                    version=version, uri=uri, sources=list(sources), fetch_only=True
+                ),
+                metadata=gw.auth,
+                timeout=timeout_s,
+            )
+        except grpc.aio.AioRpcError as err:
+            gw.last_error = f"weight update to v{version}: fetch: {err.code().name}: {err.details()}"
+            return scheduler_pb2.GatewayResult(
+                gateway=gw.address, ok=False, error=gw.last_error, duration_s=time.perf_counter() - t0
+            )
     gw.publishing = True
     try:
         paused = await gw.stub.Pause(
@@ -90,7 +110,7 @@ async def _update(
         paused_ok = True
         aborted = paused.aborted
         loaded = await gw.stub.LoadWeights(
-            gateway_pb2.LoadWeightsRequest(version=version, uri=uri),
+            request,
             metadata=gw.auth,
             timeout=max(deadline - time.monotonic(), 0.1),
         )
@@ -129,9 +149,23 @@ async def _update(
 
 
 async def fan_out_weights(
-    gateways: list[Gateway], version: int, uri: str, mode: PauseMode, timeout_s: float
+    gateways: list[Gateway],
+    version: int,
+    uri: str,
+    mode: PauseMode,
+    timeout_s: float,
+    fanout: int = 2,
+    sources: dict[str, list[str]] | None = None,
 ) -> list[scheduler_pb2.GatewayResult]:
-    return list(await asyncio.gather(*(update_one(g, version, uri, mode, timeout_s) for g in gateways)))
+    """Update every gateway at once; stream:// versions relay down a tree (`relay_plan`) unless
+    `sources` says where each gateway pulls from."""
+    if sources is None:
+        sources = tree_sources([g.address for g in gateways], fanout) if is_stream_uri(uri) else {}
+    return list(
+        await asyncio.gather(
+            *(update_one(g, version, uri, mode, timeout_s, sources.get(g.address, ())) for g in gateways)
+        )
+    )
 
 
 PAUSED_GRACE_S = 5.0  # a paused report this soon after an update may predate its Resume
@@ -226,7 +260,9 @@ class WeightPublisher:
             t0 = time.perf_counter()
             # a gateway in a re-sync of its own is left to it: it ends on the newest version anyway
             targets = [g for g in self._pool.up_gateways() if g.address not in self.syncing]
-            results = await fan_out_weights(targets, version, uri, mode, self._cfg.weight_sync_timeout_s)
+            results = await fan_out_weights(
+                targets, version, uri, mode, self._cfg.weight_sync_timeout_s, self._cfg.weight_relay_fanout
+            )
             dt = time.perf_counter() - t0
             self._metrics.publish_seconds.observe(dt)
             if not any(r.ok for r in results):
@@ -261,8 +297,19 @@ class WeightPublisher:
             version, uri = self._run.version, self._run.uri
             if not uri:  # nothing published yet: only a pause to undo
                 version = gw.weight_version
+            holders = [
+                g.address
+                for g in self._pool.up_gateways()
+                if g is not gw and g.weight_version >= version and not g.publishing
+            ]
+            random.shuffle(holders)  # spread catch-ups over the holders
             (res,) = await fan_out_weights(
-                [gw], version, uri, PauseMode.KEEP, self._cfg.weight_sync_timeout_s
+                [gw],
+                version,
+                uri,
+                PauseMode.KEEP,
+                self._cfg.weight_sync_timeout_s,
+                sources={gw.address: resync_sources(holders)} if is_stream_uri(uri) else {},
             )
             if not uri and not res.ok and "INVALID_ARGUMENT" in res.error:
                 res.ok = True  # LoadWeights without a uri is refused, but the Resume went through

@@ -39,6 +39,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="this trainer's id in the run's lease (default: host-pid-random; env ASYNCDAPO_TRAINER_ID). "
         "A trainer restarted with the same id takes its lease over at once; another id waits for it to expire",
     )
+    p.add_argument(
+        "--weight-store-listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="trainer.weight_transport stream: where the trainer's WeightStore listens (port 0: any free "
+        "port; 0.0.0.0:PORT in a pod)",
+    )
+    p.add_argument(
+        "--weight-store-advertise",
+        metavar="HOST:PORT",
+        help="the address gateways dial for weights (default: the listen host and port; in a pod, its "
+        "Service or IP)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
 
@@ -83,6 +96,8 @@ def _run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         max_steps=args.max_steps,
         max_wait_s=args.max_wait_s,
+        weight_store_listen=args.weight_store_listen,
+        weight_store_advertise=args.weight_store_advertise,
     )
     trainer_id = args.trainer_id or os.environ.get("ASYNCDAPO_TRAINER_ID")
     if trainer_id:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from asyncdapo.config import OldLogProbSource, RunConfig
+from asyncdapo.config import OldLogProbSource, RunConfig, WeightTransport
 from asyncdapo.errors import AsyncdapoError
 from asyncdapo.redis_keys import RunKeys
 from asyncdapo.tracking import open_tracking
@@ -60,7 +60,7 @@ from asyncdapo.trainer.model import (
     unwrap,
 )
 from asyncdapo.trainer.packing import use_packed_attention
-from asyncdapo.trainer.publish import VersionNotifier, publish, remove_snapshot_leftovers
+from asyncdapo.trainer.publish import TrainerWeightServer, VersionNotifier, publish, remove_snapshot_leftovers
 from asyncdapo.trainer.redis_io import RedisWaiter, connect
 from asyncdapo.trainer.update import UpdateSettings, old_log_probs, ppo_update, rows_of_rank
 from asyncdapo.v1 import rollout_pb2, scheduler_pb2
@@ -92,6 +92,10 @@ class TrainerOptions:
     # once (a restart of the same container), any other waits for it to expire
     trainer_id: str = field(default_factory=default_trainer_id)
     lease_s: float = DEFAULT_LEASE_S
+    # trainer.weight_transport stream: where the WeightStore listens, and the address gateways dial
+    # (None: the listen host with the bound port)
+    weight_store_listen: str = "127.0.0.1:0"
+    weight_store_advertise: str | None = None
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -142,10 +146,6 @@ class Trainer:
         assert isinstance(embedding, torch.Tensor), "an embedding module has a weight tensor"
         self.vocab_size = int(embedding.shape[0])
         self.pad_id = pad_token_id(self.tokenizer)
-        self.ref_model = None
-        if cfg.algorithm.kl_coef > 0:
-            self.ref_model, _ = load_policy(cfg.model.path, dev, cfg.model.trust_remote_code)
-            self.ref_model.requires_grad_(False)
         if self.settings.packing and not packing_supported(model):
             log.warning(
                 "trainer.packing is on but %s is not a model transformers ships: its attention may not "
@@ -153,14 +153,18 @@ class Trainer:
                 type(model).__name__,
             )
             self.settings = replace(self.settings, packing=False)
-        # DDP replicas or FSDP shards (trainer.sharding), activation checkpointing (fsdp.py)
-        self.sharding = Sharding(cfg.trainer, self.dist, self.precision.compute_dtype)
-        self.model = self.sharding.wrap(model)
-        t = cfg.trainer
+        self.ref_model = None
+        if cfg.algorithm.kl_coef > 0:
+            self.ref_model, _ = load_policy(cfg.model.path, dev, cfg.model.trust_remote_code)
+            self.ref_model.requires_grad_(False)
         if self.settings.packing:  # SDPA attends sequence by sequence in packed passes (packing.py)
             for m in (model, self.ref_model):
                 if m is not None:
                     use_packed_attention(m)
+        # DDP replicas or FSDP shards (trainer.sharding), activation checkpointing (fsdp.py)
+        self.sharding = Sharding(cfg.trainer, self.dist, self.precision.compute_dtype)
+        self.model = self.sharding.wrap(model)
+        t = cfg.trainer
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
         )
@@ -230,6 +234,13 @@ class Trainer:
         )
         self.counters[dropped_counter(GroupDropReason.MISSING)] += missing
         self.state.covered_group_ids = []
+        self.weight_server: TrainerWeightServer | None = None
+        if cfg.trainer.weight_transport is WeightTransport.STREAM:  # gateways pull from our memory
+            self.weight_server = TrainerWeightServer(
+                cfg.trainer.weight_store_dir, self.opts.weight_store_listen, self.opts.weight_store_advertise,
+                self.opts.token,
+            )  # fmt: skip
+            log.info("serving weights at %s", self.weight_server.start())
         self.notifier = VersionNotifier(
             self.redis,
             self.keys,
@@ -269,6 +280,17 @@ class Trainer:
             )
         if announced < self.state.step:  # the crash hit between checkpoint and publish
             self._publish(self.sharding.from_checkpoint(self.model, self.store.latest()))
+        elif self.weight_server is not None:
+            # serve the version the gateways run: those catching up after a trainer restart, and
+            # gateways that start from the trainer's weights (`gateway --weights-from`)
+            if self.state.step == 0:
+                self.weight_server.put_model_dir(Path(cfg.model.path), 0)
+            else:
+                model = self.sharding.from_checkpoint(self.model, self.store.latest())
+                self.weight_server.put(
+                    model or unwrap(self.model), self.tokenizer, self.state.step, self.precision.compute_dtype,
+                    self.opts.trainer_id,
+                )  # fmt: skip
         self.state.published_version = self.state.step
         log.info("trainer ready at version %d; %d pending group(s) to replay", self.state.step, replay)
 
@@ -440,6 +462,7 @@ class Trainer:
             lp, ent = compute_log_probs(
                 unwrap(model), batch.select(rows), micro_batch_size=self.cfg.trainer.micro_batch_size,
                 temperature=self.settings.temperature, precision=self.precision, with_entropy=with_entropy,
+                packing=self.settings.packing, micro_batch_tokens=self.settings.micro_batch_tokens,
             )  # fmt: skip
             idx = torch.as_tensor(rows, device=full_lp.device)
             full_lp[idx] = lp
@@ -462,7 +485,6 @@ class Trainer:
             batch,
             dev_batch,
             mine,
-                packing=self.settings.packing, micro_batch_tokens=self.settings.micro_batch_tokens,
             old_lp,
             entropy,
             tis,
@@ -531,7 +553,7 @@ class Trainer:
         dtype = self.precision.compute_dtype
         res = publish(
             model or unwrap(self.model), self.tokenizer, self.ckpt_dir, self.state.step, dtype, self.notifier,
-            writer=self.opts.trainer_id,
+            writer=self.opts.trainer_id, weight_server=self.weight_server,
         )  # fmt: skip
         self.state.published_version = self.state.step
         return res
@@ -560,6 +582,8 @@ class Trainer:
         if self.dist.is_main and hasattr(self, "metrics"):
             self.metrics.close()
             self.notifier.close()
+            if self.weight_server is not None:
+                self.weight_server.close()
 
 
 def _trained_log_drops(trained_log: JsonlLog) -> dict[str, GroupDropReason]:

@@ -1,4 +1,5 @@
-"""Publishing policy version v: a safetensors snapshot, then Scheduler.PublishWeights (or Redis).
+"""Publishing policy version v: a safetensors snapshot (or the same files in the trainer's own
+WeightStore, `trainer.weight_transport: stream`), then Scheduler.PublishWeights (or Redis).
 
 Snapshot: `{checkpoint_dir}/weights/v{N}/` is a complete Hugging Face model directory
 (`model.safetensors` with HF tensor names, `config.json`, tokenizer files), so a gateway can
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 _RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 BACKOFF_CAP_S = 10.0
+_MODEL_FILE_SUFFIXES = frozenset({".safetensors", ".json", ".txt", ".model", ".tiktoken", ".jinja"})
 
 
 class PublishError(RuntimeError):
@@ -247,6 +249,86 @@ class VersionNotifier:
             self._channel.close()
 
 
+class TrainerWeightServer:
+    """`trainer.weight_transport: stream`: the versions this trainer published, served from its
+    own memory (`WeightStore` under `trainer.weight_store_dir`) to gateways over gRPC. The files
+    are exactly a snapshot's (`write_snapshot`); the newest `keep` versions stay so gateways that
+    are mid-fetch or catching up still find them."""
+
+    def __init__(
+        self,
+        store_dir: str,
+        listen: str,
+        advertise: str | None = None,
+        token: str | None = None,
+        tls: Any = None,
+        keep: int = 2,
+    ) -> None:
+        from asyncdapo.weight_stream.server import WeightStoreServer
+        from asyncdapo.weight_stream.store import WeightStore
+
+        self.store = WeightStore(store_dir or None, f"trainer-{os.getpid()}")
+        self.server = WeightStoreServer(self.store, listen, token, tls)
+        self.listen = listen
+        self.advertise = advertise
+        self.keep = keep
+        self.address = ""
+
+    def start(self) -> str:
+        """Serve; returns the address gateways dial (`advertise`, else the listen host and port)."""
+        port = self.server.start()
+        host = self.listen.rpartition(":")[0]
+        self.address = self.advertise or f"{host}:{port}"
+        return self.address
+
+    @property
+    def uri(self) -> str:
+        from asyncdapo.weight_stream.uri import stream_uri
+
+        return stream_uri(self.address)
+
+    def put(
+        self, model: torch.nn.Module, tokenizer: Any, version: int, dtype: torch.dtype, writer: str
+    ) -> Path:
+        """Export `version` into the store (a snapshot written next to it, then moved in) and
+        serve it; older versions beyond `keep` are dropped."""
+        from asyncdapo.weight_stream.store import check_room
+
+        size = sum(t.numel() for t in model.state_dict().values()) * dtype.itemsize
+        check_room(self.store.root, size, f"exporting weights v{version}")
+        staging = self.store.root / f"asyncdapo-{self.store.name}-staging"
+        path = write_snapshot(model, tokenizer, staging, version, dtype, writer)
+        self.store.hold_complete(version, path)
+        self.store.keep_only({v for v in self.store.versions() if v > version - self.keep})
+        shutil.rmtree(staging, ignore_errors=True)
+        return self.store.directory(version)
+
+    def put_model_dir(self, model_dir: Path, version: int) -> None:
+        """Serve the base model directory itself as `version` (the run's start: nothing trained
+        yet): its safetensors, JSON and tokenizer files, copied. A Hub id (no local directory) is
+        skipped: gateways then need the model from elsewhere."""
+        if not model_dir.is_dir():
+            log.warning(
+                "model %s is not a local directory: the weight store serves no v%d", model_dir, version
+            )
+            return
+        staging = self.store.root / f"asyncdapo-{self.store.name}-staging-v{version}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for f in model_dir.iterdir():
+            if f.is_file() and (f.suffix in _MODEL_FILE_SUFFIXES or f.name.startswith("tokenizer")):
+                shutil.copyfile(f, staging / f.name)
+        self.store.hold_complete(version, staging)
+
+    @property
+    def bytes_served(self) -> int:
+        return self.store.bytes_served
+
+    def close(self) -> None:
+        self.server.stop()
+        self.store.close()
+
+
 def publish(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -256,13 +338,21 @@ def publish(
     notifier: VersionNotifier,
     keep_versions: int = 2,
     writer: str = "",
+    weight_server: TrainerWeightServer | None = None,
 ) -> PublishResult:
+    """Export `version` (a snapshot under checkpoint_dir, or into `weight_server`'s memory) and
+    announce it; returns once the rollout side serves it."""
     t0 = time.perf_counter()
-    path = write_snapshot(model, tokenizer, checkpoint_dir, version, dtype, writer)
+    if weight_server is not None:
+        weight_server.put(model, tokenizer, version, dtype, writer)
+        uri = weight_server.uri
+    else:
+        uri = str(write_snapshot(model, tokenizer, checkpoint_dir, version, dtype, writer))
     t1 = time.perf_counter()
-    errors = notifier.notify(version, str(path))
+    errors = notifier.notify(version, uri)
     t2 = time.perf_counter()
     if errors:
         log.warning("weights v%d: %d gateway(s) failed to load: %s", version, len(errors), "; ".join(errors))
-    prune_snapshots(checkpoint_dir, version - keep_versions + 1)
-    return PublishResult(version, str(path), t1 - t0, t2 - t1, errors)
+    if weight_server is None:
+        prune_snapshots(checkpoint_dir, version - keep_versions + 1)
+    return PublishResult(version, uri, t1 - t0, t2 - t1, errors)
