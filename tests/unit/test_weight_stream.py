@@ -121,3 +121,26 @@ def test_a_store_without_room_for_a_version_says_where_and_how_much(tmp_path: Pa
     with pytest.raises(StoreFull, match=r"weight_store_dir.*--weight-store-dir"):
         check_room(tmp_path, 1 << 60, "receiving weights v1")
     check_room(tmp_path, 1, "receiving weights v1")
+
+
+def test_versions_left_by_dead_processes_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from asyncdapo.weight_stream.store import remove_orphans
+
+    dead = subprocess.run(["true"], check=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert dead.returncode == 0
+    for name in (
+        f"asyncdapo-gw-{gone.pid}-v3",
+        f"asyncdapo-trainer-{os.getpid()}-v1",
+        "asyncdapo-g0-v1",
+        "other",
+    ):
+        (tmp_path / name).mkdir()
+    assert remove_orphans(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"asyncdapo-trainer-{os.getpid()}-v1", "asyncdapo-g0-v1", "other"]
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -41,6 +42,28 @@ def check_room(root: Path, needed: int, what: str) -> None:
             "give the weight store a larger directory (trainer.weight_store_dir / gateway "
             "--weight-store-dir; on Kubernetes a bigger medium: Memory emptyDir)"
         )
+
+
+_OWNED = re.compile(r"^asyncdapo-(?:gw|trainer)-(\d+)-")
+
+
+def remove_orphans(root: Path) -> int:
+    """Delete the versions of gateways and trainers that died without cleaning up (a SIGKILL):
+    directories named after a process id that no longer exists. A memory-backed root would
+    otherwise keep them until the host reboots."""
+    removed = 0
+    for d in root.glob("asyncdapo-*"):
+        m = _OWNED.match(d.name)
+        if m is None or not d.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+        except PermissionError:  # alive, another user's
+            pass
+    return removed
 
 
 def default_root() -> Path:

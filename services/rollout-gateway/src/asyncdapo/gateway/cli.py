@@ -260,11 +260,12 @@ async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
     if not args.no_weight_store:
         from asyncdapo.grpc_security import ClientTls
         from asyncdapo.weight_stream.fetch import Fetcher
-        from asyncdapo.weight_stream.store import WeightStore
+        from asyncdapo.weight_stream.store import WeightStore, remove_orphans
 
         store = WeightStore(args.weight_store_dir or None, f"gw-{os.getpid()}")
         if not store.root.is_dir():
             raise AsyncdapoError(f"--weight-store-dir {str(store.root)!r} is not a directory")
+        remove_orphans(store.root)
         client_tls = (
             ClientTls.from_file(args.weights_tls_ca, "--weights-tls-ca") if args.weights_tls_ca else None
         )

@@ -264,10 +264,14 @@ class TrainerWeightServer:
         tls: Any = None,
         keep: int = 2,
     ) -> None:
+        from asyncdapo.errors import AsyncdapoError
         from asyncdapo.weight_stream.server import WeightStoreServer
-        from asyncdapo.weight_stream.store import WeightStore
+        from asyncdapo.weight_stream.store import WeightStore, remove_orphans
 
         self.store = WeightStore(store_dir or None, f"trainer-{os.getpid()}")
+        if not self.store.root.is_dir():
+            raise AsyncdapoError(f"trainer.weight_store_dir {str(self.store.root)!r} is not a directory")
+        remove_orphans(self.store.root)
         self.server = WeightStoreServer(self.store, listen, token, tls)
         self.listen = listen
         self.advertise = advertise
