@@ -129,10 +129,8 @@ def test_versions_left_by_dead_processes_are_removed_and_live_ones_kept(tmp_path
 
     from asyncdapo.weight_stream.store import remove_orphans
 
-    dead = subprocess.run(["true"], check=True)
-    gone = subprocess.Popen(["true"])
+    gone = subprocess.Popen(["true"])  # a process that has exited: its pid is free
     gone.wait()
-    assert dead.returncode == 0
     for name in (
         f"asyncdapo-gw-{gone.pid}-v3",
         f"asyncdapo-trainer-{os.getpid()}-v1",
