@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install sim-native redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak chaos chaos-vllm clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests
 
 install: $(STAMP) redis prometheus sim-native
 
@@ -168,6 +168,24 @@ chaos: install
 
 chaos-vllm: install demo-assets
 	$(BIN)/python bench/chaos.py --gateways-engine vllm --model $(CACHE)/tiny-model-sft $(CHAOS_ARGS)
+
+# The trainer's GPU path on one device (docs/gpu-check.md): FSDP2, bf16, packed == padded,
+# checkpoint/resume, weight export, on random Qwen2.5-0.5B/1.5B shapes. Runs here when torch sees
+# CUDA; otherwise says how to run it on a lent GPU machine and runs the same code in its CPU mode.
+gpu-check: install
+	@if $(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+	  $(BIN)/python bench/gpu_check.py; \
+	else \
+	  echo "gpu-check: torch sees no CUDA device here. On a lent GPU machine: run 'make gpu-check-bundle'"; \
+	  echo "  here, then 'bash bench/gpu_check.sh' there, carrying build/gpu-wheels (docs/gpu-check.md)."; \
+	  echo "  Now the CPU mode: the same code on a tiny Qwen2 in float32."; \
+	  $(BIN)/python bench/gpu_check.py --device cpu --size tiny; \
+	fi
+
+# The wheels bench/gpu_check.sh installs on a device without network, pinned to this venv's
+# versions, for CPython 3.11-3.13 on x86_64 Linux (build/gpu-wheels, ~30 MiB; fails above 60 MiB).
+gpu-check-bundle: $(STAMP)
+	$(BIN)/python bench/gpu_bundle.py --dest build/gpu-wheels
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
