@@ -21,7 +21,7 @@ import grpc
 from asyncdapo.grpc_security import ClientTls, aio_channel, bearer_metadata
 from asyncdapo.v1 import weights_pb2, weights_pb2_grpc
 from asyncdapo.weight_stream.manifest import Manifest, ManifestError
-from asyncdapo.weight_stream.server import MAX_MESSAGE_BYTES
+from asyncdapo.weight_stream.store_server import MAX_MESSAGE_BYTES
 from asyncdapo.weight_stream.service import CHUNK_WAIT_S
 from asyncdapo.weight_stream.store import ChunkCorrupt, HeldVersion, StoreFull, WeightStore
 

@@ -265,7 +265,7 @@ class TrainerWeightServer:
         keep: int = 2,
     ) -> None:
         from asyncdapo.errors import AsyncdapoError
-        from asyncdapo.weight_stream.server import WeightStoreServer
+        from asyncdapo.weight_stream.store_server import WeightStoreServer
         from asyncdapo.weight_stream.store import WeightStore, remove_orphans
 
         self.store = WeightStore(store_dir or None, f"trainer-{os.getpid()}")
