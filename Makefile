@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install sim-native redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak bench-weights chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests
 
 install: $(STAMP) redis prometheus sim-native
 
@@ -154,6 +154,12 @@ bench-simulator-whatif: install $(CACHE)/tiny-model/config.json $(CACHE)/data/tr
 # What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
 bench-redis-fsync: install
 	$(BIN)/python bench/bench_redis_fsync.py
+
+# Publish time and bytes moved per weight version, stream:// (the trainer's WeightStore, relayed
+# gateway to gateway) vs a snapshot directory, on real vllm-cpu gateways: the tiny model and a random
+# Qwen2.5-0.5B-shaped one (built once, cached under runs/cache), 2 and 4 gateways, 3 interleaved runs.
+bench-weights: install $(CACHE)/tiny-model/config.json
+	$(BIN)/python bench/bench_weights.py
 
 # Redis memory and AOF size over hundreds of versions of the whole loop (real processes, sim gateways).
 bench-soak: install
