@@ -195,8 +195,8 @@ async def test_stream_weights_reach_the_engine_exactly(
     gateway's memory, loaded in place; log-probs are those of the trainer's weights."""
     import shutil
 
-    from asyncdapo.weight_stream.store_server import WeightStoreServer
     from asyncdapo.weight_stream.store import WeightStore
+    from asyncdapo.weight_stream.store_server import WeightStoreServer
     from asyncdapo.weight_stream.uri import stream_uri
 
     shutil.copytree(other_weights, tmp_path / "export")

@@ -28,8 +28,8 @@ from scheduler_harness import (
 
 from asyncdapo.local.ports import free_port, port_open
 from asyncdapo.scheduler.rollout import Phase
-from asyncdapo.weight_stream.store_server import WeightStoreServer
 from asyncdapo.weight_stream.store import WeightStore
+from asyncdapo.weight_stream.store_server import WeightStoreServer
 from asyncdapo.weight_stream.uri import stream_uri
 
 

@@ -21,9 +21,9 @@ import grpc
 from asyncdapo.grpc_security import ClientTls, aio_channel, bearer_metadata
 from asyncdapo.v1 import weights_pb2, weights_pb2_grpc
 from asyncdapo.weight_stream.manifest import Manifest, ManifestError
-from asyncdapo.weight_stream.store_server import MAX_MESSAGE_BYTES
 from asyncdapo.weight_stream.service import CHUNK_WAIT_S
 from asyncdapo.weight_stream.store import ChunkCorrupt, HeldVersion, StoreFull, WeightStore
+from asyncdapo.weight_stream.store_server import MAX_MESSAGE_BYTES
 
 STALL_S = CHUNK_WAIT_S + 5.0  # longer than a relay waits for its own source, so its error arrives
 MANIFEST_TIMEOUT_S = 30.0

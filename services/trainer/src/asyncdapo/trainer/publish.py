@@ -265,8 +265,8 @@ class TrainerWeightServer:
         keep: int = 2,
     ) -> None:
         from asyncdapo.errors import AsyncdapoError
-        from asyncdapo.weight_stream.store_server import WeightStoreServer
         from asyncdapo.weight_stream.store import WeightStore, remove_orphans
+        from asyncdapo.weight_stream.store_server import WeightStoreServer
 
         self.store = WeightStore(store_dir or None, f"trainer-{os.getpid()}")
         if not self.store.root.is_dir():
