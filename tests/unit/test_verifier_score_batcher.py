@@ -149,6 +149,9 @@ async def test_finite_retries_spent_fail_the_batch_as_verifier_unavailable() -> 
 class FakeDetok:
     """Token ids → text: id 99 cannot be decoded (as a corrupt response would)."""
 
+    async def ready(self) -> None:
+        return None
+
     def decode_batch(self, seqs: Sequence[Sequence[int]]) -> list[str]:
         if any(99 in s for s in seqs):
             raise ValueError("token 99 out of vocabulary")
@@ -176,7 +179,7 @@ async def test_verifier_scorer_waits_out_failures_with_metrics_and_fails_bad_ite
     metrics = SchedulerMetrics()
     scorer = VerifierScorer(
         "http://verifier.test",
-        FakeDetok(),  # type: ignore[arg-type]
+        FakeDetok(),
         RewardConfig(),
         metrics,
         transport=httpx.MockTransport(verifier),

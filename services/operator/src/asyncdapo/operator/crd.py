@@ -45,6 +45,8 @@ IMMUTABLE_PATHS: tuple[str, ...] = (
     "run.rollout.mode",
     "run.rollout.max_staleness",
     "run.trainer.workers",
+    # which pods mount the workspace, and the access modes of its PVC, follow from it (workspace.py)
+    "run.trainer.weight_transport",
     "run.trainer.checkpoint_dir",
     "run.trainer.seed",
     # storage.retain stays mutable: opting in to deletion (or out of it) is allowed at any time

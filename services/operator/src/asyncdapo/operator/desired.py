@@ -11,7 +11,8 @@ Invariants (unit-tested):
 - lifecycle SUSPENDED/FINISHED keeps state (config, workspace, Redis, the trainer Job's record) but
   runs no rollout pod: scheduler, gateways and verifier have 0 replicas and no HPA; the trainer Job
   (or RayJob) is suspended, except a Job that already succeeded;
-- the gateway's gRPC control port is reachable only from the same run's scheduler and trainer.
+- the gateway's gRPC port is reachable only from the same run's scheduler, trainer and (weight
+  relay, stream transport) gateways; the trainer's weight store only from its gateways and scheduler.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from asyncdapo.operator.pods import env, pod_spec, resources, template_metadata,
 from asyncdapo.operator.rollout_workloads import gateway, scheduler, verifier
 from asyncdapo.operator.spec import TrainingRunSpec
 from asyncdapo.operator.trainer_job import trainer
+from asyncdapo.operator.workspace import workspace_access_modes
 
 __all__ = ["DesiredStateError", "Lifecycle", "OperatorDefaults", "RunRef", "desired_state", "object_key"]
 
@@ -56,7 +58,7 @@ def _config_map(spec: TrainingRunSpec, ref: RunRef) -> dict[str, Any]:
 def _workspace_pvc(spec: TrainingRunSpec, ref: RunRef) -> dict[str, Any]:
     st = spec.storage
     pvc_spec: dict[str, Any] = {
-        "accessModes": list(st.access_modes),
+        "accessModes": workspace_access_modes(spec),
         "resources": {"requests": {"storage": st.size}},
     }
     if st.storage_class_name:

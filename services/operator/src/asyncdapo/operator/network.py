@@ -3,10 +3,10 @@ accident. Ingress only (egress targets â€” API server, external Redis, storage â
 
 | pods | admitted |
 |---|---|
-| gateway | gRPC control/generate port: this run's scheduler and trainer only; metrics: anyone |
+| gateway | gRPC control/generate port: this run's scheduler and trainer only, and (stream transport) this run's other gateways, which pull weight chunks from it (WeightStore on the same port); metrics: anyone |
 | scheduler | gRPC: this run's trainer and the asyncdapo operator (GetRun); metrics: anyone |
 | verifier (dedicated) | HTTP: this run's scheduler and the monitoring namespace (/metrics shares the port) |
-| trainer | everything between this run's trainer pods (Ray head/workers); metrics: anyone; the Ray job API (8265) from the KubeRay operator |
+| trainer | everything between this run's trainer pods (Ray head/workers); metrics: anyone; the Ray job API (8265) from the KubeRay operator; (stream transport) the weight store port from this run's gateways (weights) and scheduler (tokenizer) |
 | redis (managed) | this run's scheduler and trainer |
 | prepare | nothing |
 
@@ -26,9 +26,11 @@ from asyncdapo.operator.pods import (
     REDIS_PORT,
     RUN_LABEL,
     VERIFIER_PORT,
+    WEIGHTS_PORT,
     selector,
 )
 from asyncdapo.operator.spec import TrainingRunSpec
+from asyncdapo.operator.workspace import streams_weights
 
 RAY_DASHBOARD_PORT = 8265
 
@@ -84,12 +86,15 @@ def network_policies(
         )
     if not rollout:
         return out
+    stream = streams_weights(spec)
+    # stream: a gateway pulls weight chunks from the peer the scheduler names (gateways relay)
+    gateway_clients = ["scheduler", "trainer", "gateway"] if stream else ["scheduler", "trainer"]
     out.append(
         _policy(
             ref,
             "gateway",
             [
-                {"from": [_run_pods(ref, "scheduler", "trainer")], "ports": _port(GRPC_PORT)},
+                {"from": [_run_pods(ref, *gateway_clients)], "ports": _port(GRPC_PORT)},
                 metrics_from_anyone,
             ],
         )
@@ -118,6 +123,10 @@ def network_policies(
             )
         )
     trainer_ingress = [{"from": [_run_pods(ref, "trainer")]}, metrics_from_anyone]
+    if stream:  # the weight store: versions for gateways, the tokenizer for the scheduler
+        trainer_ingress.append(
+            {"from": [_run_pods(ref, "gateway", "scheduler")], "ports": _port(WEIGHTS_PORT)}
+        )
     if spec.run.trainer.workers > 1:  # the KubeRay operator polls the Ray head's job API
         kuberay = {
             "namespaceSelector": {},

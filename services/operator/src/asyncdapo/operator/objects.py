@@ -13,11 +13,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from asyncdapo.config import WeightTransport
 from asyncdapo.operator.pods import (
     GRPC_PORT,
     REDIS_PASSWORD_ENV,
     REDIS_PORT,
     VERIFIER_PORT,
+    WEIGHT_STORE_DIR,
+    WEIGHTS_PORT,
     container_security,
     labels,
     selector,
@@ -137,12 +140,25 @@ def meta(
 
 
 def effective_run(spec: TrainingRunSpec) -> Any:  # -> RunConfig
-    """spec.run with what the workload decides made explicit: the GPUs of each trainer worker."""
+    """spec.run with what the workload decides made explicit: the GPUs of each trainer worker, and
+    (stream transport) the trainer's weight store on its memory volume (pods.WEIGHT_STORE_DIR)."""
     t = spec.run.trainer
-    if t.gpus_per_worker is not None:
+    update: dict[str, Any] = {}
+    if t.gpus_per_worker is None:
+        update["gpus_per_worker"] = spec.trainer.gpus_per_worker
+    if trainer_store_in_memory_volume(spec):
+        update["weight_store_dir"] = WEIGHT_STORE_DIR
+    if not update:
         return spec.run
-    trainer = t.model_copy(update={"gpus_per_worker": spec.trainer.gpus_per_worker})
-    return spec.run.model_copy(update={"trainer": trainer})
+    return spec.run.model_copy(update={"trainer": t.model_copy(update=update)})
+
+
+def trainer_store_in_memory_volume(spec: TrainingRunSpec) -> bool:
+    """Stream transport with `trainer.weight_store_dir` left to the operator: the trainer keeps its
+    weight store on the pod's memory volume. A directory the user names (e.g. on the workspace, for a
+    model too large for memory) is kept, and no memory volume is mounted for it."""
+    t = spec.run.trainer
+    return t.weight_transport is WeightTransport.STREAM and t.weight_store_dir in ("", WEIGHT_STORE_DIR)
 
 
 def config_yaml(spec: TrainingRunSpec) -> str:
@@ -171,6 +187,15 @@ def pull_policy(spec: TrainingRunSpec, defaults: OperatorDefaults) -> str:
 
 def svc_host(ref: RunRef, component: str) -> str:
     return f"{ref.name}-{component}.{ref.namespace}.svc"
+
+
+def weights_address(ref: RunRef) -> str:
+    """HOST:PORT of the trainer's WeightStore as gateways and the scheduler dial it: the trainer's
+    headless Service, not a pod IP. Gateways need the address when their pods are rendered, before
+    any trainer pod exists; a restarted trainer pod gets a new IP; and with Ray the serving rank 0
+    lands on any worker pod — the Service resolves to the worker pods and gRPC connects to the one
+    that listens."""
+    return f"{svc_host(ref, 'trainer')}:{WEIGHTS_PORT}"
 
 
 def redis_url(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults) -> str:

@@ -3,8 +3,9 @@ volumes (config, workspace, writable caches on a read-only root), labels, placem
 
 Every pod satisfies the `restricted` Pod Security Standard: non-root, no privilege escalation, all
 capabilities dropped, RuntimeDefault seccomp, read-only root filesystem (writable paths are
-emptyDirs: /tmp, /cache, and /dev/shm where NCCL/vLLM need shared memory), no service-account token
-(also with `spec.serviceAccountName`: workload-identity webhooks project their own token).
+emptyDirs: /tmp, /cache, /dev/shm where NCCL/vLLM need shared memory, and the weight store of the
+stream transport), no service-account token (also with `spec.serviceAccountName`: workload-identity
+webhooks project their own token).
 """
 
 from __future__ import annotations
@@ -31,8 +32,12 @@ CONFIG_FILE = f"{CONFIG_DIR}/run.yaml"
 TOKEN_DIR = "/var/run/asyncdapo/token"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 CACHE_DIR = "/cache"
+# `trainer.weight_transport: stream`: where the trainer and each gateway keep the weight versions
+# they serve (a `medium: Memory` emptyDir of its own, so its cap is not shared with NCCL's /dev/shm).
+WEIGHT_STORE_DIR = "/var/run/asyncdapo/weights"
 
 GRPC_PORT = 50051
+WEIGHTS_PORT = 50070  # the trainer's WeightStore (gateways serve theirs on GRPC_PORT)
 METRICS_PORT = 9090
 VERIFIER_PORT = 8080
 REDIS_PORT = 6379
@@ -91,7 +96,8 @@ def template_metadata(
 
 def env(run: str, *extra: Sequence[EnvVar]) -> list[dict[str, Any]]:
     """Caches point into the /cache emptyDir (the root filesystem is read-only); HF_HUB_OFFLINE
-    because models and data come from the workspace volume, never from a download at runtime.
+    because models and data come from the workspace volume (or the trainer's weight store), never
+    from a download at runtime.
     `extra`: the run-wide `env`, then the component's; a later variable of the same name wins."""
     base: list[dict[str, Any]] = [
         {"name": "ASYNCDAPO_RUN", "value": run},
@@ -116,17 +122,28 @@ def env(run: str, *extra: Sequence[EnvVar]) -> list[dict[str, Any]]:
 
 
 def volumes(
-    spec: TrainingRunSpec, run: str, *, config: bool = True, token: bool = False, shm: bool = False
+    spec: TrainingRunSpec,
+    run: str,
+    *,
+    workspace: bool = True,
+    config: bool = True,
+    token: bool = False,
+    shm: bool = False,
+    weight_store: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, container volumeMounts) for a run pod."""
-    claim = spec.storage.claim_name or f"{run}-workspace"
-    vols: list[dict[str, Any]] = [
-        {"name": "workspace", "persistentVolumeClaim": {"claimName": claim}},
+    """(pod volumes, container volumeMounts) for a run pod; `weight_store`: the memory-backed
+    WEIGHT_STORE_DIR, capped at `spec.weightStore.sizeLimit`."""
+    vols: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if workspace:
+        claim = spec.storage.claim_name or f"{run}-workspace"
+        vols.append({"name": "workspace", "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": "workspace", "mountPath": spec.storage.mount_path})
+    vols += [
         {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
         {"name": "cache", "emptyDir": {"sizeLimit": "32Gi"}},
     ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "workspace", "mountPath": spec.storage.mount_path},
+    mounts += [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "cache", "mountPath": CACHE_DIR},
     ]
@@ -139,6 +156,10 @@ def volumes(
     if shm:
         vols.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if weight_store:
+        size = spec.weight_store.size_limit
+        vols.append({"name": "weights", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
+        mounts.append({"name": "weights", "mountPath": WEIGHT_STORE_DIR})
     return vols, mounts
 
 

@@ -1,6 +1,10 @@
 """Rollout workloads of a run: scheduler (Deployment + Service), gateways (StatefulSet + headless
 Service + PodDisruptionBudget; network.py guards the control port), dedicated verifier (Deployment
 + Service + HPA). Scheduler and verifier run the slim control-plane image.
+
+Stream transport (the default): gateways start from the trainer's weights and keep theirs in a
+memory volume (relaying them to each other on their gRPC port); the scheduler fetches the tokenizer
+from the trainer. Neither mounts the workspace (workspace.py says when they do).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from asyncdapo.operator.objects import (
     service,
     svc_host,
     verifier_url,
+    weights_address,
 )
 from asyncdapo.operator.pods import (
     CONFIG_FILE,
@@ -33,6 +38,7 @@ from asyncdapo.operator.pods import (
     METRICS_PORT,
     TOKEN_FILE,
     VERIFIER_PORT,
+    WEIGHT_STORE_DIR,
     env,
     pod_spec,
     resources,
@@ -41,6 +47,10 @@ from asyncdapo.operator.pods import (
     volumes,
 )
 from asyncdapo.operator.spec import GatewayEngine, GatewayPoolSpec, GatewaySpec, TrainingRunSpec
+from asyncdapo.operator.workspace import gateways_mount_workspace, scheduler_mounts_workspace, streams_weights
+
+# The working directory of a pod without the workspace: writable (an emptyDir), like the workspace.
+SCRATCH_DIR = "/tmp"
 
 
 def response_log_path(spec: TrainingRunSpec, ref: RunRef) -> str:
@@ -52,7 +62,8 @@ def response_log_path(spec: TrainingRunSpec, ref: RunRef) -> str:
 def scheduler(
     spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults, active: bool
 ) -> list[dict[str, Any]]:
-    vols, mounts = volumes(spec, ref.name, token=True)
+    workspace = scheduler_mounts_workspace(spec)
+    vols, mounts = volumes(spec, ref.name, workspace=workspace, token=True)
     args = [
         "scheduler",
         "--config", CONFIG_FILE,
@@ -67,6 +78,8 @@ def scheduler(
     ]  # fmt: skip
     if spec.scheduler.response_log:  # the workspace's root: the one directory that always exists
         args += ["--response-log", response_log_path(spec, ref)]
+    if streams_weights(spec):  # from the trainer's weight store (snapshot: model.path's, on the workspace)
+        args += ["--tokenizer-from", weights_address(ref)]
     container = make_container(
         "scheduler",
         control_plane_image(spec, defaults),
@@ -75,7 +88,7 @@ def scheduler(
         env_vars=[*env(ref.name, spec.env, spec.scheduler.env), *redis_env(spec, ref, defaults)],
         mounts=mounts,
         res=resources(spec.scheduler.resources, CPU_DEFAULTS["scheduler"]),
-        working_dir=spec.storage.mount_path,
+        working_dir=spec.storage.mount_path if workspace else SCRATCH_DIR,
         ports=[("grpc", GRPC_PORT), ("metrics", METRICS_PORT)],
         readinessProbe=grpc_probe(periodSeconds=5),
         livenessProbe=grpc_probe(periodSeconds=20, failureThreshold=6),
@@ -157,10 +170,17 @@ def _statefulset(
     pool: str | None,
 ) -> dict[str, Any]:
     gpu = gw.gpus_per_pod > 0
-    vols, mounts = volumes(spec, ref.name, config=False, token=True, shm=True)
+    workspace = gateways_mount_workspace(spec)
+    vols, mounts = volumes(
+        spec, ref.name, workspace=workspace, config=False, token=True, shm=True, weight_store=not workspace
+    )
+    if workspace:  # snapshot: the base model and every version from the workspace
+        weights = ["--model", spec.run.model.path, "--no-weight-store"]
+    else:  # stream: the trainer's current version, then each version from the trainer or a peer
+        weights = ["--weights-from", weights_address(ref), "--weight-store-dir", WEIGHT_STORE_DIR]
     args = [
         "gateway",
-        "--model", spec.run.model.path,
+        *weights,
         "--host", "0.0.0.0",
         "--port", str(GRPC_PORT),
         "--metrics-port", str(METRICS_PORT),
@@ -182,7 +202,7 @@ def _statefulset(
         env_vars=env(ref.name, spec.env, gw.env),
         mounts=mounts,
         res=resources(gw.resources, GPU_POD_DEFAULTS if gpu else CPU_POD_DEFAULTS, gw.gpus_per_pod),
-        working_dir=spec.storage.mount_path,
+        working_dir=spec.storage.mount_path if workspace else SCRATCH_DIR,
         ports=[("grpc", GRPC_PORT), ("metrics", METRICS_PORT)],
         # Loading a large model takes minutes: the startup probe allows up to an hour.
         startupProbe=grpc_probe(periodSeconds=10, failureThreshold=360),

@@ -349,14 +349,16 @@ class RedisSpec(_K8sModel):
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
 
 
-def _read_write_many() -> list[AccessMode]:
-    return ["ReadWriteMany"]
-
-
 class StorageSpec(_K8sModel):
-    """The run's workspace volume: model, data, checkpoints and weight snapshots. Every run pod mounts
-    it at `mountPath` and runs there, so relative paths in `spec.run` resolve inside it. Gateways
-    and the trainer share it: use ReadWriteMany unless everything runs on one node."""
+    """The run's workspace volume: model, data and checkpoints (and, with `run.trainer.weight_transport:
+    snapshot`, the weight snapshots). The pods that mount it run in `mountPath`, so relative paths in
+    `spec.run` resolve inside it.
+
+    Who mounts it: the trainer and the prepare Job always. With the stream transport (the default)
+    nothing else does — gateways start from the trainer's weights and the scheduler takes the
+    tokenizer from there — except the scheduler when `scheduler.responseLog` is on. With `snapshot`,
+    gateways and the scheduler mount it too. `accessModes` left out: ReadWriteOnce when only one trainer
+    pod mounts it (stream, `run.trainer.workers: 1`), else ReadWriteMany (pods on several nodes)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -374,7 +376,15 @@ class StorageSpec(_K8sModel):
         None, pattern=QUANTITY_PATTERN, description="Size of a PVC the operator creates."
     )
     storage_class_name: str | None = Field(None, max_length=253)
-    access_modes: list[AccessMode] = Field(default_factory=_read_write_many, min_length=1, max_length=3)
+    access_modes: list[AccessMode] | None = Field(
+        None,
+        min_length=1,
+        max_length=3,
+        description="Access modes of a PVC the operator creates. Default: [ReadWriteOnce] with "
+        "run.trainer.weight_transport stream and run.trainer.workers 1 (only the trainer pod mounts it), "
+        "else [ReadWriteMany]. scheduler.responseLog mounts it on the scheduler too: with ReadWriteOnce "
+        "the scheduler then has to run on the trainer's node; give [ReadWriteMany] for that on several nodes.",
+    )
     mount_path: str = Field("/workspace", max_length=1024, pattern=r"^/", description="Mount path and cwd.")
     retain: bool = Field(
         True,
@@ -390,6 +400,19 @@ class StorageSpec(_K8sModel):
                 [Problem("", given, "set storage.claimName (an existing PVC) or storage.size (a new one)")]
             )
         return self
+
+
+class WeightStoreSpec(_K8sModel):
+    """The stream transport's weight store on the trainer and on each gateway: a `medium: Memory`
+    emptyDir holding the versions the pod serves."""
+
+    size_limit: Quantity = Field(
+        "64Gi",
+        description="Its cap (sizeLimit). It holds up to two copies of the model's weight files (bf16: 2 "
+        "bytes per parameter each, ~16 GiB for an 8B model, ~61 GiB for 32B); a version that does not "
+        "fit is refused with the room needed. Memory-backed: it counts against the pod's memory limit, "
+        "so trainer.resources and gateway.resources must leave room for it.",
+    )
 
 
 class PrepareSpec(_K8sModel):
@@ -414,6 +437,11 @@ class TrainingRunSpec(_K8sModel):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     redis: RedisSpec = Field(default_factory=RedisSpec)
     prepare: PrepareSpec | None = None
+    weight_store: WeightStoreSpec = Field(
+        default_factory=WeightStoreSpec,
+        description="run.trainer.weight_transport stream (the default): the trainer's and the gateways' "
+        "in-memory weight store.",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="For every pod of the run.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
     priority_class_name: str | None = Field(

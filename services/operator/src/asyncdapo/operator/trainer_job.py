@@ -8,6 +8,11 @@ have their own (small) resources: `spec.trainer.resources` are per worker. Every
 /metrics on METRICS_PORT (rank 0 the trainer's metrics, the others their rank), so the metrics
 Service has no endpoint that refuses connections; progress.py reads the endpoint that has a step.
 
+Stream transport (`run.trainer.weight_transport: stream`): rank 0 serves the published weights from
+a WeightStore on WEIGHTS_PORT, kept in a memory volume (pods.WEIGHT_STORE_DIR). Every pod that may
+hold rank 0 (the Job pod, each Ray worker) has that volume and port; gateways and the scheduler
+reach it through the same headless Service (objects.weights_address).
+
 With Kueue (`kueue.x-k8s.io/queue-name` on the TrainingRun, propagated here), `spec.suspend` of the
 Job / RayJob belongs to Kueue: the operator sets it only to suspend the run.
 """
@@ -34,6 +39,8 @@ from asyncdapo.operator.objects import (
     redis_url,
     service,
     svc_host,
+    trainer_store_in_memory_volume,
+    weights_address,
 )
 from asyncdapo.operator.pods import (
     CONFIG_FILE,
@@ -42,6 +49,7 @@ from asyncdapo.operator.pods import (
     METRICS_PORT,
     ROLE_LABEL,
     TOKEN_FILE,
+    WEIGHTS_PORT,
     env,
     pod_spec,
     resources,
@@ -49,6 +57,7 @@ from asyncdapo.operator.pods import (
     volumes,
 )
 from asyncdapo.operator.spec import Resources, TrainingRunSpec
+from asyncdapo.operator.workspace import streams_weights
 
 # ROLE_LABEL values of trainer pods; the metrics Service selects METRICS_ROLE.
 METRICS_ROLE = "worker"
@@ -60,13 +69,18 @@ def trainer_args(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults)
     args = ["trainer", "--config", CONFIG_FILE, "--model", spec.run.model.path]
     if spec.run.data.train_files:
         args += ["--data", ",".join(spec.run.data.train_files)]
-    return [
-        *args,
+    args += [
         "--redis", redis_url(spec, ref, defaults),
         "--scheduler", f"{svc_host(ref, 'scheduler')}:{GRPC_PORT}",
         "--token-file", TOKEN_FILE,
         "--metrics-port", str(METRICS_PORT),
     ]  # fmt: skip
+    if streams_weights(spec):
+        args += [
+            "--weight-store-listen", f"0.0.0.0:{WEIGHTS_PORT}",
+            "--weight-store-advertise", weights_address(ref),
+        ]  # fmt: skip
+    return args
 
 
 def _container(
@@ -80,7 +94,13 @@ def _container(
     redis: bool,
     metrics: bool,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    vols, mounts = volumes(spec, ref.name, token=True, shm=True)
+    """`metrics`: a pod that serves /metrics and may hold rank 0, hence the weight store."""
+    weights = metrics and streams_weights(spec)
+    in_memory = weights and trainer_store_in_memory_volume(spec)
+    vols, mounts = volumes(spec, ref.name, token=True, shm=True, weight_store=in_memory)
+    ports = [("metrics", METRICS_PORT)] if metrics else []
+    if weights:
+        ports.append(("weights", WEIGHTS_PORT))
     tr = spec.trainer
     container = make_container(
         name,
@@ -92,7 +112,7 @@ def _container(
         mounts=mounts,
         res=res,
         working_dir=spec.storage.mount_path,
-        ports=[("metrics", METRICS_PORT)] if metrics else [],
+        ports=ports,
     )
     return container, vols
 
@@ -120,13 +140,10 @@ def _suspend(ref: RunRef, lifecycle: Lifecycle) -> dict[str, Any]:
 def trainer(
     spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults, lifecycle: Lifecycle
 ) -> list[dict[str, Any]]:
-    svc = service(
-        ref,
-        "trainer",
-        [("metrics", METRICS_PORT, METRICS_PORT)],
-        headless=True,
-        extra_selector={ROLE_LABEL: METRICS_ROLE},
-    )
+    ports = [("metrics", METRICS_PORT, METRICS_PORT)]
+    if streams_weights(spec):
+        ports.append(("weights", WEIGHTS_PORT, WEIGHTS_PORT))
+    svc = service(ref, "trainer", ports, headless=True, extra_selector={ROLE_LABEL: METRICS_ROLE})
     tr = spec.trainer
     if spec.run.trainer.workers <= 1:
         container, vols = _container(

@@ -39,6 +39,16 @@ def register(subparsers: Any) -> None:
     add_password_flag(p)
     p.add_argument("--tokenizer", help="directory with tokenizer.json (default: the run's model.path)")
     p.add_argument(
+        "--tokenizer-from",
+        metavar="HOST:PORT",
+        help="fetch tokenizer.json from this WeightStore (the trainer's --weight-store-advertise) when the "
+        "first response is scored, instead of reading --tokenizer / model.path: no model volume needed",
+    )
+    p.add_argument(
+        "--tokenizer-tls-ca",
+        help="--tokenizer-from over TLS, verifying the trainer's certificate against this PEM CA",
+    )
+    p.add_argument(
         "--response-log",
         help="append one JSON line per training response that ended (judged, aborted, late) to this file: "
         "the run's own generations, for `asyncdapo simulate --replay`",
@@ -71,14 +81,22 @@ def _main(args: argparse.Namespace) -> int:
     token = read_token_file(args.token_file) if args.token_file else None
     args.tls = server_tls_from_args(args)
     args.gateway_tls = client_tls_from_args(args, "--gateway-tls-ca")
-    tok_dir = args.tokenizer or resolve_model(cfg.model.path, "model.path")  # a dir or a Hub id
-    if not (Path(tok_dir) / "tokenizer.json").is_file():
-        raise AsyncdapoError(f"--tokenizer / model.path: no tokenizer.json in {tok_dir}")
+    if args.tokenizer_from and args.tokenizer:
+        raise AsyncdapoError("--tokenizer and --tokenizer-from both name the tokenizer: give one")
+    tok_dir = None
+    if args.tokenizer_from:  # a bad CA file fails now, not at the first score
+        args.tokenizer_tls = client_tls_from_args(args, "--tokenizer-tls-ca")
+    else:
+        tok_dir = args.tokenizer or resolve_model(cfg.model.path, "model.path")  # a dir or a Hub id
+        if not (Path(tok_dir) / "tokenizer.json").is_file():
+            raise AsyncdapoError(f"--tokenizer / model.path: no tokenizer.json in {tok_dir}")
     asyncio.run(serve(cfg, spec, args, token, tok_dir))
     return 0
 
 
-async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None, tok_dir: str) -> None:
+async def serve(
+    cfg: Any, spec: Any, args: argparse.Namespace, token: str | None, tok_dir: str | None
+) -> None:
     import asyncio
     import logging
     import signal
@@ -90,7 +108,7 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     from asyncdapo.scheduler.metrics import SchedulerMetrics
     from asyncdapo.scheduler.rollout import Rollout
     from asyncdapo.scheduler.scheduler_service import build_server
-    from asyncdapo.scheduler.score_batcher import Detokenizer, VerifierScorer
+    from asyncdapo.scheduler.score_batcher import Detokenizer, TextDecoder, VerifierScorer
 
     log = logging.getLogger("asyncdapo.scheduler")
     metrics = SchedulerMetrics()
@@ -101,7 +119,17 @@ async def serve(cfg: Any, spec: Any, args: argparse.Namespace, token: str | None
     r = async_client(args.redis, socket_timeout=10.0, socket_connect_timeout=5.0)
     await check_auth_async(r, args.redis)
     pool = GatewayPool(spec, token=token, tls=args.gateway_tls)
-    verifier = VerifierScorer(args.verifier, Detokenizer(tok_dir), cfg.reward, metrics)
+    detok: TextDecoder
+    if tok_dir is None:
+        import tempfile
+
+        from asyncdapo.scheduler.streamed_tokenizer import StreamedDetokenizer
+
+        dest = Path(tempfile.mkdtemp(prefix="asyncdapo-tokenizer-"))
+        detok = StreamedDetokenizer(args.tokenizer_from, dest, token, args.tokenizer_tls)
+    else:
+        detok = Detokenizer(tok_dir)
+    verifier = VerifierScorer(args.verifier, detok, cfg.reward, metrics)
     from asyncdapo.scheduler.response_log import ResponseLog
 
     responses = ResponseLog(args.response_log) if args.response_log else None

@@ -70,6 +70,15 @@ class Scorer(Protocol):
         ...
 
 
+class TextDecoder(Protocol):
+    """Token ids → text. `ready()` is awaited before every `decode_batch`: a decoder whose tokenizer
+    comes over the network (`streamed_tokenizer.StreamedDetokenizer`) fetches it there."""
+
+    async def ready(self) -> None: ...
+
+    def decode_batch(self, seqs: Sequence[Sequence[int]]) -> list[str]: ...
+
+
 class Detokenizer:
     """Token ids → text with the served model's tokenizer (the `tokenizers` fast path)."""
 
@@ -80,6 +89,9 @@ class Detokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"model.path: no tokenizer.json in {model_dir} (needed to detokenize)")
         self.tok = Tokenizer.from_file(str(path))
+
+    async def ready(self) -> None:
+        return None  # loaded in __init__
 
     def decode_batch(self, seqs: Sequence[Sequence[int]]) -> list[str]:
         return self.tok.decode_batch([list(s) for s in seqs], skip_special_tokens=True)
@@ -95,7 +107,7 @@ class VerifierScorer:
     def __init__(
         self,
         url: str,
-        detok: Detokenizer,
+        detok: TextDecoder,
         reward: RewardConfig,
         metrics: SchedulerMetrics | None = None,
         **client_kw: Any,
@@ -120,6 +132,7 @@ class VerifierScorer:
         self.waiting_items.set_function(lambda: self.client.waiting_items)
 
     async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[ItemScore]:
+        await self.detok.ready()
         texts, bad = self._decode([toks for _, toks, _ in items])
         wire = []
         for i, ((iid, _, gt), text) in enumerate(zip(items, texts, strict=True)):
