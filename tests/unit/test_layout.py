@@ -119,3 +119,15 @@ def test_module_names_are_unique_outside_the_role_names() -> None:
         seen.setdefault(name.rpartition(".")[2], []).append(name)
     dup = {leaf: names for leaf, names in seen.items() if len(names) > 1 and leaf not in ROLE_NAMES}
     assert not dup, dup
+
+
+def test_the_wheel_lists_every_package_of_the_source_tree() -> None:
+    """setuptools installs only the packages pyproject.toml names: a package left out works from
+    the checkout and is missing from every installed wheel."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    in_tree = {
+        ".".join(p.parent.relative_to(root).parts) for root in ROOTS for p in root.rglob("__init__.py")
+    }
+    assert in_tree - set(setuptools["packages"]) == set(), "add them to [tool.setuptools] packages"
