@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncdapo.gateway.gateway_client import GatewayClient
-from asyncdapo.local.ports import free_port
+from asyncdapo.local.ports import free_port, port_open
 from asyncdapo.trainer.publish import TrainerWeightServer
 from asyncdapo.v1 import weights_pb2, weights_pb2_grpc
 
@@ -39,8 +39,12 @@ async def test_gateway_starts_from_the_trainer_and_loads_its_next_version(
     (tmp_path / "trainer").mkdir()
     server = TrainerWeightServer(str(tmp_path / "trainer"), listen, token=token)
     try:
-        await asyncio.sleep(1.5)  # the gateway is up first and waits for the trainer
-        assert proc.poll() is None
+        deadline = time.monotonic() + 30
+        while not port_open("127.0.0.1", port):  # the gateway is up first: port bound, waiting
+            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not bind its port"
+            await asyncio.sleep(0.2)
+        async with GatewayClient(f"127.0.0.1:{port}", token=token) as c:
+            assert not await c.healthy(timeout_s=2)  # NOT_SERVING until it has the trainer's weights
         server.start()
         server.put_model_dir(tiny_model_dir, 0)
         async with GatewayClient(f"127.0.0.1:{port}", token=token) as c:

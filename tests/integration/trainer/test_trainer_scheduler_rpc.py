@@ -9,6 +9,7 @@ scheduler's own behaviour is tested in tests/integration/scheduler.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -18,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 import torch
+from prometheus_client import generate_latest
 
 from asyncdapo.local.ports import free_port
 from asyncdapo.redis_keys import RunKeys
@@ -219,6 +221,12 @@ def test_stream_transport_serves_each_published_version_from_memory(
         assert torch.equal(t, final[k].to(t.dtype)), k
     assert "config.json" in pulled[2] and any(n.startswith("tokenizer") for n in pulled[2])
     assert not list((tmp_path / "shm").iterdir())  # the store is emptied when the trainer stops
+    # what the gateways (here: the double's reads) pulled is what the trainer reports sending
+    text = generate_latest(trainer.metrics.registry).decode()
+    sent = re.search(r"^asyncdapo_trainer_weight_store_bytes_served_total (\S+)$", text, re.M)
+    assert sent is not None and float(sent.group(1)) == sum(
+        len(b) for v in pulled.values() for b in v.values()
+    )
 
     restarted = Trainer(cfg, opts)  # the scheduler serves v2: nothing to publish, v2 served again
     try:

@@ -254,7 +254,6 @@ async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
     from asyncdapo.gateway.gateway_service import GatewayOptions, StreamWeights
     from asyncdapo.gateway.metrics import GatewayMetrics
     from asyncdapo.gateway.server import GatewayServer, ServerSettings
-    from asyncdapo.gateway.weight_loader import WeightsError, WeightsValidator
 
     weights = None
     if not args.no_weight_store:
@@ -270,17 +269,9 @@ async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
             ClientTls.from_file(args.weights_tls_ca, "--weights-tls-ca") if args.weights_tls_ca else None
         )
         weights = StreamWeights(store, Fetcher(store, token, client_tls))
-    if args.weights_from:
-        if weights is None:
-            raise AsyncdapoError("--weights-from needs the weight store (drop --no-weight-store)")
-        args.model, args.initial_version = await _start_weights(weights, args.weights_from)
-    validator = None
-    if args.model:
-        try:
-            validator = WeightsValidator(args.model)
-        except WeightsError as err:
-            if args.engine == "vllm":
-                raise AsyncdapoError(f"--model {args.model!r}: {err}") from None
+    if args.weights_from and weights is None:
+        raise AsyncdapoError("--weights-from needs the weight store (drop --no-weight-store)")
+    validator = None if args.weights_from else _validator(args)
     server = GatewayServer(
         None,
         GatewayOptions(
@@ -307,11 +298,29 @@ async def _serve(args: argparse.Namespace, token: str | None, tls: Any) -> None:
     except OSError as err:
         raise AsyncdapoError(f"--port {args.port} / --metrics-port {args.metrics_port}: {err}") from None
     try:
+        if args.weights_from:  # the port is held (health NOT_SERVING) while the trainer comes up
+            args.model, args.initial_version = await _start_weights(weights, args.weights_from)
+            server.service.starting_weights(_validator(args), args.initial_version)
         await server.attach(await _build_engine(args))
     except BaseException:
         await server.stop(grace_s=0)
         raise
     await server.serve_until_signal()
+
+
+def _validator(args: argparse.Namespace) -> Any:
+    """The served checkpoint's tensor specs, which every later version must match (None without a
+    model: the simulator)."""
+    from asyncdapo.gateway.weight_loader import WeightsError, WeightsValidator
+
+    if not args.model:
+        return None
+    try:
+        return WeightsValidator(args.model)
+    except WeightsError as err:
+        if args.engine == "vllm":
+            raise AsyncdapoError(f"--model {args.model!r}: {err}") from None
+        return None
 
 
 async def _start_weights(weights: Any, address: str) -> tuple[str, int]:

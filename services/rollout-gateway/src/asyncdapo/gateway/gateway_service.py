@@ -120,6 +120,13 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         if engine is not None:
             self.attach(engine)
 
+    def starting_weights(self, validator: WeightsValidator | None, version: int) -> None:
+        """The weights the engine will start from, once known (`--weights-from` fetches them after
+        the port is bound): the reference later versions are checked against, and their version."""
+        self._validator = validator
+        self._version = version
+        self._metrics.weight_version.set(version)
+
     def attach(self, engine: Engine) -> None:
         """Start serving with `engine` (until then every RPC but GetLoad answers UNAVAILABLE)."""
         self._limits = ModelLimits(engine.info.max_model_len, engine.info.vocab_size)

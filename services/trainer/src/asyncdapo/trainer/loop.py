@@ -255,6 +255,8 @@ class Trainer:
         self.metrics.truncate_after(self.state.step)
         if (restored := self.store.latest()) is not None:
             self.metrics.checkpoint(restored, self.state.step)
+        if self.weight_server is not None:
+            self.metrics.registry.register(_BytesServed(self.weight_server))
         redis_up = Gauge(PREFIX + "redis_up", "1 while Redis answers, 0 while the trainer waits for it",
                          registry=self.metrics.registry)  # fmt: skip
         waiter.on_change(lambda up: redis_up.set(1 if up else 0))
@@ -584,6 +586,23 @@ class Trainer:
             self.notifier.close()
             if self.weight_server is not None:
                 self.weight_server.close()
+
+
+class _BytesServed:
+    """`asyncdapo_trainer_weight_store_bytes_served_total`: what the trainer's WeightStore sent
+    (about rollout.weight_relay_fanout copies per version; more means gateways fell back to it)."""
+
+    def __init__(self, server: TrainerWeightServer) -> None:
+        self.server = server
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily(
+            PREFIX + "weight_store_bytes_served",
+            "Weight bytes the trainer's WeightStore sent to gateways (stream transport).",
+            value=self.server.bytes_served,
+        )
 
 
 def _trained_log_drops(trained_log: JsonlLog) -> dict[str, GroupDropReason]:
