@@ -53,6 +53,15 @@ def test_memory_arithmetic_of_the_8b_example() -> None:
     assert no_ckpt.total > 80  # without activation checkpointing 22.5k-token sequences do not fit
     two = memory_estimate(cfg, world=8, sharded=True, **{**shape, "micro_batch_size": 2})
     assert 60 < two.total < 80  # micro_batch_size 2 would leave too little headroom
+    # a token budget of one full sequence costs what one padded sequence does (logits: at most the
+    # whole budget is response); twice the budget about what two sequences do
+    one_seq = memory_estimate(cfg, world=8, sharded=True, **shape, micro_batch_tokens=2048 + 20480)
+    assert one_seq.activations == pytest.approx(fsdp.activations) and one_seq.logits >= fsdp.logits
+    assert one_seq.logits == pytest.approx(fsdp.logits, rel=0.12)
+    small = memory_estimate(cfg, world=8, sharded=True, **shape, micro_batch_tokens=4096)
+    assert small.total == pytest.approx(one_seq.total)  # a longer sequence runs alone: its size rules
+    double = memory_estimate(cfg, world=8, sharded=True, **shape, micro_batch_tokens=2 * 22528)
+    assert double.total == pytest.approx(two.total, rel=0.05)
     # the numbers SHARDING.md shows
     from pathlib import Path
 

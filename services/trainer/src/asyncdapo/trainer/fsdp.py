@@ -293,10 +293,14 @@ def memory_estimate(
     compute_bytes: int = 2,
     logits_chunk: int = 4096,
     prefetch_layers: int = 2,
+    micro_batch_tokens: int | None = None,
 ) -> MemoryEstimate:
     """The dominant terms of the update's memory for a Hugging Face decoder `config` (a Llama/Qwen
     layout: attention with grouped KV heads, a gated MLP). A lower bound: the CUDA context, NCCL
-    buffers and allocator fragmentation come on top (a few GB)."""
+    buffers and allocator fragmentation come on top (a few GB). `micro_batch_tokens`
+    (`trainer.micro_batch_tokens`, packed): a micro-batch holds at most that many tokens, any of
+    them response tokens, instead of `micro_batch_size` padded rows; a single sequence longer than
+    the budget runs alone, so the budget is raised to one full sequence."""
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     vocab = config.vocab_size
     head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
@@ -315,6 +319,10 @@ def memory_estimate(
     # `prefetch_layers` decoder layers; each with its unsharded gradient before the reduce-scatter.
     gathered = 2 * compute_bytes * (embed + head + prefetch_layers * per_layer) / gb if sharded else 0.0
     tokens = micro_batch_size * (prompt_length + response_length)
+    r_tokens = micro_batch_size * (response_length + 1)
+    if micro_batch_tokens is not None:
+        tokens = max(micro_batch_tokens, prompt_length + response_length)
+        r_tokens = tokens
     if activation_checkpointing:
         kept = layers * tokens * h * compute_bytes
         # one layer recomputed: q/k/v/o and attention output, the MLP's gate, up and product
@@ -322,7 +330,6 @@ def memory_estimate(
         activations = (kept + one_layer) / gb
     else:
         activations = layers * tokens * (2 * q + 2 * kv + 2 * h + 3 * inter) * compute_bytes / gb
-    r_tokens = micro_batch_size * (response_length + 1)
     logits = (2 * r_tokens * vocab * compute_bytes + 2 * min(logits_chunk, r_tokens) * vocab * 4) / gb
     return MemoryEstimate(params, grads, optimizer, gathered, activations, logits)
 
