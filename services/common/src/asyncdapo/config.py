@@ -375,7 +375,9 @@ class AlgorithmConfig(_Strict):
 class TrainerConfig(_Strict):
     total_steps: int = Field(100, ge=1, description="Policy updates to run.")
     ppo_mini_batch_size: int = Field(8, ge=1, description="Groups per optimizer step (divides B).")
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward pass.")
+    micro_batch_size: int = Field(
+        8, ge=1, description="Sequences per forward/backward pass (unless micro_batch_tokens sets a budget)."
+    )
     packing: bool = Field(
         True,
         description="Padding-free: a micro-batch's sequences are packed into one row with position ids "
