@@ -11,7 +11,7 @@ generations of the warm start at temperature 0.6 (32 per problem, seed 0;
 fails, which are the long ones, so the datasets' length distributions differ (printed per dataset,
 with its valid rate on an independent seed-1 measurement that the simulator check also replays).
 
-Protocol (issue 18): one LocalStack (Redis, verifier, 2 vLLM gateways pinned one per core, labelled
+Protocol: one LocalStack (Redis, verifier, 2 vLLM gateways pinned one per core, labelled
 `fast` and `heavy`; each with `--max-concurrency` 96, so even sync-3B's whole batch, 3·B·n = 96
 requests with B = 4, fits on one) serves every run; a run is its own scheduler and trainer on a
 fresh run name (its own Redis keys), the trainer starting from the warm-started weights. Modes,

@@ -25,7 +25,7 @@ Protocol
    beside stepping engines), the verifier's mean call latency (call_s) and the dispatch latency
    (`ClusterProfile.dispatch_s` + `dispatch_per_request_s` × a gateway's burst, `fit_dispatch`:
    how much later than an admission round trip and its modelled time a gateway's first engine
-   step of a version ends, against the requests that gateway took at the start; since session 17,
+   step of a version ends, against the requests that gateway took at the start; since 2026-11-27,
    one constant before). Host-CPU contention
    (`profile.HostCpuContention`; `--no-contention` leaves it out) from the per-service CPU time
    `cpu_sampler` records during every run: control-plane CPU (scheduler + verifier + Redis) per
@@ -56,7 +56,7 @@ Protocol
 4. Validation: per config, the median over the validated runs of the mean rollout s/step against
    the same statistic of the simulator's runs (its realisations, or `--sim-seeds` seeds of a
    preset, of the same number of steps, same warm-up): the median of one simulated run per
-   validated run drawn from its fold's, its expected value (`median_of_runs`; sessions 8-15 took
+   validated run drawn from its fold's, its expected value (`median_of_runs`; runs before 2026-11-26 took
    the median over folds of the mean over the realisations, printed beside it, which sits above a
    median of three runs where their distribution is skewed: sync's second barrier batch, s = 1's
    wait); the ratio config / sync
@@ -148,8 +148,8 @@ def main() -> int:
         "512-token model on its valid-rate-0.3 dataset",
     )
     ap.add_argument("--out", type=Path, default=None, help="default: runs/bench-simulator[-BENCH]")
-    # a guard against a stalled run, not a budget: on session 17's VM a long-tail pdsr step takes ~20 s
-    # (12 steps ~240 s, the old default), on session 13's ~6 s
+    # a guard against a stalled run, not a budget: on the slowest development VM measured (2026-11-27)
+    # a long-tail pdsr step took ~20 s (12 steps ~240 s, the old default), on a faster one ~6 s
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per real run, training phase")
     ap.add_argument("--reuse", action="store_true", help="analyse the runs under --out; run nothing")
     ap.add_argument(

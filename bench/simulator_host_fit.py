@@ -401,7 +401,7 @@ def fit_dispatch(cal: list[Run], engine: EngineProfile, rtt_s: float) -> tuple[f
     latency = dispatch_s + dispatch_per_request_s × requests, least squares over the configs'
     medians (each config one point: their bursts differ in size — sync dispatches its whole
     generation batch, async a version's first admission round, pdsr all to its fast pool — so
-    the configs span the line, and a config's outliers do not tilt it). Session 17 measured the
+    the configs span the line, and a config's outliers do not tilt it). The 2026-11-27 runs measured the
     line within ±7 ms of every config's median on the long-tail bench (~1.6 ms per request, ~0
     fixed); one constant for all (the fit before) was ~50 ms short for sync's start and ~20 ms
     long for async's and charged the same ~120 ms to every mid-version dispatch. Calibration runs

@@ -241,7 +241,7 @@ class Run:
 
     @property
     def response_log(self) -> Path:
-        """The scheduler's --response-log of the run (runs before session 13 have none)."""
+        """The scheduler's --response-log of the run (older runs may have none)."""
         return self.dir / "logs" / "scheduler.responses.jsonl"
 
     @property

@@ -5,7 +5,7 @@ every engine step cost and one on the trainer's time, measured on the same rep's
 (run just before and after it, interleaved), never on the run itself.
 
 Why: this VM's speed for identical work drifts by more than the goal between runs of one bench
-(sessions 14-15: one draw 6.13 s/step, an hour later 4.38; `simulator_step_residuals.py`: one
+(2026-11-25: one draw 6.13 s/step, an hour later 4.38; `simulator_step_residuals.py`: one
 engine fit misses single runs' own steps by -15 … +20 %), and a fold's calibration comes from the
 other reps' runs, an hour away: a cross-fitted simulator is off by the machine's drift before its
 model is. The factors measure the machine, not the scheduler: a run's engine factor is its step

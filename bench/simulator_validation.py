@@ -215,7 +215,7 @@ def report(args: argparse.Namespace, runs: dict[tuple[int, str], Run], folds: li
                   f"simulator's realisations, paired): {shown}")  # fmt: skip
             shown = ", ".join(f"{m} {mean_sim[m] / meas[m] - 1:+.1%}" for m in args.configs)
             print(f"{'':22s} the simulated side as the median over folds of the mean over the realisations "
-                  f"(sessions 8-15's figure): {shown}")  # fmt: skip
+                  f"(the figure before 2026-11-26): {shown}")  # fmt: skip
             shown = ", ".join(
                 f"{m} {x:.1%} (error {rel[m] / x:+.1f} sd)"
                 if x > NO_DRAW_SPREAD

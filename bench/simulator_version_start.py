@@ -1,7 +1,7 @@
 """When each config's versions start on the real engines: per config, the delay from a version's
 announcement to the first engine step (any gateway) that decodes or prefills, and how many requests
 the engines prefill in the window after that step — the size of the version's first admission
-round. It showed (session 17: sync 155 ms with 192 requests, async 97 ms with 120 on the demo
+round. It showed (2026-11-27: sync 155 ms with 192 requests, async 97 ms with 120 on the demo
 bench) that the start depends on the burst, which the simulator has modelled since
 (`ClusterProfile.dispatch_per_request_s`; `fit_dispatch` fits it per gateway from the same scan,
 `simulator_host_fit.first_round`).

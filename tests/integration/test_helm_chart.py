@@ -285,7 +285,7 @@ def test_dockerfiles_run_as_non_root_with_the_asyncdapo_entrypoint() -> None:
         assert {s["check_id"] for s in report["results"]["skipped_checks"]} <= {"CKV_DOCKER_2"}
 
 
-# --- cluster-admin features (issue 20) -------------------------------------------------------
+# --- cluster-admin features -------------------------------------------------------
 
 ADMIN: dict[str, Any] = {
     "global": {

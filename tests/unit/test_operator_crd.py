@@ -246,7 +246,7 @@ def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
         _CEL.compile(rule)
 
 
-# --- cross-field rules as CEL, and schema defaults (issue 20) ------------------------------------
+# --- cross-field rules as CEL, and schema defaults ------------------------------------
 
 from asyncdapo.config import RunConfig  # noqa: E402
 from asyncdapo.operator.crd import RUN_RULES, SPEC_RULES  # noqa: E402

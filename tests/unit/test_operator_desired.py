@@ -370,7 +370,7 @@ def test_invalid_spec_names_the_field() -> None:
         parse_spec({**_spec(), "run": {**_spec()["run"], "name": "other"}}, "tiny-math")
 
 
-# --- workload fields a platform needs (issue 20) --------------------------------------------------
+# --- workload fields a platform needs --------------------------------------------------
 
 
 def _all_pods(objs: dict) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:

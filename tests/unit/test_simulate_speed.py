@@ -4,13 +4,13 @@ mode).
 
 Measured as CPU per event in units of a fixed reference workload timed in the same process
 (`asyncdapo.simulate.machine_speed`), not in events per CPU second: the same code ran at 55–68 k
-events per CPU second on one of our 2-core VMs and at 24–25 k on another (session 17, quiet), so
+events per CPU second on one of our 2-core VMs and at 24–25 k on another (2026-11-27, quiet), so
 an absolute floor failed on a slow machine rather than on a regression. In reference operations
-the run costs 15–17 per event (session 17's VM, quiet); the ceiling, 30, fails on a regression that
+the run costs 15–17 per event (that slower VM, quiet); the ceiling, 30, fails on a regression that
 doubles the per-event cost (checked by burning CPU in the event loop: 2.0× the CPU read 30.7, 2.6×
 read 40.7), not on a slower machine. With the compiled event loop (`make install` builds it:
-asyncdapo.simulate.native) the run cost 11.4–12.4 (session 18, against 15.1–16.5 plain, back to
-back). Since session 20 (the per-response records' `__init__`s compiled, the workload sampled a
+asyncdapo.simulate.native) the run cost 11.4–12.4 (2026-11-27, against 15.1–16.5 plain, back to
+back). Since 2026-11-28 (the per-response records' `__init__`s compiled, the workload sampled a
 chunk at a time) it costs 5.9–6.3 compiled and 13.1–13.9 plain (twice each, one process each),
 so the ceilings are 12 compiled and 28 plain: about twice today's cost either way.
 """

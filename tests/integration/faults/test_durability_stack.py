@@ -1,4 +1,4 @@
-"""Durability of the whole loop (issue 14), at default settings, on real processes: redis-server
+"""Durability of the whole loop, at default settings, on real processes: redis-server
 (AOF, fsync always), the real verifier, scheduler and trainer, two SIMULATOR gateways in
 answer-key mode. Faults hit real processes (SIGKILL, SIGTERM, SIGSTOP) or a RESP proxy that loses
 replies; the invariant checker reads Redis, the groups stream, the audit stream and the trainer's

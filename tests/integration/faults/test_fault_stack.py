@@ -5,8 +5,8 @@ only the run's sizes are small.
 - the harness itself: every kind of service killed, terminated, paused and restarted on its port,
   Redis from its AOF, crashes restarted by the supervisor, nothing orphaned;
 - the happy path keeps every invariant;
-- the scheduler SIGKILLed / SIGTERMed and restarted at once, and a lost FINISH reply: written for
-  the behaviour issue 14 asks for, expected to fail until the scheduler's fixes land.
+- the scheduler SIGKILLed / SIGTERMed and restarted at once, and a lost FINISH reply: the
+  behaviour the durability guarantees promise.
 """
 
 from __future__ import annotations

@@ -278,7 +278,7 @@ def test_stream_stays_trimmed_over_many_steps(
 
 
 class FencingScheduler(scheduler_pb2_grpc.SchedulerServicer):
-    """TEST DOUBLE of the scheduler's PublishWeights as issue 14 specifies it: UNAVAILABLE while no
+    """TEST DOUBLE of the scheduler's PublishWeights as the durability guarantees specify it: UNAVAILABLE while no
     gateway can load the version, FAILED_PRECONDITION for a trainer epoch older than Redis'."""
 
     def __init__(self) -> None:

@@ -2,7 +2,7 @@
 cost can be stated apart from the machine it was measured on.
 
 The simulator's cost is CPU seconds per event, and the same code costs 2–3× more CPU on one of our
-2-core VMs than on another (sessions 15–17 ran on three of them: the speed guard's 128-engine run
+2-core VMs than on another (runs of 2026-11-25 to 2026-11-27 used three of them: the speed guard's 128-engine run
 went from 55–68 k events per CPU second to 24–25 k on a quiet machine, with nothing in the
 simulator changed). A fixed reference workload, timed in the same process just before or after a
 run, turns that into a machine-independent figure: the run's CPU per event in units of the

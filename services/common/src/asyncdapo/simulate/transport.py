@@ -5,7 +5,7 @@ delays a dispatched request by `ClusterProfile.dispatch_s` (gRPC, the gateway, v
 engine IPC); with `dispatch_per_request_s` > 0 the requests dispatched to one gateway at one
 instant are a burst that reaches the engine together, once the gateway's frontend took in all of
 them (after its earlier bursts): the real gateway's loop takes a burst's RPCs before its engine
-schedules the first (session 17's step logs: a version's first step on a gateway comes ~1.3-1.7 ms
+schedules the first (the 2026-11-27 step logs: a version's first step on a gateway comes ~1.3-1.7 ms
 per request of its burst after the dispatch, the rest of the burst within ~40 ms after it).
 
 Invariant: a request is in `transit` from its dispatch until it reaches its engine or is recalled

@@ -12,8 +12,8 @@ False` before its output handler starts, see `vllm_engine.py`).
 The same `SchedulerStats`, written one line per step with the time they reached the frontend,
 are the step log (`--step-log`): a timeline of the engine. A gap between steps while requests
 are running, many times the steps around it and not a large prefill, is an engine that was not
-scheduled on its CPU (how the floating engine cores of
-session 5 showed up); the step interval against `running` is the decode cost per batch size.
+scheduled on its CPU (how engine cores floating between CPUs
+showed up); the step interval against `running` is the decode cost per batch size.
 """
 
 from __future__ import annotations
