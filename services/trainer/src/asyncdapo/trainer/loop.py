@@ -256,7 +256,7 @@ class Trainer:
         if (restored := self.store.latest()) is not None:
             self.metrics.checkpoint(restored, self.state.step)
         if self.weight_server is not None:
-            self.metrics.registry.register(_BytesServed(self.weight_server))
+            self.metrics.registry.register(self.weight_server.bytes_served_collector())
         redis_up = Gauge(PREFIX + "redis_up", "1 while Redis answers, 0 while the trainer waits for it",
                          registry=self.metrics.registry)  # fmt: skip
         waiter.on_change(lambda up: redis_up.set(1 if up else 0))
@@ -285,14 +285,11 @@ class Trainer:
         elif self.weight_server is not None:
             # serve the version the gateways run: those catching up after a trainer restart, and
             # gateways that start from the trainer's weights (`gateway --weights-from`)
-            if self.state.step == 0:
-                self.weight_server.put_model_dir(Path(cfg.model.path), 0)
-            else:
-                model = self.sharding.from_checkpoint(self.model, self.store.latest())
-                self.weight_server.put(
-                    model or unwrap(self.model), self.tokenizer, self.state.step, self.precision.compute_dtype,
-                    self.opts.trainer_id,
-                )  # fmt: skip
+            model = self.sharding.from_checkpoint(self.model, self.store.latest()) or unwrap(self.model)
+            self.weight_server.serve_current(
+                self.state.step, Path(cfg.model.path), model, self.tokenizer, self.precision.compute_dtype,
+                self.opts.trainer_id,
+            )  # fmt: skip
         self.state.published_version = self.state.step
         log.info("trainer ready at version %d; %d pending group(s) to replay", self.state.step, replay)
 
@@ -586,23 +583,6 @@ class Trainer:
             self.notifier.close()
             if self.weight_server is not None:
                 self.weight_server.close()
-
-
-class _BytesServed:
-    """`asyncdapo_trainer_weight_store_bytes_served_total`: what the trainer's WeightStore sent
-    (about rollout.weight_relay_fanout copies per version; more means gateways fell back to it)."""
-
-    def __init__(self, server: TrainerWeightServer) -> None:
-        self.server = server
-
-    def collect(self) -> Any:
-        from prometheus_client.core import CounterMetricFamily
-
-        yield CounterMetricFamily(
-            PREFIX + "weight_store_bytes_served",
-            "Weight bytes the trainer's WeightStore sent to gateways (stream transport).",
-            value=self.server.bytes_served,
-        )
 
 
 def _trained_log_drops(trained_log: JsonlLog) -> dict[str, GroupDropReason]:

@@ -324,6 +324,41 @@ class TrainerWeightServer:
                 shutil.copyfile(f, staging / f.name)
         self.store.hold_complete(version, staging)
 
+    def serve_current(
+        self,
+        version: int,
+        model_dir: Path,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        dtype: torch.dtype,
+        writer: str,
+    ) -> None:
+        """At start: serve the version the gateways run (the base model's files at 0, else the
+        restored weights), for gateways catching up after a restart and those started
+        `--weights-from` the trainer."""
+        if version == 0:
+            self.put_model_dir(model_dir, 0)
+        else:
+            self.put(model, tokenizer, version, dtype, writer)
+
+    def bytes_served_collector(self) -> Any:
+        """A Prometheus collector: `asyncdapo_trainer_weight_store_bytes_served_total`, what the
+        store sent (about rollout.weight_relay_fanout copies per version; more means gateways fell
+        back to the trainer)."""
+        from prometheus_client.core import CounterMetricFamily
+
+        server = self
+
+        class BytesServed:
+            def collect(self) -> Any:
+                yield CounterMetricFamily(
+                    "asyncdapo_trainer_weight_store_bytes_served",
+                    "Weight bytes the trainer's WeightStore sent to gateways (stream transport).",
+                    value=server.bytes_served,
+                )
+
+        return BytesServed()
+
     @property
     def bytes_served(self) -> int:
         return self.store.bytes_served
