@@ -7,7 +7,8 @@ custom resource in Kubernetes, whose OpenAPI schema is generated from this model
 Defaults are the DAPO paper's recipe, as verl's recipe/dapo scripts set it (`config from-verl`
 starts from verl's own defaults instead). Combinations no run can work with are refused when a
 config is validated (`asyncdapo.config_rules`), so that no service has to re-check them; every
-mistake reads `field.path: <what was given>; <what is allowed>` (asyncdapo.config_problems).
+mistake reads `field.path: <what was given>; <what is allowed>` (asyncdapo.config_problems). The
+options of each closed field are enums in asyncdapo.config_enums.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import dataclasses
 import math
 import re
 from collections.abc import Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,25 @@ from pydantic import (
     model_validator,
 )
 
+from asyncdapo.config_enums import (
+    AdmissionPolicyName,
+    AdvEstimator,
+    EarlyStopOrder,
+    FilterMetric,
+    LongTailPolicy,
+    LossAggMode,
+    LrSchedule,
+    MetricNames,
+    ModelDtype,
+    OldLogProbSource,
+    PauseMode,
+    PromptTruncation,
+    RolloutMode,
+    ShardingStrategy,
+    TrackingBackend,
+    WandbMode,
+    WeightTransport,
+)
 from asyncdapo.config_problems import Problem, conflict, problems_of, render
 from asyncdapo.errors import AsyncdapoError
 
@@ -40,105 +59,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 class _Strict(BaseModel):
     # Unknown keys are errors: a typo in a YAML must not silently fall back to a default.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
-
-
-class LossAggMode(StrEnum):
-    TOKEN_MEAN = "token-mean"
-    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
-    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
-    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"  # Dr. GRPO: token sums / data.max_response_length
-
-
-class OldLogProbSource(StrEnum):
-    RECOMPUTE = "recompute"  # a forward pass of the current weights before the update (verl's default)
-    ROLLOUT = "rollout"  # the engine's log-prob of each sampled token (verl's bypass mode)
-
-
-class LrSchedule(StrEnum):
-    CONSTANT = "constant"  # linear warm-up, then lr
-    COSINE = "cosine"  # linear warm-up, then cosine decay to min_lr_ratio * lr over total_steps
-
-
-# What a prompt longer than data.max_prompt_length becomes (verl: data.truncation, filter_overlong_prompts).
-class PromptTruncation(StrEnum):
-    DROP = "drop"  # left out of training and validation (verl: filter_overlong_prompts)
-    ERROR = "error"  # the run stops, naming the row (verl's default)
-    LEFT = "left"  # keep the last max_prompt_length tokens
-    RIGHT = "right"  # keep the first max_prompt_length tokens
-    MIDDLE = "middle"  # keep the first floor(max/2) and the last ceil(max/2) tokens (as verl)
-
-
-class FilterMetric(StrEnum):
-    ACC = "acc"
-    SCORE = "score"  # correct_reward / incorrect_reward
-    REWARD = (
-        "reward"  # score + overlong penalty (verl's seq_reward; seq_final_reward without KL in the reward)
-    )
-
-
-# What in-flight requests do while weights change: the one enum for config, engine and wire (the
-# proto conversion is `asyncdapo.gateway.wire`). No docstring: it would become the CRD's description.
-class PauseMode(StrEnum):
-    KEEP = "keep"  # freeze in-flight requests; they continue on the new weights
-    ABORT = "abort"  # abort in-flight requests (they return partial tokens)
-    WAIT = "wait"  # let in-flight requests finish (or abort them at the deadline)
-
-
-class WeightTransport(StrEnum):
-    STREAM = "stream"  # trainer -> gateways over gRPC in checksummed chunks, gateways relaying
-    SNAPSHOT = "snapshot"  # a safetensors directory on a volume every gateway mounts
-
-
-class RolloutMode(StrEnum):
-    ASYNC = "async"
-    SYNC = "sync"
-
-
-class EarlyStopOrder(StrEnum):
-    ANY = "any"
-    FIFO = "fifo"
-
-
-class LongTailPolicy(StrEnum):
-    NONE = "none"
-    PDSR = "pdsr"
-
-
-class TrackingBackend(StrEnum):
-    TENSORBOARD = "tensorboard"
-    WANDB = "wandb"
-    MLFLOW = "mlflow"
-    JSONL = "jsonl"
-
-
-class MetricNames(StrEnum):
-    VERL = "verl"  # verl's name where verl logs the same quantity (docs/metrics.md), ours elsewhere
-    ASYNCDAPO = "asyncdapo"  # the names of metrics.jsonl
-
-
-class WandbMode(StrEnum):
-    OFFLINE = "offline"
-    ONLINE = "online"
-
-
-class ModelDtype(StrEnum):
-    AUTO = "auto"  # bfloat16 on GPU, float32 on CPU
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-
-
-class AdvEstimator(StrEnum):
-    GRPO = "grpo"  # group-relative: (score - group mean) [/ group std]
-
-
-class AdmissionPolicyName(StrEnum):
-    EXPECTED_VALID = "expected-valid"  # stop admitting once the expected valid groups cover the bound
-    GREEDY = "greedy"  # never trims: admit whenever there is room
-
-
-class ShardingStrategy(StrEnum):
-    DDP = "ddp"  # every worker holds the whole model and optimizer state
-    FSDP = "fsdp"  # FSDP2: parameters, gradients and optimizer state sharded over the workers
 
 
 class ModelConfig(_Strict):
