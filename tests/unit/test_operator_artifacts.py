@@ -240,8 +240,8 @@ def test_checkpoint_info_fills_the_status(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
     from asyncdapo.local.ports import free_port
+    from asyncdapo.operator.resource_status import TrainingRunStatus
     from asyncdapo.operator.service_progress import read_trainer_metrics
-    from asyncdapo.operator.spec import TrainingRunStatus
     from asyncdapo.operator.status_machine import Observation, next_status
     from asyncdapo.trainer.metrics import MetricsSink
 

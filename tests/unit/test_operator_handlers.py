@@ -17,7 +17,7 @@ from test_operator_reconcile import T0, FakeCluster, _run
 from asyncdapo.operator import handlers, periodic
 from asyncdapo.operator.desired import OperatorDefaults
 from asyncdapo.operator.kube import event_manifest
-from asyncdapo.operator.spec import TrainingRunStatus, parse_status
+from asyncdapo.operator.resource_status import TrainingRunStatus, parse_status
 from asyncdapo.operator.status_machine import Progress, phase_event
 
 

@@ -18,7 +18,7 @@ import yaml
 from asyncdapo.operator.desired import OperatorDefaults
 from asyncdapo.operator.kube import ImmutableFieldError, owned_by
 from asyncdapo.operator.reconcile import reconcile, status_patch
-from asyncdapo.operator.spec import Phase
+from asyncdapo.operator.resource_status import Phase
 from asyncdapo.operator.status_machine import Progress
 
 REPO = Path(__file__).resolve().parents[2]

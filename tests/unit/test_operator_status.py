@@ -8,15 +8,9 @@ from pathlib import Path
 import yaml
 
 from asyncdapo.operator.desired import Lifecycle
+from asyncdapo.operator.resource_status import ConditionType, Phase, TrainingRunStatus, parse_status
 from asyncdapo.operator.service_progress import parse_trainer_metrics
-from asyncdapo.operator.spec import (
-    ConditionType,
-    Phase,
-    TrainingRunSpec,
-    TrainingRunStatus,
-    parse_spec,
-    parse_status,
-)
+from asyncdapo.operator.spec import TrainingRunSpec, parse_spec
 from asyncdapo.operator.status_machine import (
     JobState,
     Observation,

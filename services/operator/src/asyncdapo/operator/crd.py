@@ -27,7 +27,8 @@ import yaml
 
 from asyncdapo.config import RunConfig, run_config_json_schema
 from asyncdapo.operator.openapi import to_structural
-from asyncdapo.operator.spec import API_GROUP, API_VERSION, KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
+from asyncdapo.operator.resource_status import TrainingRunStatus
+from asyncdapo.operator.spec import API_GROUP, API_VERSION, KIND, PLURAL, TrainingRunSpec
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 

@@ -36,7 +36,8 @@ from asyncdapo.operator import periodic
 from asyncdapo.operator.desired import OperatorDefaults
 from asyncdapo.operator.kube import Cluster, event_manifest
 from asyncdapo.operator.reconcile import ProgressReader, reconcile, status_patch
-from asyncdapo.operator.spec import API_GROUP, API_VERSION, PLURAL, Phase, TrainingRunStatus, parse_status
+from asyncdapo.operator.resource_status import Phase, TrainingRunStatus, parse_status
+from asyncdapo.operator.spec import API_GROUP, API_VERSION, PLURAL
 from asyncdapo.operator.status_machine import phase_event
 
 log = logging.getLogger(__name__)

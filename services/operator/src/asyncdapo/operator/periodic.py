@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from asyncdapo.operator.spec import parse_status
+from asyncdapo.operator.resource_status import parse_status
 from asyncdapo.operator.status_machine import is_terminal
 
 log = logging.getLogger(__name__)

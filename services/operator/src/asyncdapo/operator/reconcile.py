@@ -24,7 +24,8 @@ from asyncdapo.operator.desired import (
 )
 from asyncdapo.operator.kube import CHILD_KINDS, Cluster, ImmutableFieldError, owned_by, run_selector
 from asyncdapo.operator.objects import REDIS_AUTH_KEY, meta, redis_auth_secret_name
-from asyncdapo.operator.spec import TrainingRunSpec, TrainingRunStatus, parse_spec, parse_status
+from asyncdapo.operator.resource_status import TrainingRunStatus, parse_status
+from asyncdapo.operator.spec import TrainingRunSpec, parse_spec
 from asyncdapo.operator.status_machine import (
     JobState,
     Observation,

@@ -12,7 +12,6 @@ status) can rely on them for specs that never went through an API server (tests,
 
 from __future__ import annotations
 
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -36,7 +35,7 @@ _K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _LABEL_VALUE_MAX = 63
 
 
-class _K8sModel(BaseModel):
+class K8sModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid", alias_generator=to_camel, populate_by_name=True, use_enum_values=False
     )
@@ -56,31 +55,31 @@ class GatewayEngine(StrEnum):
     SIM = "sim"
 
 
-class Resources(_K8sModel):
+class Resources(K8sModel):
     """Container resources; GPUs are set by `gpusPerPod` / `gpusPerWorker`, not here."""
 
     requests: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {cpu: '4', memory: 32Gi}")
     limits: dict[str, Quantity] = Field(default_factory=dict, description="e.g. {memory: 64Gi}")
 
 
-class KeySelector(_K8sModel):
+class KeySelector(K8sModel):
     name: str = Field(min_length=1, max_length=253, description="Name of the Secret or ConfigMap.")
     key: str = Field(min_length=1, max_length=253, description="Key in it.")
     optional: bool | None = None
 
 
-class ObjectFieldSelector(_K8sModel):
+class ObjectFieldSelector(K8sModel):
     field_path: str = Field(min_length=1, max_length=256, description="e.g. metadata.name")
     api_version: str | None = Field(None, max_length=64)
 
 
-class ResourceFieldSelector(_K8sModel):
+class ResourceFieldSelector(K8sModel):
     resource: str = Field(min_length=1, max_length=128, description="e.g. limits.memory")
     container_name: str | None = Field(None, max_length=63)
     divisor: Quantity | None = None
 
 
-class EnvVarSource(_K8sModel):
+class EnvVarSource(K8sModel):
     """corev1.EnvVarSource: exactly one source, so secrets (HF_TOKEN, WANDB_API_KEY) stay in Secrets."""
 
     model_config = ConfigDict(
@@ -117,7 +116,7 @@ class EnvVarSource(_K8sModel):
         return self
 
 
-class EnvVar(_K8sModel):
+class EnvVar(K8sModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -151,7 +150,7 @@ class EnvVar(_K8sModel):
         return {"name": self.name, "value": self.value or ""}
 
 
-class Toleration(_K8sModel):
+class Toleration(K8sModel):
     key: str | None = Field(None, max_length=316)
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(None, max_length=_LABEL_VALUE_MAX)
@@ -162,7 +161,7 @@ class Toleration(_K8sModel):
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
-class Placement(_K8sModel):
+class Placement(K8sModel):
     """Where a component's pods go; merged over the run-wide `nodeSelector` / `tolerations` /
     `priorityClassName`."""
 
@@ -173,7 +172,7 @@ class Placement(_K8sModel):
     )
 
 
-class Images(_K8sModel):
+class Images(K8sModel):
     control_plane: str | None = Field(
         None,
         max_length=512,
@@ -233,7 +232,7 @@ class GatewaySpec(Placement):
         return self
 
 
-class AutoscalingSpec(_K8sModel):
+class AutoscalingSpec(K8sModel):
     enabled: bool = Field(True, description="HorizontalPodAutoscaler on CPU utilisation.")
     min_replicas: int = Field(1, ge=1, le=1024)
     max_replicas: int = Field(8, ge=1, le=1024)
@@ -254,7 +253,7 @@ class AutoscalingSpec(_K8sModel):
         return self
 
 
-class VerifierSpec(_K8sModel):
+class VerifierSpec(K8sModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -279,7 +278,7 @@ class VerifierSpec(_K8sModel):
     resources: Resources = Field(default_factory=Resources)
 
 
-class SchedulerSpec(_K8sModel):
+class SchedulerSpec(K8sModel):
     resources: Resources = Field(default_factory=Resources)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     response_log: bool = Field(
@@ -291,7 +290,7 @@ class SchedulerSpec(_K8sModel):
     )
 
 
-class RayHeadSpec(_K8sModel):
+class RayHeadSpec(K8sModel):
     """The Ray head of a RayJob trainer: it runs the driver and Ray's control plane, no training."""
 
     resources: Resources = Field(default_factory=Resources, description="Default: 1-4 CPU, 4-8 Gi.")
@@ -308,18 +307,18 @@ class TrainerSpec(Placement):
     ray_head: RayHeadSpec = Field(default_factory=RayHeadSpec, description="RayJob only: the Ray head pod.")
 
 
-class SecretKeyRef(_K8sModel):
+class SecretKeyRef(K8sModel):
     name: str = Field(min_length=1, max_length=253)
     key: str = Field(min_length=1, max_length=253)
 
 
-class ManagedRedis(_K8sModel):
+class ManagedRedis(K8sModel):
     size: str = Field("10Gi", pattern=QUANTITY_PATTERN, description="PVC size of the AOF volume.")
     storage_class_name: str | None = Field(None, max_length=253)
     image: str | None = Field(None, max_length=512, description="Redis image (default: the operator's).")
 
 
-class RedisSpec(_K8sModel):
+class RedisSpec(K8sModel):
     """Either `url` (an existing Redis) or `managed` (a per-run Redis with AOF on a PVC); neither: the
     operator's default (the chart's Redis)."""
 
@@ -349,7 +348,7 @@ class RedisSpec(_K8sModel):
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
 
 
-class StorageSpec(_K8sModel):
+class StorageSpec(K8sModel):
     """The run's workspace volume: model, data and checkpoints (and, with `run.trainer.weight_transport:
     snapshot`, the weight snapshots). The pods that mount it run in `mountPath`, so relative paths in
     `spec.run` resolve inside it.
@@ -402,7 +401,7 @@ class StorageSpec(_K8sModel):
         return self
 
 
-class WeightStoreSpec(_K8sModel):
+class WeightStoreSpec(K8sModel):
     """The stream transport's weight store on the trainer and on each gateway: a `medium: Memory`
     emptyDir holding the versions the pod serves."""
 
@@ -415,7 +414,7 @@ class WeightStoreSpec(_K8sModel):
     )
 
 
-class PrepareSpec(_K8sModel):
+class PrepareSpec(K8sModel):
     """A one-shot Job (CPU image, workspace mounted) run before anything else, e.g. to build the tiny
     model and data (`asyncdapo model tiny …`) or copy a dataset into the workspace."""
 
@@ -424,7 +423,7 @@ class PrepareSpec(_K8sModel):
     backoff_limit: int = Field(2, ge=0, le=100)
 
 
-class TrainingRunSpec(_K8sModel):
+class TrainingRunSpec(K8sModel):
     run: RunConfig = Field(
         description="The run config (RunConfig: `asyncdapo config schema`). `run.name` defaults to "
         "metadata.name and must equal it when set."
@@ -493,66 +492,6 @@ class TrainingRunSpec(_K8sModel):
         return self
 
 
-# --- status ---
-
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    PREPARING = "Preparing"
-    RUNNING = "Running"
-    SUSPENDED = "Suspended"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-
-class ConditionType(StrEnum):
-    READY = "Ready"
-    PREPARED = "Prepared"
-    ROLLOUT_READY = "RolloutReady"
-    TRAINER_RUNNING = "TrainerRunning"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-
-class Condition(_K8sModel):
-    """metav1.Condition."""
-
-    type: str = Field(max_length=316)
-    status: Literal["True", "False", "Unknown"]
-    observed_generation: int | None = Field(None, ge=0)
-    last_transition_time: datetime
-    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = Field("", max_length=32768)
-
-
-class TrainingRunStatus(_K8sModel):
-    observed_generation: int | None = Field(None, ge=0)
-    phase: Phase | None = None
-    reason: str | None = Field(None, max_length=1024)
-    message: str | None = Field(None, max_length=32768)
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=16,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    step: int | None = Field(None, ge=0, description="Policy updates done.")
-    total_steps: int | None = Field(None, ge=0)
-    policy_version: int | None = Field(None, ge=0, description="Version of the weights the gateways serve.")
-    reward: float | None = Field(None, description="Mean reward of the last training batch.")
-    accuracy: float | None = Field(None, description="Mean accuracy of the last training batch.")
-    valid_groups: int | None = Field(None, ge=0, description="Valid groups produced by the scheduler.")
-    last_checkpoint: str | None = Field(None, max_length=4096)
-    start_time: datetime | None = None
-    completion_time: datetime | None = None
-
-    def condition(self, ctype: ConditionType) -> Condition | None:
-        return next((c for c in self.conditions if c.type == ctype.value), None)
-
-    def is_true(self, ctype: ConditionType) -> bool:
-        c = self.condition(ctype)
-        return c is not None and c.status == "True"
-
-
 # Patterns named in words in error messages (a quantity's regular expression helps nobody).
 PATTERN_NAMES = {
     QUANTITY_PATTERN: "a Kubernetes quantity such as 4, 500m or 32Gi",
@@ -600,11 +539,3 @@ def parse_spec(spec: dict[str, Any], name: str) -> TrainingRunSpec:
         return TrainingRunSpec.model_validate(spec)
     except ValidationError as err:
         raise SpecError(spec_problems(err)) from None
-
-
-def parse_status(status: dict[str, Any] | None) -> TrainingRunStatus:
-    """The stored status; fields written by other tools (e.g. kopf's bookkeeping) are ignored."""
-    known = set(TrainingRunStatus.model_fields) | {
-        f.alias for f in TrainingRunStatus.model_fields.values() if f.alias
-    }
-    return TrainingRunStatus.model_validate({k: v for k, v in (status or {}).items() if k in known})

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from asyncdapo.operator.objects import Lifecycle
-from asyncdapo.operator.spec import Condition, ConditionType, Phase, TrainingRunSpec, TrainingRunStatus
+from asyncdapo.operator.resource_status import Condition, ConditionType, Phase, TrainingRunStatus
+from asyncdapo.operator.spec import TrainingRunSpec
 
 # Reasons whose Failed phase is not terminal: the user fixes the spec, the run proceeds.
 SPEC_REASONS = frozenset({"InvalidSpec", "NoRedis", "KubeRayMissing"})
