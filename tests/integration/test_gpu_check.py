@@ -33,6 +33,7 @@ def load_into(self, path, module, optimizer, lr_scheduler, device):
 checkpoint.CheckpointStore.load_into = load_into
 
 sys.argv = [sys.argv[1], *sys.argv[2:]]
+sys.path.insert(0, sys.argv[0].rpartition("/")[0])  # as `python SCRIPT` does: its siblings import
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
