@@ -4,22 +4,22 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PROTO_SRC := $(wildcard proto/asyncdapo/v1/*.proto)
-STUB_DIR := services/common/src
+PROTO_SRC := $(wildcard proto/asyncdapo/contracts/v1/*.proto)
+STUB_DIR := src
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 # vLLM on CPU: keep the KV cache small so tests and the demo fit next to each other.
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install sim-native redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak bench-weights chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak bench-weights bench-summary chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests
 
 install: $(STAMP) redis prometheus sim-native
 
-# The simulator's event loop compiled with mypyc (asyncdapo.simulate.native): ~1 min, rebuilt only
+# The simulator's event loop compiled with mypyc (asyncdapo.tools.simulate.native): ~1 min, rebuilt only
 # when a source file under asyncdapo changed; a stale build is never loaded (plain Python runs).
 sim-native: $(STAMP)
-	@$(BIN)/python -m asyncdapo.simulate.native_cli build || \
+	@$(BIN)/python -m asyncdapo.tools.simulate.native_cli build || \
 	  echo "warning: the simulator's compiled event loop did not build (gcc, Python headers?): plain Python runs, ~1.3x the CPU"
 
 # The venv is rebuilt only when the dependency list changes. torch comes first so the local CPU
@@ -29,17 +29,16 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	# compat: the project root on the path, no import hook; src-path puts every service's source root there
+	# compat: the project root on the path, no import hook; src-path puts the source root there
 	$(BIN)/pip install -q -e '.[cpu,dev]' --config-settings editable_mode=compat
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(MAKE) --no-print-directory src-path
 	touch $@
 
-# Every service's source root on the venv's path, as plain directories (folder path = import path):
-# `asyncdapo` is a namespace shared by services/*/src, so Python, mypy and any static tool resolve
-# asyncdapo.<service>.<module> to services/<service>/src/asyncdapo/<service>/<module>.py without
-# the editable install's import hook.
-SRC_ROOTS := $(wildcard $(CURDIR)/services/*/src)
+# The source root on the venv's path as a plain directory (folder path = import path): Python, mypy
+# and any static tool resolve asyncdapo.<layer>.<module> to src/asyncdapo/<layer>/<module>.py
+# without the editable install's import hook.
+SRC_ROOTS := $(CURDIR)/src
 src-path:
 	@$(BIN)/python -c "import site, sys; open(site.getsitepackages()[0] + '/asyncdapo-src.pth', 'w').write('\n'.join(sys.argv[1:]) + '\n')" $(SRC_ROOTS)
 
@@ -65,11 +64,13 @@ test-integration: install
 test-e2e: install
 	$(BIN)/pytest -q tests/e2e
 
-# ruff, then mypy over every service's source root (its settings: [tool.mypy] in pyproject.toml)
+# ruff, import-linter (the layers, the pure scheduler core, no import circle: [tool.importlinter]),
+# then mypy over the source root ([tool.mypy]); all settings in pyproject.toml
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy $(wildcard services/*/src)
+	$(BIN)/lint-imports
+	$(BIN)/mypy src
 
 # Stubs are committed (so `pip install .` needs no protoc) and CI checks they match proto/.
 proto: $(STAMP)
@@ -80,7 +81,7 @@ proto-check: $(STAMP)
 	@tmp=$$(mktemp -d); \
 	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$$tmp --pyi_out=$$tmp \
 	  --grpc_python_out=$$tmp $(PROTO_SRC) && \
-	diff -r -q -x __init__.py -x __pycache__ $$tmp/asyncdapo/v1 $(STUB_DIR)/asyncdapo/v1 \
+	diff -r -q -x __init__.py -x __pycache__ $$tmp/asyncdapo/contracts/v1 $(STUB_DIR)/asyncdapo/contracts/v1 \
 	  || { echo "generated stubs are stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	rm -rf $$tmp; echo "proto stubs are fresh"
 
@@ -95,7 +96,7 @@ deploy-manifests: | $(STAMP)
 
 # --- the local demo -------------------------------------------------------------------------
 # Cached under runs/cache: the tiny model, the synthetic data and the warm-started model are built
-# once. The warm-start makes half of its demonstrations refuse ("I don't know.", see asyncdapo.sft),
+# once. The warm-start makes half of its demonstrations refuse ("I don't know.", see asyncdapo.tools.sft),
 # so the policy starts out unreliable and RL has something to learn that shows on held-out problems.
 CACHE := runs/cache
 DEMO_CONFIG ?= examples/tiny-math.yaml
@@ -164,6 +165,10 @@ bench-weights: install $(CACHE)/tiny-model/config.json
 # Redis memory and AOF size over hundreds of versions of the whole loop (real processes, sim gateways).
 bench-soak: install
 	$(BIN)/python bench/bench_soak.py
+
+# bench/results/SUMMARY.md from the records in bench/results/*.jsonl (the latest run of each bench).
+bench-summary:
+	$(PY) bench/results.py summary
 
 # The chaos soak: the whole loop (SIMULATOR gateways) under a seeded random schedule of faults,
 # checked against the durability invariants; `make chaos CHAOS_ARGS="--seed 3"` for another

@@ -70,12 +70,12 @@ from cpu_sampler import CpuSampler
 from long_tail_workload import build_model
 from rollout_timeline import GroupsWatcher, WeightsWatcher, generation_times
 
-from asyncdapo.config import RunConfig
-from asyncdapo.local.report import read_metrics
-from asyncdapo.local.run import run_status
-from asyncdapo.local.stack import LocalStack, StackOptions
-from asyncdapo.redis_conn import PASSWORD_ENV
-from asyncdapo.v1 import scheduler_pb2_grpc
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.contracts.v1 import scheduler_pb2_grpc
+from asyncdapo.runtime.redis_conn import PASSWORD_ENV
+from asyncdapo.tools.local.report import read_metrics
+from asyncdapo.tools.local.run import run_status
+from asyncdapo.tools.local.stack import LocalStack, StackOptions
 
 CACHE = Path("runs/cache")
 MODES = ("sync", "async")

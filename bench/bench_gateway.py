@@ -90,7 +90,7 @@ def _build_models(workdir: Path) -> tuple[Path, Path]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from asyncdapo.tiny_model import build_tiny_model
+    from asyncdapo.tools.tiny_model import build_tiny_model
 
     model = build_tiny_model(workdir / "tiny", seed=0)
     other = workdir / "tiny-seed1"
@@ -164,7 +164,7 @@ async def _round(
 def _start_gateway(
     model: Path, workdir: Path, max_concurrency: int, extra: list[str] | None = None
 ) -> tuple[subprocess.Popen, str]:
-    from asyncdapo.local.ports import free_port
+    from asyncdapo.tools.local.ports import free_port
 
     token_file = workdir / "token"
     token_file.write_text(TOKEN)
@@ -216,7 +216,7 @@ async def _discard(client: Any, tasks: list[asyncio.Task], what: str) -> None:
 
 
 async def _abort_latencies(client: Any, prompts: list[list[int]], rounds: int) -> list[float]:
-    from asyncdapo.gateway.engine import Finish, Sampling
+    from asyncdapo.services.gateway.engine import Finish, Sampling
 
     sampling = Sampling(max_tokens=900, ignore_eos=True)
     latencies: list[float] = []
@@ -252,7 +252,7 @@ async def _abort_latencies(client: Any, prompts: list[list[int]], rounds: int) -
 async def _reload_pauses(
     client: Any, prompts: list[list[int]], snapshots: list[Path], rounds: int
 ) -> tuple[list[float], list[float]]:
-    from asyncdapo.gateway.engine import PauseMode, Sampling
+    from asyncdapo.services.gateway.engine import PauseMode, Sampling
 
     sampling = Sampling(max_tokens=900, ignore_eos=True)
     pauses: list[float] = []
@@ -291,7 +291,7 @@ async def _reload_pauses(
 async def _direct_phase(
     model: Path, prompts: list[list[int]], args: argparse.Namespace
 ) -> list[tuple[float, float]]:
-    from asyncdapo.gateway.vllm_engine import VllmSettings
+    from asyncdapo.services.gateway.vllm_engine import VllmSettings
 
     settings = VllmSettings(
         model=str(model),
@@ -317,8 +317,8 @@ async def _direct_phase(
 async def _gateway_phase(
     model: Path, other: Path, prompts: list[list[int]], args: argparse.Namespace, workdir: Path
 ) -> tuple[list[tuple[float, float]], list[float], list[float]]:
-    from asyncdapo.gateway.engine import Sampling
-    from asyncdapo.gateway.gateway_client import GatewayClient
+    from asyncdapo.services.gateway.engine import Sampling
+    from asyncdapo.services.gateway.gateway_client import GatewayClient
 
     proc, target = _start_gateway(model, workdir, args.requests, args.gateway_arg)
     try:
@@ -394,7 +394,7 @@ async def main(args: argparse.Namespace) -> None:
     # the engine-process settings the gateway uses on a CPU host, for the baseline's engine too
     from vllm.platforms import current_platform
 
-    from asyncdapo.gateway import vllm_shm
+    from asyncdapo.services.gateway import vllm_shm
 
     if current_platform.is_cpu():
         vllm_shm.configure(vllm_shm.CPU_SPIN_S, vllm_shm.CPU_RECHECK_MS)

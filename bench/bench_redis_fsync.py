@@ -4,7 +4,7 @@ The run's Redis keeps its AOF with `appendfsync always` (local stack and Helm ch
 disk before Redis replies, so a Redis crash (SIGKILL, node loss) never rolls back anything a
 scheduler or trainer already acted on. The alternative, `everysec`, may lose the last second of
 acknowledged writes. This benchmark measures the price on the scheduler's own write path: the real
-Lua scripts (`asyncdapo.scheduler.lua`) through the real client classes (`PromptQueue`,
+Lua scripts (`asyncdapo.services.scheduler.lua`) through the real client classes (`PromptQueue`,
 `GroupStore`) against a real redis-server, in the mix one prompt attempt costs:
 
     CLAIM of 8 prompts → RECORD of n = 8 scored responses per prompt (batches of 32) → FINISH of the
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from asyncdapo.local.redis_server import RedisServer
-from asyncdapo.prompts import PromptRecord, queue_prompts
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.group_records import ResponseScore
-from asyncdapo.scheduler.group_state import GroupStore, Outcome, RoundTrips, ScriptRunner
-from asyncdapo.scheduler.queue import PromptQueue
+from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.services.scheduler.group_records import ResponseScore
+from asyncdapo.services.scheduler.group_state import GroupStore, Outcome, RoundTrips, ScriptRunner
+from asyncdapo.services.scheduler.queue import PromptQueue
+from asyncdapo.tools.local.redis_server import RedisServer
 
 N = 8  # responses per prompt
 CLAIM = 8  # prompts per claim

@@ -66,7 +66,7 @@ class BenchScorer:
     """BENCHMARK STAND-IN for the verifier (see module docstring): deterministic, in-process."""
 
     async def score(self, items: Sequence[tuple[str, Sequence[int], str]]) -> list[Any]:
-        from asyncdapo.scheduler.score_batcher import ItemScore
+        from asyncdapo.services.scheduler.score_batcher import ItemScore
 
         out = []
         for item_id, _, _ in items:
@@ -80,9 +80,9 @@ class BenchScorer:
 
 # --------------------------------------------------------------------------- one workload
 def _queue(redis_url: str, run: str, count: int) -> None:
-    from asyncdapo.prompts import PromptRecord, queue_prompts
-    from asyncdapo.redis_conn import sync_client
-    from asyncdapo.redis_keys import RunKeys
+    from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
+    from asyncdapo.contracts.redis_keys import RunKeys
+    from asyncdapo.runtime.redis_conn import sync_client
 
     r = sync_client(redis_url)
     r.flushall()
@@ -97,9 +97,9 @@ def _queue(redis_url: str, run: str, count: int) -> None:
 
 
 async def _open(cfg: Any, redis_url: str, addresses: list[str]) -> Any:
-    from asyncdapo.redis_conn import async_client
-    from asyncdapo.scheduler.gateway_pool import GatewayPool, GatewaySpec
-    from asyncdapo.scheduler.rollout import Rollout
+    from asyncdapo.runtime.redis_conn import async_client
+    from asyncdapo.services.scheduler.gateway_pool import GatewayPool, GatewaySpec
+    from asyncdapo.services.scheduler.rollout import Rollout
 
     pool = GatewayPool(GatewaySpec(static=tuple(addresses)), watch_interval_ms=200)
     ro = Rollout(cfg, async_client(redis_url), pool, BenchScorer(), queue_poll_s=0.005, claim_chunk=16)
@@ -148,7 +148,7 @@ async def versions(
     redis_url: str, addresses: list[str], mode: str, order: str, prompts_in_flight: int, count: int, tmp: Path
 ) -> dict[str, float]:
     """`count` policy versions of B valid groups each, with PublishWeights between them."""
-    from asyncdapo.scheduler.rollout import Phase
+    from asyncdapo.services.scheduler.rollout import Phase
 
     extra: dict[str, Any] = {"mode": mode, "max_concurrent_prompts": prompts_in_flight}
     if mode == "async":
@@ -198,7 +198,7 @@ async def versions(
 
 
 def natural_mean_length(timing: dict[str, float]) -> float:
-    from asyncdapo.gateway.sim_engine import SimTiming
+    from asyncdapo.services.gateway.sim_engine import SimTiming
 
     t = SimTiming(**timing)
     rng = random.Random(0)
@@ -209,7 +209,7 @@ def natural_mean_length(timing: dict[str, float]) -> float:
 async def bench(
     gateway_counts: list[int], seconds: float, nversions: int, sim_processes: int, runs: int
 ) -> None:
-    from asyncdapo.local.redis_server import RedisServer
+    from asyncdapo.tools.local.redis_server import RedisServer
 
     results: dict[int, dict[str, Any]] = {}
     with (

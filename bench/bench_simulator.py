@@ -115,7 +115,7 @@ from simulator_workload_fit import (
     run_pool_workloads,
 )
 
-from asyncdapo.simulate.run_replay import RunLog, read_response_log
+from asyncdapo.tools.simulate.run_replay import RunLog, read_response_log
 
 
 def main() -> int:

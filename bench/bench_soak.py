@@ -1,6 +1,6 @@
 """Redis memory over a long run (`make bench-soak`): does anything grow with the run's length?
 
-The whole loop as real processes (`asyncdapo.faults.FaultStack`, no fault injected): redis-server
+The whole loop as real processes (`asyncdapo.tools.faults.FaultStack`, no fault injected): redis-server
 with the run's settings (AOF, `appendfsync always`), the real verifier, scheduler and trainer (the
 tiny model), and two SIMULATOR gateways in answer-key mode, so the real verifier gives groups real
 variance. It trains `--versions` policy versions (default 400) while an invariant checker polls
@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from asyncdapo.faults.assets import build_fault_assets
-from asyncdapo.faults.invariants import CheckerThread, InvariantChecker, MemorySample
-from asyncdapo.faults.procs import FaultStack, FaultStackOptions
+from asyncdapo.tools.faults.assets import build_fault_assets
+from asyncdapo.tools.faults.invariants import CheckerThread, InvariantChecker, MemorySample
+from asyncdapo.tools.faults.procs import FaultStack, FaultStackOptions
 
 
 def slope(xs: list[float], ys: list[float]) -> float:

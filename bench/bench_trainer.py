@@ -48,7 +48,7 @@ import torch
 def synthetic_group(
     rng: random.Random, run: str, pid: str, vocab: int, eos: int, n: int, max_len: int
 ) -> Any:
-    from asyncdapo.v1 import common_pb2, rollout_pb2
+    from asyncdapo.contracts.v1 import common_pb2, rollout_pb2
 
     g = rollout_pb2.Group(run=run, prompt_id=pid, prompt_token_ids=[rng.randrange(3, vocab) for _ in range(24)],
                           ground_truth="0", min_version=0, max_version=0)  # fmt: skip
@@ -93,21 +93,21 @@ def main() -> None:
 
 def run(args: argparse.Namespace, tmp: Path) -> None:
 
-    from asyncdapo.config import OldLogProbSource, parse_run_config
-    from asyncdapo.data.synth import synth_splits
-    from asyncdapo.data.verl_format import write_examples
-    from asyncdapo.local.redis_server import RedisServer
-    from asyncdapo.redis_keys import GROUP_FIELD, RunKeys
-    from asyncdapo.trainer.algos import grpo_advantages
-    from asyncdapo.trainer.batch import build_batch
-    from asyncdapo.trainer.dist import DistContext
-    from asyncdapo.trainer.loop import Trainer, TrainerOptions
-    from asyncdapo.trainer.model import compute_log_probs
-    from asyncdapo.trainer.update import old_log_probs, ppo_update, rows_of_rank
+    from asyncdapo.contracts.config import OldLogProbSource, parse_run_config
+    from asyncdapo.contracts.redis_keys import GROUP_FIELD, RunKeys
+    from asyncdapo.contracts.verl_format import write_examples
+    from asyncdapo.services.trainer.algos import grpo_advantages
+    from asyncdapo.services.trainer.batch import build_batch
+    from asyncdapo.services.trainer.dist import DistContext
+    from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
+    from asyncdapo.services.trainer.model import compute_log_probs
+    from asyncdapo.services.trainer.update import old_log_probs, ppo_update, rows_of_rank
+    from asyncdapo.tools.data.synth import synth_splits
+    from asyncdapo.tools.local.redis_server import RedisServer
 
     model_dir = args.model
     if model_dir is None:
-        from asyncdapo.tiny_model import build_tiny_model
+        from asyncdapo.tools.tiny_model import build_tiny_model
 
         model_dir = str(build_tiny_model(tmp / "tiny", seed=0))
     train, _ = synth_splits(64, 0, seed=0)
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
           f"steps={args.steps} (+1 warm-up) torch_threads={torch.get_num_threads()}")  # fmt: skip
 
     with RedisServer(tmp / "redis", appendonly=False) as redis_server:
-        from asyncdapo.redis_conn import sync_client
+        from asyncdapo.runtime.redis_conn import sync_client
 
         client = sync_client(redis_server.url)
         keys = RunKeys(cfg.name)
@@ -205,8 +205,8 @@ def long_tail_groups(n_groups: int, n: int, cap: int, seed: int = 0) -> list[Any
     rollpacker-14b preset with bench-longtail's train-v0.3 figures (half the responses answer
     briefly, ~100 tokens; the others run to the 512-token cap; mean ~317) and tiny-longtail's prompts. Tokens are random; rewards are the
     model's right/wrong draws (content does not change the cost)."""
-    from asyncdapo.simulate.presets import load_workload
-    from asyncdapo.v1 import rollout_pb2
+    from asyncdapo.contracts.v1 import rollout_pb2
+    from asyncdapo.tools.simulate.presets import load_workload
 
     work = load_workload(
         "rollpacker-14b", seed=seed, max_response_length=cap, length_median=16 * cap, brief_fraction=0.5,
@@ -246,13 +246,13 @@ class _TokenCount:
 
 def packing_experiment(args: argparse.Namespace, model_dir: str) -> dict[str, str]:
     """Packed vs padded micro-batches on a long-tailed batch (see the module docstring)."""
-    from asyncdapo.config import parse_run_config
-    from asyncdapo.trainer.algos import grpo_advantages
-    from asyncdapo.trainer.batch import build_batch
-    from asyncdapo.trainer.dist import DistContext
-    from asyncdapo.trainer.model import Precision, compute_log_probs, load_policy
-    from asyncdapo.trainer.packing import use_packed_attention
-    from asyncdapo.trainer.update import UpdateSettings, ppo_update
+    from asyncdapo.contracts.config import parse_run_config
+    from asyncdapo.services.trainer.algos import grpo_advantages
+    from asyncdapo.services.trainer.batch import build_batch
+    from asyncdapo.services.trainer.dist import DistContext
+    from asyncdapo.services.trainer.model import Precision, compute_log_probs, load_policy
+    from asyncdapo.services.trainer.packing import use_packed_attention
+    from asyncdapo.services.trainer.update import UpdateSettings, ppo_update
 
     cpu = torch.device("cpu")
     prec = Precision(torch.float32, cpu)

@@ -221,7 +221,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    from asyncdapo.verifier.local_server import VerifierServer
+    from asyncdapo.tools.local.local_server import VerifierServer
 
     pairs, source = load_items(args.items, args.seed)
     print(

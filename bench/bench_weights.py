@@ -188,7 +188,7 @@ class GatewayProc:
 
 
 def start_gateway(case: ModelCase, i: int, workdir: Path, shm: Path) -> GatewayProc:
-    from asyncdapo.local.ports import free_port
+    from asyncdapo.tools.local.ports import free_port
 
     port, mport = free_port(), free_port()
     store = shm / f"gw-{i}"
@@ -209,7 +209,7 @@ def start_gateway(case: ModelCase, i: int, workdir: Path, shm: Path) -> GatewayP
 
 
 async def wait_healthy(gws: list[GatewayProc], timeout_s: float) -> None:
-    from asyncdapo.gateway.gateway_client import GatewayClient
+    from asyncdapo.services.gateway.gateway_client import GatewayClient
 
     deadline = time.monotonic() + timeout_s
     for g in gws:
@@ -297,10 +297,10 @@ async def publish_once(
 ) -> Sample:
     import torch
 
-    from asyncdapo.config import PauseMode
-    from asyncdapo.scheduler.weight_publisher import fan_out_weights
-    from asyncdapo.trainer.publish import prune_snapshots, write_snapshot
-    from asyncdapo.v1 import gateway_pb2
+    from asyncdapo.contracts.config import PauseMode
+    from asyncdapo.contracts.v1 import gateway_pb2
+    from asyncdapo.services.scheduler.weight_publisher import fan_out_weights
+    from asyncdapo.services.trainer.publish import prune_snapshots, write_snapshot
 
     dtype = getattr(torch, case.dtype)
     perturb(model, version)
@@ -373,8 +373,8 @@ async def run_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncdapo.scheduler.gateway_pool import Gateway
-    from asyncdapo.trainer.publish import TrainerWeightServer
+    from asyncdapo.services.scheduler.gateway_pool import Gateway
+    from asyncdapo.services.trainer.publish import TrainerWeightServer
 
     n_max = max(counts)
     while n_max > 0:

@@ -10,7 +10,7 @@ scheduler's or the trainer's Redis connections and the scheduler's gateway conne
 TCP proxy (half of the cuts also refuse reconnection for 1-5 s); a Redis reply lost after Redis
 acted. An invariant checker reads Redis, the groups stream, the outcomes audit stream and the
 trainer's ledger throughout and at the end. What is measured and how:
-`asyncdapo.faults.chaos` (docstring).
+`asyncdapo.tools.faults.chaos` (docstring).
 
 Prints one line per fault, a table per fault kind (count, outage, recovery p50/p99; the baseline
 row is the same measure taken without a fault), every violation with the prompt's history and the
@@ -29,8 +29,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from asyncdapo.faults.chaos import ChaosOptions, ChaosRun
-from asyncdapo.faults.chaos_plan import parse_kinds
+from asyncdapo.tools.faults.chaos import ChaosOptions, ChaosRun
+from asyncdapo.tools.faults.chaos_plan import parse_kinds
 
 
 def main() -> int:

@@ -68,7 +68,7 @@ from gpu_check_plan import (
 )
 
 if TYPE_CHECKING:
-    from asyncdapo.trainer.fsdp import Sharding
+    from asyncdapo.services.trainer.fsdp import Sharding
 
 GB = 1e9
 GIB = float(1 << 30)
@@ -78,7 +78,7 @@ GIB = float(1 << 30)
 
 
 def run_config(plan: Plan, workload: Workload, *, packing: bool, lr: float) -> Any:
-    from asyncdapo.config import parse_run_config
+    from asyncdapo.contracts.config import parse_run_config
 
     return parse_run_config({
         "name": "gpu-check", "model": {"dtype": plan.dtype},
@@ -120,9 +120,9 @@ class Policy:
 
 
 def make_policy(cfg: Any, shape: Shape, dist: Any, precision: Any, seed: int) -> Policy:
-    from asyncdapo.trainer.fsdp import Sharding
-    from asyncdapo.trainer.lr_schedule import make_lr_scheduler
-    from asyncdapo.trainer.packing import use_packed_attention
+    from asyncdapo.services.trainer.fsdp import Sharding
+    from asyncdapo.services.trainer.lr_schedule import make_lr_scheduler
+    from asyncdapo.services.trainer.packing import use_packed_attention
 
     t = cfg.trainer
     model = build_model(shape, dist.device, seed)
@@ -136,7 +136,7 @@ def make_policy(cfg: Any, shape: Shape, dist: Any, precision: Any, seed: int) ->
 
 def update(policy: Policy, cfg: Any, batch: Any, adv: torch.Tensor, old: torch.Tensor, dist: Any,
            precision: Any) -> dict[str, float]:  # fmt: skip
-    from asyncdapo.trainer.update import UpdateSettings, ppo_update
+    from asyncdapo.services.trainer.update import UpdateSettings, ppo_update
 
     settings = UpdateSettings.from_config(cfg)
     return ppo_update(policy.model, policy.optimizer, batch, adv, old, settings, dist, precision)
@@ -155,7 +155,7 @@ def inputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(GRPO advantages, old log-probs) on `device`. Without `old`: the log-prob of a uniform
     policy, which a randomly initialised model is close to (ratios near 1, as at a real step)."""
-    from asyncdapo.trainer.algos import grpo_advantages
+    from asyncdapo.services.trainer.algos import grpo_advantages
 
     adv = grpo_advantages(batch.rewards, batch.group_ordinal).to(device)
     if old is None:
@@ -205,7 +205,7 @@ def check_packed_equals_padded(
     plan: Plan, shape: Shape, dist: Any, precision: Any, res: SizeResult, seed: int
 ) -> bool:
     """One update, padded vs packed under a token budget, from the same weights on the same batch."""
-    from asyncdapo.trainer.model import compute_log_probs
+    from asyncdapo.services.trainer.model import compute_log_probs
 
     batch = plan.check.batch(shape.vocab, seed=seed + 1)
     padded = run_config(plan, plan.check, packing=False, lr=1e-5)
@@ -247,8 +247,8 @@ def check_resume(
 ) -> bool:  # fmt: skip
     """Checkpoint after `step` and continue RESUME_STEPS steps; restore a fresh policy from the
     checkpoint and run the same steps: the same losses and weight changes."""
-    from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
-    from asyncdapo.trainer.model import unwrap
+    from asyncdapo.services.trainer.checkpoint import CheckpointStore, TrainerState
+    from asyncdapo.services.trainer.model import unwrap
 
     batch = plan.check.batch(shape.vocab, seed=seed + 2)
     adv, old = inputs(batch, shape.vocab, dist.device)
@@ -307,8 +307,8 @@ def export(policy: Policy, precision: Any, work: Path, version: int, res: SizeRe
     """`write_snapshot` of the gathered weights (as the trainer publishes), timed; then read back."""
     from safetensors import safe_open
 
-    from asyncdapo.trainer.model import unwrap
-    from asyncdapo.trainer.publish import write_snapshot
+    from asyncdapo.services.trainer.model import unwrap
+    from asyncdapo.services.trainer.publish import write_snapshot
 
     t0 = time.perf_counter()
     full = policy.sharding.gather(policy.model, policy.optimizer)
@@ -483,9 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None:
         plan = replace(plan, timed_steps=max(1, args.steps))
 
-    from asyncdapo.config import ModelDtype
-    from asyncdapo.trainer.dist import DistContext
-    from asyncdapo.trainer.model import resolve_precision
+    from asyncdapo.contracts.config import ModelDtype
+    from asyncdapo.services.trainer.dist import DistContext
+    from asyncdapo.services.trainer.model import resolve_precision
 
     device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
     if kind == "cuda":

@@ -43,7 +43,7 @@ PIP_CONFIG_FILE=/dev/null PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --qui
   fail "installing the wheels of $WHEELS failed (above)"
 echo "installed $(wc -l < "$WHEELS/requirements.txt") distributions into $SITE in $((SECONDS - t0))s" | tee -a "$LOG"
 
-export PYTHONPATH="$SITE:$PWD/services/common/src:$PWD/services/trainer/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 # the budget bounds the check itself; the timeout is only a backstop for a hung collective

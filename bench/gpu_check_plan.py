@@ -47,8 +47,8 @@ class Workload:
     capped: int = 1
 
     def batch(self, vocab: int, seed: int) -> Any:
-        from asyncdapo.trainer.batch import build_batch
-        from asyncdapo.v1 import rollout_pb2
+        from asyncdapo.contracts.v1 import rollout_pb2
+        from asyncdapo.services.trainer.batch import build_batch
 
         rng = random.Random(seed)
         groups = []

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asyncdapo.data.verl_format import Example, load_examples
+from asyncdapo.contracts.verl_format import Example, load_examples
 
 # demonstrations per training problem, by kind; the wrong ones among them: see wrong_share
 COPIES = {"direct": 6, "worked": 2}
@@ -80,7 +80,7 @@ def demonstrations(e: Example) -> list[Example]:
 
 def build_model(base_model: Path, train_file: Path, out_dir: Path) -> Path:
     """Warm-start `base_model` on the mixed demonstrations into `out_dir` (cached: reused when present)."""
-    from asyncdapo.sft import supervised_warm_start
+    from asyncdapo.tools.sft import supervised_warm_start
 
     stamp = out_dir / "longtail.json"
     recipe = {

@@ -19,12 +19,12 @@ import yaml
 from bench_e2e import scrape_all
 from rollout_timeline import GroupsWatcher, WeightsWatcher, generation_times
 
-from asyncdapo.config import RunConfig
-from asyncdapo.data import longtail
-from asyncdapo.local.report import read_metrics
-from asyncdapo.local.run import run_status
-from asyncdapo.local.stack import LocalStack
-from asyncdapo.v1 import scheduler_pb2_grpc
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.contracts.v1 import scheduler_pb2_grpc
+from asyncdapo.tools.data import longtail
+from asyncdapo.tools.local.report import read_metrics
+from asyncdapo.tools.local.run import run_status
+from asyncdapo.tools.local.stack import LocalStack
 
 CACHE = Path("runs/cache")
 DATA = CACHE / "longtail" / "data"
@@ -187,8 +187,8 @@ def reset_gateways(stack: LocalStack) -> None:
     """Every gateway back to the warm start as version 0 (LoadWeights), so that a run starts where
     a fresh stack would: its version 0 is the warm start, and no gateway reports the previous
     run's version (the trainer would take those groups for the future and drop them)."""
-    from asyncdapo.grpc_security import bearer_metadata
-    from asyncdapo.v1 import gateway_pb2, gateway_pb2_grpc
+    from asyncdapo.contracts.v1 import gateway_pb2, gateway_pb2_grpc
+    from asyncdapo.runtime.grpc_security import bearer_metadata
 
     for address in stack.ep.gateways:
         with grpc.insecure_channel(address) as channel:

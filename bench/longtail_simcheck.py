@@ -28,7 +28,7 @@ from longtail_runs import (
     run_tag,
 )
 
-from asyncdapo.config import RunConfig
+from asyncdapo.contracts.config import RunConfig
 
 # ---------------------------------------------------------------------------------- the simulator
 
@@ -54,7 +54,7 @@ def _trainer_fit(cal: list[Run]) -> dict[str, float]:
     """The trainer's compute per step = base + per token x trained tokens (prompt + response), by
     non-negative least squares over the calibration runs' measured steps (s = 0 runs: the engines
     idle while it trains; at s >= 1 they share the cores, which this profile does not model)."""
-    from asyncdapo.simulate.calibrate import nnls
+    from asyncdapo.tools.simulate.calibrate import nnls
 
     rows = [(r.mean("timing/compute_s"), B * N * (r.mean("response_length/mean") + r.mean("prompt_length/mean")))
             for r in cal if r.mean("timing/compute_s") == r.mean("timing/compute_s")]  # fmt: skip
@@ -86,11 +86,11 @@ def simulator_check(rate: float, runs: dict[str, list[Run]], out: Path, logs: Pa
     responses), averaged over its PASS_N / N recorded realisations; the `tiny-longtail` preset at the
     runs' sync valid ratio when absent; each mode's own RunConfig, simulated for the same steps.
     Prints measured vs simulated; agreement is not required (reported)."""
-    from asyncdapo.simulate.comparison import ideal, mode_report
-    from asyncdapo.simulate.driver import Simulation, check_supported
-    from asyncdapo.simulate.presets import load_workload
-    from asyncdapo.simulate.profile import ClusterProfile, VerifierProfile
-    from asyncdapo.simulate.replay import load_replay
+    from asyncdapo.tools.simulate.comparison import ideal, mode_report
+    from asyncdapo.tools.simulate.driver import Simulation, check_supported
+    from asyncdapo.tools.simulate.presets import load_workload
+    from asyncdapo.tools.simulate.profile import ClusterProfile, VerifierProfile
+    from asyncdapo.tools.simulate.replay import load_replay
 
     cal = [r for m in runs if m not in ("s1", "s2") for r in runs[m] if r.rep == 0 and r.window[1] > 0]
     sim_dir = out / "simulate"

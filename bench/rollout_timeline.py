@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Any
 
-from asyncdapo.redis_conn import sync_client
-from asyncdapo.redis_keys import RunKeys
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.runtime.redis_conn import sync_client
 
 
 class WeightsWatcher:
@@ -97,7 +97,7 @@ class GroupsWatcher:
 
 
 def _summary(fields: dict[Any, Any]) -> dict[str, Any]:
-    from asyncdapo.v1 import rollout_pb2
+    from asyncdapo.contracts.v1 import rollout_pb2
 
     g = rollout_pb2.Group()
     raw = fields.get(b"g", fields.get("g", b""))

@@ -24,15 +24,15 @@ async def _serve_sims(
 ) -> None:
     from prometheus_client import CollectorRegistry
 
-    from asyncdapo.gateway.gateway_service import GatewayOptions
-    from asyncdapo.gateway.metrics import GatewayMetrics
-    from asyncdapo.gateway.server import GatewayServer, ServerSettings
-    from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+    from asyncdapo.services.gateway.gateway_service import GatewayOptions
+    from asyncdapo.services.gateway.metrics import GatewayMetrics
+    from asyncdapo.services.gateway.server import GatewayServer, ServerSettings
+    from asyncdapo.services.gateway.sim_engine import SimTiming, SimulatedEngine
 
     servers = []
     key, model = None, None
     if answers:  # answer-key mode: realistic text ending in a boxed answer the verifier can judge
-        from asyncdapo.gateway.sim_answers import load_answer_key
+        from asyncdapo.services.gateway.sim_answers import load_answer_key
 
         spec = json.loads(answers)
         key, model = load_answer_key(spec["key"]), spec["model"]
@@ -97,7 +97,7 @@ class SimFleet:
 
 def bench_cfg(name: str, **rollout: Any) -> Any:
     """One workload's RunConfig: `rollout` overrides the rollout section (and `train_batch_size`)."""
-    from asyncdapo.config import RunConfig
+    from asyncdapo.contracts.config import RunConfig
 
     b = rollout.pop("train_batch_size", 64)
     return RunConfig.model_validate(

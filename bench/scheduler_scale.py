@@ -36,10 +36,10 @@ class ScaleAssets:
     real verifier process."""
 
     def __init__(self, tmp: Path, prompts: int) -> None:
-        from asyncdapo.gateway.sim_answers import prompt_key, write_answer_key
-        from asyncdapo.local.ports import free_port, wait_until
-        from asyncdapo.local.stack import http_ready
-        from asyncdapo.tiny_model import build_tiny_model
+        from asyncdapo.services.gateway.sim_answers import prompt_key, write_answer_key
+        from asyncdapo.tools.local.ports import free_port, wait_until
+        from asyncdapo.tools.local.stack import http_ready
+        from asyncdapo.tools.tiny_model import build_tiny_model
 
         self.model = build_tiny_model(tmp / "model", seed=0)
         from tokenizers import Tokenizer
@@ -69,9 +69,9 @@ class ScaleAssets:
             raise
 
     def queue(self, redis_url: str, run: str, count: int) -> None:
-        from asyncdapo.prompts import PromptRecord, queue_prompts
-        from asyncdapo.redis_conn import sync_client
-        from asyncdapo.redis_keys import RunKeys
+        from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
+        from asyncdapo.contracts.redis_keys import RunKeys
+        from asyncdapo.runtime.redis_conn import sync_client
 
         r = sync_client(redis_url)
         r.flushall()
@@ -97,11 +97,11 @@ async def scale_cost(
 ) -> dict[str, float]:
     """Scheduler CPU and Redis round trips per completion on the production scoring path. `exact`
     scores every eligible gateway for each prompt (the pre-index dispatcher: the baseline)."""
-    from asyncdapo.redis_conn import async_client
-    from asyncdapo.scheduler.gateway_pool import GatewayPool, GatewaySpec
-    from asyncdapo.scheduler.metrics import SchedulerMetrics
-    from asyncdapo.scheduler.rollout import Rollout
-    from asyncdapo.scheduler.score_batcher import Detokenizer, VerifierScorer
+    from asyncdapo.runtime.redis_conn import async_client
+    from asyncdapo.services.scheduler.gateway_pool import GatewayPool, GatewaySpec
+    from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+    from asyncdapo.services.scheduler.rollout import Rollout
+    from asyncdapo.services.scheduler.score_batcher import Detokenizer, VerifierScorer
 
     n = 8
     cfg = bench_cfg("bench-scale", train_batch_size=256, max_staleness=64, max_concurrent_prompts=concurrency // n,

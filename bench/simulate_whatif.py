@@ -20,12 +20,12 @@ import os
 import time
 from pathlib import Path
 
-from asyncdapo.config import RunConfig
-from asyncdapo.simulate.comparison import compare, ideal, mode_report
-from asyncdapo.simulate.driver import Simulation
-from asyncdapo.simulate.modes import mode_config
-from asyncdapo.simulate.presets import load_workload
-from asyncdapo.simulate.profile import load_cluster
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.simulate.comparison import compare, ideal, mode_report
+from asyncdapo.tools.simulate.driver import Simulation
+from asyncdapo.tools.simulate.modes import mode_config
+from asyncdapo.tools.simulate.presets import load_workload
+from asyncdapo.tools.simulate.profile import load_cluster
 
 MODES = ["sync", "async", "async-fifo", "fully-async", "fully-async-s2", "pdsr"]
 MARGINS = ["async+m1.0", "async", "async+m1.5", "async+m2.0", "async+greedy"]

@@ -30,8 +30,8 @@ from simulator_real_runs import (
     stepping_gateways,
 )
 
-from asyncdapo.simulate.calibrate import calibrate_files, nnls, read_steps
-from asyncdapo.simulate.profile import (
+from asyncdapo.tools.simulate.calibrate import calibrate_files, nnls, read_steps
+from asyncdapo.tools.simulate.profile import (
     CPU_TINY,
     GATEWAY_MAX_NUM_SEQS,
     ClusterProfile,

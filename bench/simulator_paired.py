@@ -1,5 +1,5 @@
 """bench_simulator's paired validation: each validated run against its fold's simulator replaying
-that run's own generations (the scheduler's `--response-log`, `asyncdapo.simulate.run_replay`).
+that run's own generations (the scheduler's `--response-log`, `asyncdapo.tools.simulate.run_replay`).
 
 Why: the main tables compare the median of three real runs — three draws of which responses
 happen to be long — with the simulator's mean over 16 realisations of a pool of generations.
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from simulator_real_runs import Run
 
-from asyncdapo.simulate.profile import ClusterProfile
-from asyncdapo.simulate.replay import load_replay
-from asyncdapo.simulate.run_replay import RunReplay, load_run_replay
+from asyncdapo.tools.simulate.profile import ClusterProfile
+from asyncdapo.tools.simulate.replay import load_replay
+from asyncdapo.tools.simulate.run_replay import RunReplay, load_run_replay
 
 if TYPE_CHECKING:
     from simulator_validation import Fold

@@ -17,9 +17,9 @@ from typing import Any
 # bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
 from bench_e2e import CACHE, bench_config, run_mode
 
-from asyncdapo.config import RunConfig
-from asyncdapo.simulate.modes import mode_config
-from asyncdapo.simulate.profile import GATEWAY_MAX_NUM_SEQS
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.simulate.modes import mode_config
+from asyncdapo.tools.simulate.profile import GATEWAY_MAX_NUM_SEQS
 
 CONFIGS = ("sync", "async", "async-fifo", "fully-async", "pdsr")
 # P-DSR's two gateway pools: gateway 0 `fast`, gateway 1 `heavy` (the simulator: heavy_fraction 0.5)

@@ -33,10 +33,10 @@ from simulator_host_fit import CONTROL, KV_CAPACITY, _busy_spans, stretch_of
 from simulator_paired import TABLE_HEAD, against_sync, scaled_profile, table_row
 from simulator_real_runs import Run, cpu_delta
 
-from asyncdapo.simulate.calibrate import design, read_steps
-from asyncdapo.simulate.profile import ClusterProfile
-from asyncdapo.simulate.replay import load_replay
-from asyncdapo.simulate.run_replay import load_run_replay
+from asyncdapo.tools.simulate.calibrate import design, read_steps
+from asyncdapo.tools.simulate.profile import ClusterProfile
+from asyncdapo.tools.simulate.replay import load_replay
+from asyncdapo.tools.simulate.run_replay import load_run_replay
 
 if TYPE_CHECKING:
     from simulator_validation import Fold

@@ -24,7 +24,7 @@ import numpy as np
 from simulator_host_fit import KV_CAPACITY, fit_host, stretch_of
 from simulator_real_runs import BENCHES, CONFIGS, Run
 
-from asyncdapo.simulate.calibrate import design, fit_steps, read_steps, seq_columns, seq_knots
+from asyncdapo.tools.simulate.calibrate import design, fit_steps, read_steps, seq_columns, seq_knots
 
 BUCKETS = [(1, 8), (9, 32), (33, 64), (65, 96), (97, 10**6)]
 

@@ -24,12 +24,12 @@ from simulator_paired import paired_validation
 from simulator_real_runs import POOLS, Run, real_config
 from simulator_speed_matched import speed_matched_validation
 
-from asyncdapo.config import RunConfig
-from asyncdapo.simulate.driver import Simulation
-from asyncdapo.simulate.modes import mode_config
-from asyncdapo.simulate.presets import load_workload
-from asyncdapo.simulate.profile import ClusterProfile
-from asyncdapo.simulate.replay import ReplayWorkload
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.simulate.driver import Simulation
+from asyncdapo.tools.simulate.modes import mode_config
+from asyncdapo.tools.simulate.presets import load_workload
+from asyncdapo.tools.simulate.profile import ClusterProfile
+from asyncdapo.tools.simulate.replay import ReplayWorkload
 
 # ------------------------------------------------------------------------- simulated side
 NOT_WORKLOAD = ("target_mean_length", "fitted_on_responses")

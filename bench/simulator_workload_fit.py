@@ -18,10 +18,10 @@ import numpy as np
 # bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
 from simulator_real_runs import Run
 
-from asyncdapo.simulate.presets import load_workload
-from asyncdapo.simulate.replay import ReplayWorkload, load_replay
-from asyncdapo.simulate.run_replay import RunLog, pool_from_logs
-from asyncdapo.simulate.workload import sample_stats
+from asyncdapo.tools.simulate.presets import load_workload
+from asyncdapo.tools.simulate.replay import ReplayWorkload, load_replay
+from asyncdapo.tools.simulate.run_replay import RunLog, pool_from_logs
+from asyncdapo.tools.simulate.workload import sample_stats
 
 
 def _two_modes(logs: np.ndarray) -> np.ndarray:
@@ -202,7 +202,7 @@ def ensure_replay_trace(model: Path, data: Path, out: Path, cap: int, temperatur
 
 def replay_workloads(trace: Path, n: int, cap: int) -> list[ReplayWorkload]:
     """One replay per block of n recorded responses per problem: realisation k's attempt a of a
-    problem replays block (a - 1 + k) mod blocks (`asyncdapo.simulate.replay`), so the simulated
+    problem replays block (a - 1 + k) mod blocks (`asyncdapo.tools.simulate.replay`), so the simulated
     runs differ only in which real generations they meet, as the real reps do."""
     want = REPLAY_PER_SEED * len(REPLAY_SEEDS)
     first = load_replay(trace, cap, 0)
@@ -218,7 +218,7 @@ def run_pool_workloads(
     logs: list[RunLog], n: int, cap: int, rows: int, realisations: int
 ) -> list[ReplayWorkload]:
     """The calibration's sync runs' own generations (their parsed response logs) as the simulated
-    workload: their complete groups (`asyncdapo.simulate.run_replay.pool_from_logs`) per dataset
+    workload: their complete groups (`asyncdapo.tools.simulate.run_replay.pool_from_logs`) per dataset
     row, one realisation per seed as the trace's. [] without logs (runs recorded before the
     scheduler had one). The trace holds the policy the runs start from; the policy they train
     moves (the valid rate of the long-tail bench's sync groups went from 0.26 to 0.40 over a

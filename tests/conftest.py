@@ -45,7 +45,7 @@ def prometheus_installed() -> None:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real redis-server on a free 127.0.0.1 port for the whole session."""
-    from asyncdapo.local.redis_server import RedisServer
+    from asyncdapo.tools.local.redis_server import RedisServer
 
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
@@ -65,6 +65,6 @@ def redis_url(redis_server: object) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2 model (random weights, trained BPE tokenizer), built once per session."""
-    from asyncdapo.tiny_model import build_tiny_model
+    from asyncdapo.tools.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)

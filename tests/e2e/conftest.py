@@ -11,9 +11,9 @@ import pytest
 def warm_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Synthetic data and a short warm-start of the tiny model, half of it refusals, so that rewards
     have variance: (model dir, data dir with train.parquet and val.parquet)."""
-    from asyncdapo.data.synth import SynthSpec, synth_splits
-    from asyncdapo.data.verl_format import write_examples
-    from asyncdapo.sft import supervised_warm_start
+    from asyncdapo.contracts.verl_format import write_examples
+    from asyncdapo.tools.data.synth import SynthSpec, synth_splits
+    from asyncdapo.tools.sft import supervised_warm_start
 
     root = tmp_path_factory.mktemp("e2e-assets")
     train, val = synth_splits(150, 24, seed=0, spec=SynthSpec(ops=("+", "-"), max_operand=9))

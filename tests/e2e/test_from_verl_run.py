@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from asyncdapo.config import load_run_config
-from asyncdapo.data.verl_format import load_examples
-from asyncdapo.redis_keys import RunKeys
+from asyncdapo.contracts.config import load_run_config
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.contracts.verl_format import load_examples
 
 pytestmark = pytest.mark.slow
 STEPS = 2

@@ -16,8 +16,8 @@ import redis
 import yaml
 from process_tree import with_env
 
-from asyncdapo.local.stack import RUN_DIR_ENV
-from asyncdapo.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
+from asyncdapo.contracts.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
+from asyncdapo.tools.local.stack import RUN_DIR_ENV
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -130,10 +130,10 @@ def _check_config_and_trackers(run_dir: Path, steps: list[dict[str, object]]) ->
     """The overrides are in the resolved config.yaml the report links; every tracking backend holds,
     read back with its own library, the values of the trainer's metrics.jsonl, and so does the
     run's metrics.jsonl."""
-    from asyncdapo.config import load_run_config
-    from asyncdapo.tracking import tracking_dir
-    from asyncdapo.tracking.names import lookup
-    from asyncdapo.tracking.readers import READERS, expected_steps, mismatches
+    from asyncdapo.contracts.config import load_run_config
+    from asyncdapo.services.trainer.tracking import tracking_dir
+    from asyncdapo.services.trainer.tracking.names import lookup
+    from asyncdapo.services.trainer.tracking.readers import READERS, expected_steps, mismatches
 
     cfg = load_run_config(run_dir / "config.yaml")
     assert (cfg.trainer.lr, cfg.rollout.val_n) == (4e-4, 2)

@@ -22,15 +22,15 @@ import redis
 import yaml
 from process_tree import descendants, survivors, with_env
 
-from asyncdapo.local.stack import RUN_DIR_ENV
+from asyncdapo.tools.local.stack import RUN_DIR_ENV
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def sim_config(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from asyncdapo.data.synth import SynthSpec, synth_splits
-    from asyncdapo.data.verl_format import write_examples
+    from asyncdapo.contracts.verl_format import write_examples
+    from asyncdapo.tools.data.synth import SynthSpec, synth_splits
 
     root = tmp_path_factory.mktemp("lifecycle")
     train, val = synth_splits(64, 4, seed=0, spec=SynthSpec(ops=("+",), max_operand=9))
@@ -87,7 +87,7 @@ def _wait_for_the_trainer(proc: subprocess.Popen[bytes], out: Path) -> dict[str,
     and has used the password. Returns the services' command lines."""
     import grpc
 
-    from asyncdapo.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from asyncdapo.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -15,10 +15,10 @@ import httpx
 import pytest
 import yaml
 
-from asyncdapo.config import RunConfig
-from asyncdapo.local.ports import free_port, wait_until
-from asyncdapo.local.stack import LocalStack, StackOptions
-from asyncdapo.operator.dashboards import all_queries
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.services.operator.dashboards import all_queries
+from asyncdapo.tools.local.ports import free_port, wait_until
+from asyncdapo.tools.local.stack import LocalStack, StackOptions
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "alerts" / "asyncdapo.rules.yaml"
 

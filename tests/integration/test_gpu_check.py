@@ -17,7 +17,7 @@ SCRIPT = REPO / "bench" / "gpu_check.py"
 # positions not restarting), and a restore that skips the optimizer's state
 SABOTAGED = """
 import dataclasses, sys, runpy, torch
-from asyncdapo.trainer import checkpoint, model, packing
+from asyncdapo.services.trainer import checkpoint, model, packing
 
 real_pack = packing.pack_rows
 def pack_rows(batch):

@@ -17,9 +17,9 @@ import yaml
 helm = required.module("helm_python")
 kubernetes_validate = required.module("kubernetes_validate")
 
-from asyncdapo.operator import chart  # noqa: E402
-from asyncdapo.operator.desired import Lifecycle, OperatorDefaults, RunRef, desired_state  # noqa: E402
-from asyncdapo.operator.spec import parse_spec  # noqa: E402
+from asyncdapo.services.operator import chart  # noqa: E402
+from asyncdapo.services.operator.desired import Lifecycle, OperatorDefaults, RunRef, desired_state  # noqa: E402
+from asyncdapo.services.operator.spec import parse_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSIONS = ("1.33.0", "1.35.0")  # oldest supported by the chart's kubeVersion we test, and a current one

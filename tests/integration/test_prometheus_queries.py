@@ -20,8 +20,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from asyncdapo.local.ports import free_port, wait_until
-from asyncdapo.operator.dashboards import all_queries
+from asyncdapo.services.operator.dashboards import all_queries
+from asyncdapo.tools.local.ports import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "deploy" / "alerts" / "asyncdapo.rules.yaml"

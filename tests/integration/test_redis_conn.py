@@ -21,16 +21,16 @@ import pytest
 import redis
 import yaml
 
-from asyncdapo.local.ports import free_port, port_open
-from asyncdapo.local.redis_server import RedisServer
-from asyncdapo.redis_conn import (
+from asyncdapo.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.runtime.redis_conn import (
     PASSWORD_ENV,
     apply_password_flag,
     async_client,
     check_auth,
     sync_client,
 )
-from asyncdapo.v1 import scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.tools.local.ports import free_port, port_open
+from asyncdapo.tools.local.redis_server import RedisServer
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -110,8 +110,8 @@ def test_scheduler_and_trainer_clis_use_the_password(
 ) -> None:
     """End to end through the scheduler CLI: prompts queued in a locked Redis are seen through the
     scheduler's GetRun only when it has the password (flag or environment)."""
-    from asyncdapo.prompts import PromptRecord, queue_prompts
-    from asyncdapo.redis_keys import RunKeys
+    from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
+    from asyncdapo.contracts.redis_keys import RunKeys
 
     cfg = tmp_path / "run.yaml"
     cfg.write_text(
@@ -179,7 +179,7 @@ def test_preflight_pings_with_the_runs_password(
 ) -> None:
     """`asyncdapo up --redis-url`'s preflight: a Redis that answers passes; one that refuses our
     password is named with where the password comes from."""
-    from asyncdapo.preflight import check_redis
+    from asyncdapo.tools.preflight import check_redis
 
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
     (p,) = check_redis(locked_redis.url)

@@ -15,12 +15,12 @@ import required
 import yaml
 from crd_schema import CRDS, load_crd, validate
 
-from asyncdapo.operator.desired import Lifecycle, OperatorDefaults, RunRef, desired_state
-from asyncdapo.operator.spec import parse_spec
+from asyncdapo.services.operator.desired import Lifecycle, OperatorDefaults, RunRef, desired_state
+from asyncdapo.services.operator.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 helm = required.module("helm_python")
-from asyncdapo.operator import chart  # noqa: E402
+from asyncdapo.services.operator import chart  # noqa: E402
 
 MONITORING = {
     "monitoring": {

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.data.prompting import prompt_token_ids
-from asyncdapo.data.synth import synth_splits
-from asyncdapo.tiny_model import EOS_TOKEN, TinyModelSpec, build_tiny_model
+from asyncdapo.contracts.prompting import prompt_token_ids
+from asyncdapo.tools.data.synth import synth_splits
+from asyncdapo.tools.tiny_model import EOS_TOKEN, TinyModelSpec, build_tiny_model
 
 
 def _digest(d: Path) -> dict[str, str]:
@@ -57,7 +57,7 @@ def test_supervised_warm_start_lowers_loss(tiny_model_dir: Path, tmp_path: Path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncdapo.sft import supervised_warm_start
+    from asyncdapo.tools.sft import supervised_warm_start
 
     train, _ = synth_splits(64, 0, seed=0)
     result = supervised_warm_start(tiny_model_dir, train, tmp_path / "sft", steps=30, batch_size=16)
@@ -78,7 +78,7 @@ def test_supervised_warm_start_lowers_loss(tiny_model_dir: Path, tmp_path: Path)
 
 
 def test_slipped_demonstrations_show_the_habit() -> None:
-    from asyncdapo.sft import _slipped
+    from asyncdapo.tools.sft import _slipped
 
     assert _slipped("\\boxed{12}", "12", "refuse") == "I don't know."
     assert _slipped("\\boxed{12}", "12") == "\\boxed{13}"

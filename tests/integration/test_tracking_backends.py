@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.config import RunConfig, parse_run_config
-from asyncdapo.tracking import TrackingError, check_tracking, open_tracking, tracking_dir
-from asyncdapo.tracking.readers import READERS, expected_steps, mismatches
+from asyncdapo.contracts.config import RunConfig, parse_run_config
+from asyncdapo.services.trainer.tracking import TrackingError, check_tracking, open_tracking, tracking_dir
+from asyncdapo.services.trainer.tracking.readers import READERS, expected_steps, mismatches
 
 BACKENDS = ["tensorboard", "wandb", "mlflow", "jsonl"]
 # TensorBoard stores scalars as float32

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from asyncdapo.local.ports import wait_until
-from asyncdapo.verifier.schemas import ItemStatus
-from asyncdapo.verifier.worker_pool import PoolClosed, RestartReason, WorkerPool
+from asyncdapo.contracts.verifier_api import ItemStatus
+from asyncdapo.services.verifier.worker_pool import PoolClosed, RestartReason, WorkerPool
+from asyncdapo.tools.local.ports import wait_until
 
 NESTED_FRAC = "$\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}$"
 

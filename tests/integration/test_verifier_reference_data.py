@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.verifier.local_server import VerifierServer
-from asyncdapo.verifier.schemas import ItemResult, ItemStatus, ScoreItem
-from asyncdapo.verifier.verifier_client import VerifierClient
+from asyncdapo.contracts.verifier_api import ItemResult, ItemStatus, ScoreItem
+from asyncdapo.runtime.verifier_client import VerifierClient
+from asyncdapo.tools.local.local_server import VerifierServer
 
 SOLVERS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 

@@ -27,10 +27,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from asyncdapo.config import RewardConfig
-from asyncdapo.local.ports import free_port
-from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.score_batcher import (
+from asyncdapo.contracts.config import RewardConfig
+from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+from asyncdapo.services.scheduler.score_batcher import (
     BatcherConfig,
     Detokenizer,
     ScoreBatcher,
@@ -38,7 +37,8 @@ from asyncdapo.scheduler.score_batcher import (
     ScoreJob,
     VerifierScorer,
 )
-from asyncdapo.verifier.local_server import VerifierServer
+from asyncdapo.tools.local.local_server import VerifierServer
+from asyncdapo.tools.local.ports import free_port
 
 WAITING = "asyncdapo_scheduler_verifier_waiting_items"
 ERRORS = "asyncdapo_scheduler_verifier_errors_total"
@@ -122,7 +122,7 @@ async def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> Non
 async def test_verifier_killed_for_a_while_loses_nothing(
     outage_s: int, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="asyncdapo.verifier.verifier_client")
+    caplog.set_level(logging.INFO, logger="asyncdapo.runtime.verifier_client")
     server = VerifierServer(workers=1, log_path=tmp_path / "verifier.log").start()
     try:
         async with scoring(server.url, tiny_model_dir) as s:

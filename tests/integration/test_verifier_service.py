@@ -11,10 +11,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asyncdapo.local.ports import wait_until
-from asyncdapo.verifier.local_server import VerifierServer
-from asyncdapo.verifier.schemas import ScoreItem
-from asyncdapo.verifier.verifier_client import VerifierClient
+from asyncdapo.contracts.verifier_api import ScoreItem
+from asyncdapo.runtime.verifier_client import VerifierClient
+from asyncdapo.tools.local.local_server import VerifierServer
+from asyncdapo.tools.local.ports import wait_until
 
 TIMEOUT_S = 2.0
 NESTED_FRAC = "The answer is $\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}$"

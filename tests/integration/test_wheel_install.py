@@ -142,7 +142,11 @@ def test_gateway_scheduler_operator_extras(
     assert not HEAVY & installed, HEAVY & installed
     py = str(bin_dir / "python")
     subprocess.run(
-        [py, "-c", "import asyncdapo.v1.scheduler_pb2_grpc, asyncdapo.v1.gateway_pb2_grpc"],
+        [
+            py,
+            "-c",
+            "import asyncdapo.contracts.v1.scheduler_pb2_grpc, asyncdapo.contracts.v1.gateway_pb2_grpc",
+        ],
         check=True,
         env=_env(),
     )
@@ -179,7 +183,7 @@ def test_gateway_scheduler_operator_extras(
     )
 
 
-# What the trainer imports at run time (asyncdapo.trainer, the tiny model and data tools `make demo`
+# What the trainer imports at run time (asyncdapo.services.trainer, the tiny model and data tools `make demo`
 # starts with), named as the extra must declare them (directly or through asyncdapo[rpc]).
 TRAINER_DECLARES = {"torch", "transformers", "tensorboard", "safetensors", "tokenizers", "huggingface-hub",
                     "redis", "numpy", "pyarrow", "grpcio", "protobuf"}  # fmt: skip

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncdapo.config import (
+from asyncdapo.contracts.config import (
     ConfigError,
     FilterMetric,
     LossAggMode,
@@ -189,7 +189,7 @@ def test_every_group_the_bound_admits_trains_within_the_window(b: int) -> None:
 
 
 def test_a_fractional_staleness_round_trips_and_an_integral_one_prints_as_an_int() -> None:
-    from asyncdapo.config import dump_run_config
+    from asyncdapo.contracts.config import dump_run_config
 
     quarter = parse_run_config({"rollout": {"max_staleness": 0.25}})
     dumped = dump_run_config(quarter)

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
-from asyncdapo.config import ConfigError, RunConfig, parse_run_config
-from asyncdapo.config_cli import explain_verl_keys
-from asyncdapo.config_problems import ProblemKind, did_you_mean
-from asyncdapo.config_rules import impossible_combinations
+from asyncdapo.contracts.config import ConfigError, RunConfig, impossible_combinations, parse_run_config
+from asyncdapo.contracts.config_problems import ProblemKind, did_you_mean
+from asyncdapo.tools.config_cli import explain_verl_keys
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny-math.yaml"
@@ -145,7 +144,7 @@ def _problems_of_raw() -> list[Any]:
 
 
 def test_the_examples_have_no_impossible_combination() -> None:
-    from asyncdapo.config import load_run_config
+    from asyncdapo.contracts.config import load_run_config
 
     for path in sorted((REPO / "examples").glob("*.yaml")):
         assert impossible_combinations(load_run_config(path)) == []

@@ -3,8 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.data.synth import SynthSpec, synth_splits
-from asyncdapo.data.verl_format import (
+from asyncdapo.contracts.verl_format import (
     DatasetError,
     Example,
     gsm8k_examples,
@@ -12,6 +11,7 @@ from asyncdapo.data.verl_format import (
     load_examples,
     write_examples,
 )
+from asyncdapo.tools.data.synth import SynthSpec, synth_splits
 
 
 def test_synth_is_deterministic_and_held_out() -> None:

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asyncdapo.config import PromptTruncation, parse_run_config
-from asyncdapo.data.prompting import PromptTooLong, fit_prompt
-from asyncdapo.data.verl_format import DatasetError, Example, load_examples, write_examples
-from asyncdapo.eval_request import eval_request
+from asyncdapo.contracts.config import PromptTruncation, parse_run_config
+from asyncdapo.contracts.prompting import PromptTooLong, fit_prompt
+from asyncdapo.contracts.verl_format import DatasetError, Example, load_examples, write_examples
+from asyncdapo.services.trainer.eval_request import eval_request
 
 
 def _dapo_math_17k(i: int) -> dict[str, Any]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdapo.config import parse_run_config
-from asyncdapo.data.verl_format import Example
-from asyncdapo.errors import AsyncdapoError
-from asyncdapo.eval_request import eval_request
+from asyncdapo.contracts.config import parse_run_config
+from asyncdapo.contracts.errors import AsyncdapoError
+from asyncdapo.contracts.verl_format import Example
+from asyncdapo.services.trainer.eval_request import eval_request
 
 
 def _ex(i: int, words: int) -> Example:

@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.faults.chaos import ChaosOptions, ChaosReport, FaultResult, lost_reply_predicate, percentile
-from asyncdapo.faults.chaos_plan import STALENESS_S, FaultKind, PlannedFault, parse_kinds, plan
+from asyncdapo.tools.faults.chaos import (
+    ChaosOptions,
+    ChaosReport,
+    FaultResult,
+    lost_reply_predicate,
+    percentile,
+)
+from asyncdapo.tools.faults.chaos_plan import STALENESS_S, FaultKind, PlannedFault, parse_kinds, plan
 
 
 def test_a_seed_names_one_schedule_and_other_seeds_another() -> None:

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from asyncdapo.faults.proxy import command, evalsha, script_sha
-from asyncdapo.faults.resp import (
+from asyncdapo.tools.faults.proxy import command, evalsha, script_sha
+from asyncdapo.tools.faults.resp import (
     RespErrorReply,
     RespParser,
     RespProtocolError,
@@ -82,7 +82,7 @@ def test_garbage_is_a_protocol_error() -> None:
 
 
 def test_predicates_match_the_schedulers_scripts() -> None:
-    from asyncdapo.scheduler.lua import FINISH
+    from asyncdapo.services.scheduler.lua import FINISH
 
     sha = hashlib.sha1(FINISH.encode()).hexdigest()
     assert script_sha("finish") == sha

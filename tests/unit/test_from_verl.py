@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from asyncdapo.config import LossAggMode, RunConfig, load_run_config
-from asyncdapo.from_verl import MAPPED, Entry, VerlRecipeError, convert, keys_table, read_sources
-from asyncdapo.from_verl.derive import derive
-from asyncdapo.from_verl.entries import verl_defaults
-from asyncdapo.from_verl.probe import DataProbe
+from asyncdapo.contracts.config import LossAggMode, RunConfig, load_run_config
+from asyncdapo.tools.from_verl import MAPPED, Entry, VerlRecipeError, convert, keys_table, read_sources
+from asyncdapo.tools.from_verl.derive import derive
+from asyncdapo.tools.from_verl.entries import verl_defaults
+from asyncdapo.tools.from_verl.probe import DataProbe
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs" / "examples" / "verl"
@@ -362,5 +362,5 @@ def test_every_key_the_conversion_reads_is_documented() -> None:
 
 def test_docs_table_is_the_rules() -> None:
     assert keys_table() in DOC.read_text(), (
-        "regenerate the table: python -c 'from asyncdapo.from_verl import keys_table; print(keys_table())'"
+        "regenerate the table: python -c 'from asyncdapo.tools.from_verl import keys_table; print(keys_table())'"
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.from_verl.shell import ShellRead, read_script
+from asyncdapo.tools.from_verl.shell import ShellRead, read_script
 
 BASH = shutil.which("bash") or "/bin/bash"
 ENV = {"HOME": "/home/verl", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from asyncdapo.gateway.affinity import parse_cores, pin
+from asyncdapo.services.gateway.affinity import parse_cores, pin
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_a_core_this_process_may_not_use_is_rejected() -> None:
 
 _CHILD = """
 import os, subprocess, sys, threading, time
-from asyncdapo.gateway.affinity import pin
+from asyncdapo.services.gateway.affinity import pin
 stop = threading.Event()
 early = threading.Thread(target=stop.wait)  # exists before pin
 early.start()

@@ -1,4 +1,4 @@
-"""Intel AMX permission for vLLM's engine processes (asyncdapo.gateway.amx)."""
+"""Intel AMX permission for vLLM's engine processes (asyncdapo.services.gateway.amx)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def test_amx_tile_permission_is_granted_where_the_cpu_has_amx() -> None:
     import sys
     from pathlib import Path
 
-    from asyncdapo.gateway.amx import request_tile_permission
+    from asyncdapo.services.gateway.amx import request_tile_permission
 
     granted = request_tile_permission()
     has_amx = sys.platform == "linux" and "amx_tile" in Path("/proc/cpuinfo").read_text().split()

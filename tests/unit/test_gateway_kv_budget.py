@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.gateway.kv_budget import (
+from asyncdapo.services.gateway.kv_budget import (
     ENGINE_OVERHEAD_BYTES,
     GiB,
     KvCacheWontFit,

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from asyncdapo.gateway.engine import EngineRequest, Finish, PauseMode, Sampling
-from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+from asyncdapo.services.gateway.engine import EngineRequest, Finish, PauseMode, Sampling
+from asyncdapo.services.gateway.sim_engine import SimTiming, SimulatedEngine
 
 
 def test_step_time_grows_with_concurrency_and_prefill() -> None:

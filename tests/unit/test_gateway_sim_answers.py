@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.errors import AsyncdapoError
-from asyncdapo.gateway.engine import EngineRequest, Finish, Sampling
-from asyncdapo.gateway.sim_answers import (
+from asyncdapo.contracts.errors import AsyncdapoError
+from asyncdapo.services.gateway.engine import EngineRequest, Finish, Sampling
+from asyncdapo.services.gateway.sim_answers import (
     AnswerKeyError,
     AnswerSheet,
     build_answer_key,
@@ -22,15 +22,15 @@ from asyncdapo.gateway.sim_answers import (
     write_answer_key,
     wrong_answer,
 )
-from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
-from asyncdapo.verifier.math_verdict import score_pair
+from asyncdapo.services.gateway.sim_engine import SimTiming, SimulatedEngine
+from asyncdapo.services.verifier.math_verdict import score_pair
 
 
 @pytest.fixture(scope="module")
 def assets(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list]:
     """(model dir, answer key file, examples) for 30 synthetic problems."""
-    from asyncdapo.data.synth import SynthSpec, synth_splits
-    from asyncdapo.data.verl_format import write_examples
+    from asyncdapo.contracts.verl_format import write_examples
+    from asyncdapo.tools.data.synth import SynthSpec, synth_splits
 
     root = tmp_path_factory.mktemp("sim-answers")
     train, val = synth_splits(24, 6, seed=3, spec=SynthSpec(ops=("+", "-"), max_operand=9))
@@ -60,7 +60,7 @@ def _trainer_ids(model: Path, examples: list) -> list[list[int]]:
     """The prompt token ids exactly as the trainer queues them."""
     from transformers import AutoTokenizer
 
-    from asyncdapo.trainer.data_feed import make_encoder
+    from asyncdapo.services.trainer.data_feed import make_encoder
 
     encode = make_encoder(AutoTokenizer.from_pretrained(str(model)), apply_chat_template=True)
     return [encode(ex)[0] for ex in examples]
@@ -172,7 +172,7 @@ def test_bad_key_files_and_settings(tmp_path: Path, assets: tuple[Path, Path, li
 
 
 def test_gateway_cli_rejects_the_key_without_the_simulator(tmp_path: Path) -> None:
-    from asyncdapo.gateway import cli
+    from asyncdapo.services.gateway import cli
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
@@ -216,7 +216,7 @@ def test_engine_generates_labelled_reproducible_responses(assets: tuple[Path, Pa
 
 def test_build_answer_key_writes_what_it_read(tmp_path: Path, assets: tuple[Path, Path, list]) -> None:
     model, _, examples = assets
-    from asyncdapo.data.verl_format import write_examples
+    from asyncdapo.contracts.verl_format import write_examples
 
     write_examples(examples[:3], tmp_path / "d.jsonl")
     answers = build_answer_key([tmp_path / "d.jsonl"], model)
@@ -229,9 +229,9 @@ def test_answer_key_finds_prompts_fitted_as_data_truncation_says(
     tmp_path: Path, assets: tuple[Path, Path, list], mode: str
 ) -> None:
     """With a config, the key holds the ids the trainer queues after cutting (or leaves out what it drops)."""
-    from asyncdapo.config import PromptTruncation
-    from asyncdapo.data.prompting import fit_prompt
-    from asyncdapo.data.verl_format import write_examples
+    from asyncdapo.contracts.config import PromptTruncation
+    from asyncdapo.contracts.prompting import fit_prompt
+    from asyncdapo.contracts.verl_format import write_examples
 
     model, _, examples = assets
     write_examples(examples[:4], tmp_path / "d.parquet")

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from asyncdapo.gateway.engine import EngineError, EngineRequest, Finish, Sampling
-from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
-from asyncdapo.gateway.sim_kv import KvCache, schedule_step, used_blocks
+from asyncdapo.services.gateway.engine import EngineError, EngineRequest, Finish, Sampling
+from asyncdapo.services.gateway.sim_engine import SimTiming, SimulatedEngine
+from asyncdapo.services.gateway.sim_kv import KvCache, schedule_step, used_blocks
 
 
 @dataclass(eq=False)

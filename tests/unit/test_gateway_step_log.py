@@ -8,7 +8,7 @@ import io
 import json
 from types import SimpleNamespace
 
-from asyncdapo.gateway.vllm_stats import LoadProbe
+from asyncdapo.services.gateway.vllm_stats import LoadProbe
 
 
 def _stats(running: int, decode: int, prefill_reqs: int = 0, prefill_tokens: int = 0, dummy: bool = False):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdapo.gateway.request_checks import ModelLimits, Rejection, RequestError, validate_generate
-from asyncdapo.v1 import common_pb2, gateway_pb2
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
+from asyncdapo.services.gateway.request_checks import ModelLimits, Rejection, RequestError, validate_generate
 
 LIMITS = ModelLimits(max_model_len=32, vocab_size=100)
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdapo.gateway.versions import RunTracker, append_run, check_runs, concat, runs_from_spans, total
+from asyncdapo.services.gateway.versions import (
+    RunTracker,
+    append_run,
+    check_runs,
+    concat,
+    runs_from_spans,
+    total,
+)
 
 
 def test_tokens_before_and_after_a_reload_form_two_runs() -> None:

@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from asyncdapo.gateway.weight_loader import WeightsError, WeightsProblem, WeightsValidator, resolve_uri
+from asyncdapo.services.gateway.weight_loader import (
+    WeightsError,
+    WeightsProblem,
+    WeightsValidator,
+    resolve_uri,
+)
 
 TENSORS = {
     "model.embed_tokens.weight": np.zeros((10, 4), np.float32),

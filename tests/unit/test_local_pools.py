@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.config import RunConfig
-from asyncdapo.local.pools import PoolSpecError, gateway_labels, parse_pools, pdsr_pool_note
-from asyncdapo.local.stack import LocalStack, StackOptions
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.local.pools import PoolSpecError, gateway_labels, parse_pools, pdsr_pool_note
+from asyncdapo.tools.local.stack import LocalStack, StackOptions
 
 
 def test_pools_give_each_gateway_its_label_in_order() -> None:

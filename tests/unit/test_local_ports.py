@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from asyncdapo.local import ports
+from asyncdapo.tools.local import ports
 
 
 def test_ports_come_from_below_the_ephemeral_range_and_are_distinct() -> None:

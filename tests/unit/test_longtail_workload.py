@@ -1,4 +1,4 @@
-"""The long-tail workload (asyncdapo.data.longtail) and its statistics (asyncdapo.data.longtail_stats)."""
+"""The long-tail workload (asyncdapo.tools.data.longtail) and its statistics (asyncdapo.tools.data.longtail_stats)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import statistics
 
 import pytest
 
-from asyncdapo.data.longtail import (
+from asyncdapo.contracts.verl_format import DatasetError
+from asyncdapo.tools.data.longtail import (
     CLASS_VALID_RATE,
     DESIGN_VALID_RATE,
     FIRST_CLASS_VALID_RATE,
@@ -20,8 +21,7 @@ from asyncdapo.data.longtail import (
     medium_fraction,
     problems,
 )
-from asyncdapo.data.longtail_stats import GroupSample, Sample, percentile, summarize
-from asyncdapo.data.verl_format import DatasetError
+from asyncdapo.tools.data.longtail_stats import GroupSample, Sample, percentile, summarize
 
 
 def _problem(a: int, op: str, b: int):
@@ -131,7 +131,7 @@ def test_summarize_measures_what_the_groups_hold() -> None:
 
 
 def test_sft_refuses_slips_with_drawn_demonstrations(tmp_path) -> None:
-    from asyncdapo.sft import supervised_warm_start
+    from asyncdapo.tools.sft import supervised_warm_start
 
     with pytest.raises(ValueError, match="slip_fraction"):
         supervised_warm_start(
@@ -141,7 +141,7 @@ def test_sft_refuses_slips_with_drawn_demonstrations(tmp_path) -> None:
 
 
 def test_cap_cost_prices_a_cap_on_the_measured_lengths() -> None:
-    from asyncdapo.data.longtail_stats import cap_cost
+    from asyncdapo.tools.data.longtail_stats import cap_cost
 
     # 10 groups of 2: lengths 10..100 and 100..190 (p80 of all 20 lengths, nearest rank 16: 150)
     groups = [
@@ -168,7 +168,7 @@ def test_cap_cost_prices_a_cap_on_the_measured_lengths() -> None:
 def test_a_group_writes_the_simulators_replay_line(tmp_path) -> None:
     import json
 
-    from asyncdapo.simulate.replay import load_replay
+    from asyncdapo.tools.simulate.replay import load_replay
 
     g = GroupSample("easy", (Sample(30, False, True), Sample(512, True, False)), prompt_tokens=25)
     line = g.trace_line("train-v0.5-3")
@@ -181,7 +181,7 @@ def test_a_group_writes_the_simulators_replay_line(tmp_path) -> None:
 def test_answer_weight_marks_the_boxed_answer_and_weighs_its_loss() -> None:
     import torch
 
-    from asyncdapo.sft import _backward, _demonstrated
+    from asyncdapo.tools.sft import _backward, _demonstrated
 
     class Uniform(torch.nn.Module):
         """Logits that give every token the same loss, plus a learnable bias on token 0 only."""
@@ -227,9 +227,9 @@ def test_answer_weight_marks_the_boxed_answer_and_weighs_its_loss() -> None:
 def test_a_problem_trace_becomes_a_dataset_trace_and_its_groups() -> None:
     """Row k of a dataset replays its own problem's line; the line's 2n responses are two groups,
     a response at the cap counted as truncated."""
-    from asyncdapo.data.longtail import dataset_by_pass_rates, problems
-    from asyncdapo.data.longtail_stats import dataset_trace, summarize, trace_groups
-    from asyncdapo.data.pass_rates import PassRate
+    from asyncdapo.tools.data.longtail import dataset_by_pass_rates, problems
+    from asyncdapo.tools.data.longtail_stats import dataset_trace, summarize, trace_groups
+    from asyncdapo.tools.data.pass_rates import PassRate
 
     every = problems()
     lines = [

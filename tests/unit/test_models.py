@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.models import ModelNotFound, looks_like_hub_id
+from asyncdapo.runtime.models import ModelNotFound, looks_like_hub_id
 
 REPO_ID = "asyncdapo-test/tiny-cached"
 
@@ -27,7 +27,7 @@ def _place_in_hf_cache(model_dir: Path, cache: Path, repo_id: str) -> Path:
 
 def _resolve(model: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     # a fresh process: huggingface_hub reads HF_HUB_CACHE when it is imported
-    code = "import sys; from asyncdapo.models import resolve_model; print(resolve_model(sys.argv[1]))"
+    code = "import sys; from asyncdapo.runtime.models import resolve_model; print(resolve_model(sys.argv[1]))"
     return subprocess.run(
         [sys.executable, "-c", code, model], capture_output=True, text=True, env=env, timeout=60
     )
@@ -54,7 +54,7 @@ def test_missing_hub_model_says_how_to_pre_download(tmp_path: Path) -> None:
 
 
 def test_local_paths(tmp_path: Path) -> None:
-    from asyncdapo.models import resolve_model
+    from asyncdapo.runtime.models import resolve_model
 
     assert resolve_model(tmp_path) == str(tmp_path)
     (tmp_path / "f").write_text("x")

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from asyncdapo.cli import main
-from asyncdapo.operator import service_progress as progress
-from asyncdapo.operator.crd import crd_yaml
-from asyncdapo.operator.dashboards import DASHBOARDS, all_queries, render_all
+from asyncdapo.services.operator import service_progress as progress
+from asyncdapo.services.operator.crd import crd_yaml
+from asyncdapo.services.operator.dashboards import DASHBOARDS, all_queries, render_all
 
 REPO = Path(__file__).resolve().parents[2]
 METRICS_MD = (REPO / "deploy" / "METRICS.md").read_text()
@@ -116,7 +116,7 @@ def test_render_of_each_example_matches_its_golden_file(
 ) -> None:
     """`asyncdapo operator render` of the examples (deploy/k8s/examples/rendered): a change to what
     the operator creates shows up in review as a diff of these files (`make deploy-manifests`)."""
-    from asyncdapo.operator.cli import example_render_argv
+    from asyncdapo.services.operator.cli import example_render_argv
 
     path = f"deploy/k8s/examples/{example}"
     golden = (REPO / "deploy" / "k8s" / "examples" / "rendered" / example).read_text()
@@ -207,11 +207,11 @@ BOUNDED_LABELS = {
 def test_no_unbounded_labels() -> None:
     from prometheus_client import CollectorRegistry
 
-    from asyncdapo.gateway.metrics import GatewayMetrics
-    from asyncdapo.operator import handlers
-    from asyncdapo.scheduler.metrics import SchedulerMetrics
-    from asyncdapo.trainer.metrics import MetricsSink
-    from asyncdapo.verifier.metrics import VerifierMetrics
+    from asyncdapo.services.gateway.metrics import GatewayMetrics
+    from asyncdapo.services.operator import handlers
+    from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+    from asyncdapo.services.trainer.metrics import MetricsSink
+    from asyncdapo.services.verifier.metrics import VerifierMetrics
 
     registries = [SchedulerMetrics().registry, GatewayMetrics(CollectorRegistry()).registry,
                   VerifierMetrics().registry]  # fmt: skip
@@ -239,11 +239,11 @@ def test_checkpoint_info_fills_the_status(tmp_path: Path) -> None:
     the cluster) turns it into status.lastCheckpoint."""
     from datetime import UTC, datetime
 
-    from asyncdapo.local.ports import free_port
-    from asyncdapo.operator.resource_status import TrainingRunStatus
-    from asyncdapo.operator.service_progress import read_trainer_metrics
-    from asyncdapo.operator.status_machine import Observation, next_status
-    from asyncdapo.trainer.metrics import MetricsSink
+    from asyncdapo.services.operator.resource_status import TrainingRunStatus
+    from asyncdapo.services.operator.service_progress import read_trainer_metrics
+    from asyncdapo.services.operator.status_machine import Observation, next_status
+    from asyncdapo.services.trainer.metrics import MetricsSink
+    from asyncdapo.tools.local.ports import free_port
 
     port = free_port()
     sink = MetricsSink(tmp_path / "metrics.jsonl", port=port)

@@ -13,9 +13,14 @@ import pytest
 import yaml
 from openapi_schema_validator import OAS30Validator
 
-from asyncdapo.config import run_config_json_schema
-from asyncdapo.operator.crd import IMMUTABLE_PATHS, crd, crd_yaml, openapi_schema
-from asyncdapo.operator.openapi import SchemaConversionError, apply_defaults, check_structural, to_structural
+from asyncdapo.contracts.config import run_config_json_schema
+from asyncdapo.services.operator.crd import IMMUTABLE_PATHS, crd, crd_yaml, openapi_schema
+from asyncdapo.services.operator.openapi import (
+    SchemaConversionError,
+    apply_defaults,
+    check_structural,
+    to_structural,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_CRD = REPO / "deploy" / "helm" / "asyncdapo" / "crds" / "trainingruns.yaml"
@@ -248,9 +253,9 @@ def test_every_cel_rule_compiles(schema: dict[str, Any]) -> None:
 
 # --- cross-field rules as CEL, and schema defaults ------------------------------------
 
-from asyncdapo.config import RunConfig  # noqa: E402
-from asyncdapo.operator.crd import RUN_RULES, SPEC_RULES  # noqa: E402
-from asyncdapo.operator.spec import parse_spec  # noqa: E402
+from asyncdapo.contracts.config import RunConfig  # noqa: E402
+from asyncdapo.services.operator.crd import RUN_RULES, SPEC_RULES  # noqa: E402
+from asyncdapo.services.operator.spec import parse_spec  # noqa: E402
 
 
 def _operator_accepts(obj: dict[str, Any]) -> bool:

@@ -11,8 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from asyncdapo.config import RunConfig
-from asyncdapo.operator.desired import (
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.services.operator.desired import (
     DesiredStateError,
     Lifecycle,
     OperatorDefaults,
@@ -20,7 +20,7 @@ from asyncdapo.operator.desired import (
     desired_state,
     object_key,
 )
-from asyncdapo.operator.spec import SpecError, parse_spec
+from asyncdapo.services.operator.spec import SpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "k8s" / "examples"

@@ -14,11 +14,11 @@ import kubernetes_validate
 import pytest
 from test_operator_reconcile import T0, FakeCluster, _run
 
-from asyncdapo.operator import handlers, periodic
-from asyncdapo.operator.desired import OperatorDefaults
-from asyncdapo.operator.kube import event_manifest
-from asyncdapo.operator.resource_status import TrainingRunStatus, parse_status
-from asyncdapo.operator.status_machine import Progress, phase_event
+from asyncdapo.services.operator import handlers, periodic
+from asyncdapo.services.operator.desired import OperatorDefaults
+from asyncdapo.services.operator.kube import event_manifest
+from asyncdapo.services.operator.resource_status import TrainingRunStatus, parse_status
+from asyncdapo.services.operator.status_machine import Progress, phase_event
 
 
 def finalizer_handlers(registry: kopf.OperatorRegistry) -> list[str]:

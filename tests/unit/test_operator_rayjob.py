@@ -16,14 +16,14 @@ import pytest
 import yaml
 from test_operator_reconcile import T0, UID, FakeCluster
 
-from asyncdapo.config import RunConfig
-from asyncdapo.operator.desired import Lifecycle, OperatorDefaults, RunRef, desired_state
-from asyncdapo.operator.objects import CPU_DEFAULTS
-from asyncdapo.operator.reconcile import ray_job_state, reconcile, status_patch
-from asyncdapo.operator.service_progress import read_trainer_metrics
-from asyncdapo.operator.spec import parse_spec
-from asyncdapo.operator.status_machine import Progress
-from asyncdapo.trainer.launch import worker_resources
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.services.operator.desired import Lifecycle, OperatorDefaults, RunRef, desired_state
+from asyncdapo.services.operator.objects import CPU_DEFAULTS
+from asyncdapo.services.operator.reconcile import ray_job_state, reconcile, status_patch
+from asyncdapo.services.operator.service_progress import read_trainer_metrics
+from asyncdapo.services.operator.spec import parse_spec
+from asyncdapo.services.operator.status_machine import Progress
+from asyncdapo.services.trainer.launch import worker_resources
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_EXAMPLE = REPO / "deploy" / "k8s" / "examples" / "qwen3-8b-dapo-gpu.yaml"

@@ -15,11 +15,11 @@ from typing import Any
 import required
 import yaml
 
-from asyncdapo.operator.desired import OperatorDefaults
-from asyncdapo.operator.kube import ImmutableFieldError, owned_by
-from asyncdapo.operator.reconcile import reconcile, status_patch
-from asyncdapo.operator.resource_status import Phase
-from asyncdapo.operator.status_machine import Progress
+from asyncdapo.services.operator.desired import OperatorDefaults
+from asyncdapo.services.operator.kube import ImmutableFieldError, owned_by
+from asyncdapo.services.operator.reconcile import reconcile, status_patch
+from asyncdapo.services.operator.resource_status import Phase
+from asyncdapo.services.operator.status_machine import Progress
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -325,7 +325,7 @@ def test_retain_false_deletes_the_workspace_with_the_run() -> None:
 def test_deletion_needs_no_finalizer() -> None:
     """See tests/unit/test_operator_handlers.py for the whole kopf registry."""
     kopf = required.module("kopf")
-    from asyncdapo.operator import handlers
+    from asyncdapo.services.operator import handlers
 
     registry = kopf.get_default_registry()
     deletion = [h for h in registry._changing.get_all_handlers() if h.fn is handlers.on_delete]

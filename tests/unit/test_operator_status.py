@@ -7,11 +7,11 @@ from pathlib import Path
 
 import yaml
 
-from asyncdapo.operator.desired import Lifecycle
-from asyncdapo.operator.resource_status import ConditionType, Phase, TrainingRunStatus, parse_status
-from asyncdapo.operator.service_progress import parse_trainer_metrics
-from asyncdapo.operator.spec import TrainingRunSpec, parse_spec
-from asyncdapo.operator.status_machine import (
+from asyncdapo.services.operator.desired import Lifecycle
+from asyncdapo.services.operator.resource_status import ConditionType, Phase, TrainingRunStatus, parse_status
+from asyncdapo.services.operator.service_progress import parse_trainer_metrics
+from asyncdapo.services.operator.spec import TrainingRunSpec, parse_spec
+from asyncdapo.services.operator.status_machine import (
     JobState,
     Observation,
     Progress,

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from test_operator_desired import REF, _args, _container, _desired, _pods, _spec
 
-from asyncdapo.operator.desired import Lifecycle, OperatorDefaults
+from asyncdapo.services.operator.desired import Lifecycle, OperatorDefaults
 
 TRAINER_WEIGHTS = "tiny-math-trainer.ml.svc:50070"
 STORE = "/var/run/asyncdapo/weights"

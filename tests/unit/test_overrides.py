@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from asyncdapo.cli import build_parser, parse_args
-from asyncdapo.config import ConfigError, dump_run_config, load_run_config, parse_run_config
+from asyncdapo.contracts.config import ConfigError, dump_run_config, load_run_config, parse_run_config
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny-math.yaml"

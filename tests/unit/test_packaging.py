@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
-STUBS = REPO / "services" / "common" / "src" / "asyncdapo" / "v1"
+STUBS = REPO / "src" / "asyncdapo" / "contracts" / "v1"
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 EXTRAS: dict[str, list[str]] = PROJECT["optional-dependencies"]
 

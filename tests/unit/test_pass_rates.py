@@ -1,4 +1,4 @@
-"""Datasets mixed for a valid rate from measured per-problem pass rates (`asyncdapo.data.pass_rates`):
+"""Datasets mixed for a valid rate from measured per-problem pass rates (`asyncdapo.tools.data.pass_rates`):
 the valid probability is the Beta-posterior expectation it claims, the mix hits the target from its
 strata, shrinks when the low stratum runs out, and refuses what it cannot reach."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.data.longtail import dataset_by_pass_rates, problem_index, problems
-from asyncdapo.data.pass_rates import PassRate, load_pass_rates, mix_for
-from asyncdapo.data.verl_format import DatasetError
+from asyncdapo.contracts.verl_format import DatasetError
+from asyncdapo.tools.data.longtail import dataset_by_pass_rates, problem_index, problems
+from asyncdapo.tools.data.pass_rates import PassRate, load_pass_rates, mix_for
 
 
 def _numeric_valid(k: int, m: int, n: int, steps: int = 200_000) -> float:

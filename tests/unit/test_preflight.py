@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from asyncdapo.config import RunConfig, parse_run_config
-from asyncdapo.config_problems import ProblemKind
-from asyncdapo.preflight import check_data, check_model, check_redis, preflight
+from asyncdapo.contracts.config import RunConfig, parse_run_config
+from asyncdapo.contracts.config_problems import ProblemKind
+from asyncdapo.tools.preflight import check_data, check_model, check_redis, preflight
 
 ROW = {"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}
 
@@ -197,12 +197,12 @@ def test_a_redis_nobody_runs_is_named_within_the_timeout() -> None:
 def test_preflight_names_every_problem_and_fetches_nothing_when_something_is_wrong(
     ready: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncdapo.models
+    import asyncdapo.runtime.models
 
     def no_download(*a: object, **k: object) -> str:
         raise AssertionError("a run that cannot start must not wait for a download")
 
-    monkeypatch.setattr(asyncdapo.models, "resolve_model", no_download)
+    monkeypatch.setattr(asyncdapo.runtime.models, "resolve_model", no_download)
     cfg = _cfg(
         ready, model={"path": "asyncdapo-test/absent"}, data={"train_files": [str(ready / "gone.jsonl")]}
     )

@@ -7,8 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from asyncdapo.config import RunConfig
-from asyncdapo.local.live_view import Progress, StatusLine
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.local.live_view import Progress, StatusLine
 
 STATUS = {"rollout/policy_version": 12, "rollout/valid_group_ratio": 0.61, "rollout/aborted_tokens": 123456,
           "rollout/early_stops": 12, "rollout/generated_tokens": 999999}  # fmt: skip

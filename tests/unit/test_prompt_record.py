@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdapo.prompts import PromptRecord, PromptRecordError, prompt_id, queue_prompts
-from asyncdapo.redis_keys import RunKeys
+from asyncdapo.contracts.prompts import PromptRecord, PromptRecordError, prompt_id, queue_prompts
+from asyncdapo.contracts.redis_keys import RunKeys
 
 
 def _rec() -> PromptRecord:

@@ -2,7 +2,7 @@
 
 Why written out: the `__init__` that `dataclasses` generates is Python code made at import time, so
 it stays Python even where mypyc compiles the module (the simulator's native build,
-asyncdapo.simulate.native) — a frozen one sets each field through `object.__setattr__`, ~1 µs an
+asyncdapo.tools.simulate.native) — a frozen one sets each field through `object.__setattr__`, ~1 µs an
 object, ~10x a compiled `__init__`; the simulator builds these per response, ~1 M of them in a
 512-engine run. Written out, the `__init__` compiles. The price is a second list of the fields,
 which this test keeps equal to the dataclass's: same names, order and defaults, every field set.
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from asyncdapo.scheduler.core_commands import ScoreResponse
-from asyncdapo.scheduler.group_records import ResponseScore
-from asyncdapo.scheduler.policy.dispatch import Decision, GatewayView
-from asyncdapo.scheduler.tasks import Request, Score
+from asyncdapo.services.scheduler.core_commands import ScoreResponse
+from asyncdapo.services.scheduler.group_records import ResponseScore
+from asyncdapo.services.scheduler.policy.dispatch import Decision, GatewayView
+from asyncdapo.services.scheduler.tasks import Request, Score
 
 WRITTEN_OUT: list[type[Any]] = [ScoreResponse, ResponseScore, GatewayView, Decision, Request, Score]
 

@@ -1,7 +1,7 @@
 import json
 from pathlib import Path
 
-from asyncdapo.local.report import read_metrics, write_report
+from asyncdapo.tools.local.report import read_metrics, write_report
 
 
 def test_report_from_partial_metrics(tmp_path: Path) -> None:

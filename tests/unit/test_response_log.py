@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.errors import AsyncdapoError
-from asyncdapo.scheduler.response_log import LoggedResponse, ResponseEvent, ResponseLog
-from asyncdapo.scheduler.tasks import Kind, PromptTask
-from asyncdapo.v1 import gateway_pb2
+from asyncdapo.contracts.errors import AsyncdapoError
+from asyncdapo.contracts.v1 import gateway_pb2
+from asyncdapo.services.scheduler.response_log import LoggedResponse, ResponseEvent, ResponseLog
+from asyncdapo.services.scheduler.tasks import Kind, PromptTask
 
 
 def _task() -> PromptTask:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdapo.config import ConfigError, EarlyStopOrder, RunConfig, parse_run_config
-from asyncdapo.scheduler.policy.admission import (
+from asyncdapo.contracts.config import ConfigError, EarlyStopOrder, RunConfig, parse_run_config
+from asyncdapo.services.scheduler.policy.admission import (
     AdmissionState,
     AdmitReason,
     ExpectedValidPolicy,
@@ -14,7 +14,7 @@ from asyncdapo.scheduler.policy.admission import (
     make_policy,
     valid_rate,
 )
-from asyncdapo.scheduler.policy.commit_order import CommitLedger
+from asyncdapo.services.scheduler.policy.commit_order import CommitLedger
 
 
 def st(**kw: int) -> AdmissionState:

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from asyncdapo.config import RunConfig
-from asyncdapo.prompts import PromptRecord
-from asyncdapo.scheduler.core import (
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.contracts.prompts import PromptRecord
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, rollout_pb2
+from asyncdapo.services.scheduler.core import (
     Abort,
     Command,
     Dispatch,
@@ -23,11 +24,10 @@ from asyncdapo.scheduler.core import (
     RolloutCore,
     ScoreResponse,
 )
-from asyncdapo.scheduler.group_state import DropReason, RequeueReason
-from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
-from asyncdapo.scheduler.policy.long_tail import LongTailAction
-from asyncdapo.scheduler.tasks import Request
-from asyncdapo.v1 import common_pb2, gateway_pb2, rollout_pb2
+from asyncdapo.services.scheduler.group_state import DropReason, RequeueReason
+from asyncdapo.services.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
+from asyncdapo.services.scheduler.policy.long_tail import LongTailAction
+from asyncdapo.services.scheduler.tasks import Request
 
 
 def cfg_of(**over: Any) -> RunConfig:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncdapo.scheduler.policy.dispatch import (
+from asyncdapo.services.scheduler.policy.dispatch import (
     DispatchPolicy,
     GatewayView,
     RejectReason,
@@ -81,7 +81,7 @@ def test_deterministic_tie_break_by_order() -> None:
 def test_gateway_spec_parsing_names_the_flag() -> None:
     import pytest
 
-    from asyncdapo.scheduler.gateway_pool import GatewaySpec, GatewaySpecError
+    from asyncdapo.services.scheduler.gateway_pool import GatewaySpec, GatewaySpecError
 
     assert GatewaySpec.parse("a:1, b:2").static == ("a:1", "b:2")
     spec = GatewaySpec.parse("dns:gw-headless.ns.svc:50051")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from asyncdapo.scheduler.eligible import EligibleIndex
-from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, pick, reject_reason
+from asyncdapo.services.scheduler.eligible import EligibleIndex
+from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy, pick, reject_reason
 
 
 @dataclass
@@ -124,7 +124,7 @@ def test_an_update_with_a_new_snapshot_replaces_the_old_one() -> None:
     """`GatewayView`s are frozen snapshots: a gateway updated with a new one must be scored by it
     (the simulator passes snapshots; with the first one kept, every prompt of a version went to
     the same gateway)."""
-    from asyncdapo.scheduler.policy.dispatch import GatewayView
+    from asyncdapo.services.scheduler.policy.dispatch import GatewayView
 
     policy = DispatchPolicy(max_in_flight=256)
     index = EligibleIndex(policy)

@@ -3,9 +3,9 @@ they are copied from, or the dispatcher would place requests on a paused or drai
 
 from __future__ import annotations
 
-from asyncdapo.scheduler.gateway_pool import Gateway
-from asyncdapo.scheduler.policy.dispatch import DispatchPolicy, RejectReason, pick
-from asyncdapo.v1 import gateway_pb2
+from asyncdapo.contracts.v1 import gateway_pb2
+from asyncdapo.services.scheduler.gateway_pool import Gateway
+from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy, RejectReason, pick
 
 
 async def test_view_attributes_follow_the_load_report_and_our_flags() -> None:

@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from asyncdapo.config import RunConfig
-from asyncdapo.scheduler.group_state import is_valid, welford
-from asyncdapo.scheduler.tasks import request_seed, version_range
-from asyncdapo.v1 import common_pb2, gateway_pb2
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
+from asyncdapo.services.scheduler.group_state import is_valid, welford
+from asyncdapo.services.scheduler.tasks import request_seed, version_range
 
 
 def test_welford_matches_numpy_population_std() -> None:

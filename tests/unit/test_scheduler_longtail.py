@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 
-from asyncdapo.scheduler.policy.long_tail import FAST, HEAVY, ProbeWindow, capped, km_quantile, route
+from asyncdapo.services.scheduler.policy.long_tail import FAST, HEAVY, ProbeWindow, capped, km_quantile, route
 
 
 def test_l_cut_is_the_quantile_of_recent_probes_after_warm_up() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from asyncdapo.cli import main
-from asyncdapo.simulate.calibrate import calibrate_files, seq_knots
-from asyncdapo.simulate.profile import ProfileError, load_cluster
+from asyncdapo.tools.simulate.calibrate import calibrate_files, seq_knots
+from asyncdapo.tools.simulate.profile import ProfileError, load_cluster
 
 CAP = 20_000
 TRUE = {"base_s": 0.004, "per_seq_s": 0.0003, "per_kv_token_s": 2e-7, "prefill_per_token_s": 2e-5}
@@ -101,8 +101,8 @@ def test_the_profile_caps_sequences_as_the_gateway_does(tmp_path: Path) -> None:
     with a cap it never had."""
     import argparse
 
-    from asyncdapo.gateway import cli as gateway_cli
-    from asyncdapo.simulate.profile import GATEWAY_MAX_NUM_SEQS
+    from asyncdapo.services.gateway import cli as gateway_cli
+    from asyncdapo.tools.simulate.profile import GATEWAY_MAX_NUM_SEQS
 
     parser = argparse.ArgumentParser()
     gateway_cli.register(parser.add_subparsers())

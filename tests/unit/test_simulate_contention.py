@@ -12,16 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncdapo.config import RunConfig
-from asyncdapo.simulate.calibrate import calibrate_files
-from asyncdapo.simulate.clock import VirtualClock
-from asyncdapo.simulate.driver import Simulation
-from asyncdapo.simulate.engine_model import Engine, Seq
-from asyncdapo.simulate.host_load import HostLoad
-from asyncdapo.simulate.modes import mode_config
-from asyncdapo.simulate.presets import load_workload
-from asyncdapo.simulate.profile import CPU_TINY, EngineProfile, HostCpuContention
-from asyncdapo.simulate.workload import Workload, WorkloadSpec
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.simulate.calibrate import calibrate_files
+from asyncdapo.tools.simulate.clock import VirtualClock
+from asyncdapo.tools.simulate.driver import Simulation
+from asyncdapo.tools.simulate.engine_model import Engine, Seq
+from asyncdapo.tools.simulate.host_load import HostLoad
+from asyncdapo.tools.simulate.modes import mode_config
+from asyncdapo.tools.simulate.presets import load_workload
+from asyncdapo.tools.simulate.profile import CPU_TINY, EngineProfile, HostCpuContention
+from asyncdapo.tools.simulate.workload import Workload, WorkloadSpec
 
 HOST = HostCpuContention(cores=2, completion_cpu_s=0.002, version_cpu_s=0.05, trainer_cores=1.5)
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from asyncdapo.cli import main
-from asyncdapo.config import PauseMode, RunConfig
-from asyncdapo.simulate.comparison import ideal, mode_report
-from asyncdapo.simulate.driver import Simulation, check_supported
-from asyncdapo.simulate.modes import ModeError, mode_config
-from asyncdapo.simulate.presets import load_workload
-from asyncdapo.simulate.profile import load_cluster
-from asyncdapo.simulate.simulation_error import SimulationError
-from asyncdapo.simulate.workload import Workload, WorkloadSpec
+from asyncdapo.contracts.config import PauseMode, RunConfig
+from asyncdapo.tools.simulate.comparison import ideal, mode_report
+from asyncdapo.tools.simulate.driver import Simulation, check_supported
+from asyncdapo.tools.simulate.modes import ModeError, mode_config
+from asyncdapo.tools.simulate.presets import load_workload
+from asyncdapo.tools.simulate.profile import load_cluster
+from asyncdapo.tools.simulate.simulation_error import SimulationError
+from asyncdapo.tools.simulate.workload import Workload, WorkloadSpec
 
 B, N, VERSIONS = 16, 8, 6
 RUN: dict[str, Any] = {
@@ -162,8 +162,8 @@ def test_command_prints_table_and_results(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_replay_drives_the_simulation_from_a_trace(tmp_path: Path) -> None:
-    from asyncdapo.simulate.replay import load_replay
-    from asyncdapo.simulate.workload import WorkloadError
+    from asyncdapo.tools.simulate.replay import load_replay
+    from asyncdapo.tools.simulate.workload import WorkloadError
 
     lines = []
     for i in range(40):  # every other group mixed (valid), the rest all wrong (filtered)
@@ -205,8 +205,8 @@ def test_replay_of_a_problem_trace_follows_the_trainers_order_and_requeues_the_s
 ) -> None:
     """A trace with 4n responses per line (one per dataset row): the simulator feeds rows in the
     trainer's seeded epoch order, and attempt a of a row replays that row's block (a - 1) mod 4."""
-    from asyncdapo.prompts import epoch_order
-    from asyncdapo.simulate.replay import load_replay
+    from asyncdapo.contracts.prompts import epoch_order
+    from asyncdapo.tools.simulate.replay import load_replay
 
     rows = 12
     lines = [
@@ -238,7 +238,7 @@ def test_replay_of_a_problem_trace_follows_the_trainers_order_and_requeues_the_s
 
 
 def test_replay_with_one_group_per_line_requeues_another_recorded_group(tmp_path: Path) -> None:
-    from asyncdapo.simulate.replay import STRIDE, load_replay
+    from asyncdapo.tools.simulate.replay import STRIDE, load_replay
 
     lines = [{"lengths": [10 * k + r for r in range(N)], "acc": [1] * N} for k in range(10)]
     trace = tmp_path / "t.jsonl"

@@ -1,4 +1,4 @@
-"""SIMULATOR engine model (asyncdapo.simulate.engine_model): step time, continuous batching, KV admission,
+"""SIMULATOR engine model (asyncdapo.tools.simulate.engine_model): step time, continuous batching, KV admission,
 preemption and version runs across a reload — each against arithmetic done by hand."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from asyncdapo.simulate.clock import VirtualClock
-from asyncdapo.simulate.engine_model import Engine, Seq
-from asyncdapo.simulate.profile import EngineProfile
+from asyncdapo.tools.simulate.clock import VirtualClock
+from asyncdapo.tools.simulate.engine_model import Engine, Seq
+from asyncdapo.tools.simulate.profile import EngineProfile
 
 BASE, PER_SEQ, PER_KV, PREFILL = 0.010, 0.001, 1e-5, 1e-4
 

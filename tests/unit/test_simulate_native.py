@@ -1,4 +1,4 @@
-"""SIMULATOR: the mypyc-compiled event loop and scheduler core (asyncdapo.simulate.native) — loaded
+"""SIMULATOR: the mypyc-compiled event loop and scheduler core (asyncdapo.tools.simulate.native) — loaded
 only for the sources it was built from, never mixed with plain ones in a process, and a run's
 results the same bit for bit as the plain modules'."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.simulate import native
+from asyncdapo.tools.simulate import native
 
 ROOT = Path(__file__).resolve().parents[2]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -42,11 +42,11 @@ def _probe(code: str) -> list[str]:
 def test_make_install_built_these_sources_and_a_simulator_process_loads_them() -> None:
     where = _build()
     files = _probe(
-        "from asyncdapo.simulate import native\n"
-        "import asyncdapo.simulate.driver, asyncdapo.scheduler.core, asyncdapo.scheduler.memstore\n"
+        "from asyncdapo.tools.simulate import native\n"
+        "import asyncdapo.tools.simulate.driver, asyncdapo.services.scheduler.core, asyncdapo.services.scheduler.memstore\n"
         "print(native.active_build())\n"
-        "print(asyncdapo.simulate.driver.__file__, asyncdapo.scheduler.core.__file__,"
-        " asyncdapo.scheduler.memstore.__file__)\n"
+        "print(asyncdapo.tools.simulate.driver.__file__, asyncdapo.services.scheduler.core.__file__,"
+        " asyncdapo.services.scheduler.memstore.__file__)\n"
     )
     assert files[0] == str(where)
     assert all(f.endswith(SUFFIX) and f.startswith(str(where)) for f in files[1:]), files
@@ -55,11 +55,11 @@ def test_make_install_built_these_sources_and_a_simulator_process_loads_them() -
 def test_a_process_that_imported_a_scheduler_module_plain_never_mixes_in_compiled_ones() -> None:
     _build()
     files = _probe(
-        "import asyncdapo.scheduler.tasks\n"
-        "from asyncdapo.simulate import native\n"
-        "import asyncdapo.simulate.driver, asyncdapo.scheduler.core\n"
+        "import asyncdapo.services.scheduler.tasks\n"
+        "from asyncdapo.tools.simulate import native\n"
+        "import asyncdapo.tools.simulate.driver, asyncdapo.services.scheduler.core\n"
         "print(native.active_build())\n"
-        "print(asyncdapo.simulate.driver.__file__, asyncdapo.scheduler.core.__file__)\n"
+        "print(asyncdapo.tools.simulate.driver.__file__, asyncdapo.services.scheduler.core.__file__)\n"
     )
     assert files[0] == "None"
     assert all(f.endswith(".py") for f in files[1:]), files
@@ -100,7 +100,7 @@ def test_an_incomplete_or_absent_build_is_not_used(tmp_path: Path) -> None:
     (where / f"abc__mypyc{SUFFIX}").write_bytes(b"")
     files = native.build_files(where)
     assert files is not None and set(files) == set(native.NATIVE_MODULES) | {"abc__mypyc"}
-    assert {"asyncdapo.simulate.driver", "asyncdapo.scheduler.core"} <= set(files)
+    assert {"asyncdapo.tools.simulate.driver", "asyncdapo.services.scheduler.core"} <= set(files)
 
 
 def _simulate(tmp: Path, env_native: str, cache: Path | None = None) -> tuple[dict, str]:

@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 
 from asyncdapo.cli import main
-from asyncdapo.config import RunConfig
-from asyncdapo.simulate.driver import Simulation
-from asyncdapo.simulate.modes import mode_config
-from asyncdapo.simulate.profile import load_cluster
-from asyncdapo.simulate.replay import load_replay
-from asyncdapo.simulate.run_replay import (
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.simulate.driver import Simulation
+from asyncdapo.tools.simulate.modes import mode_config
+from asyncdapo.tools.simulate.profile import load_cluster
+from asyncdapo.tools.simulate.replay import load_replay
+from asyncdapo.tools.simulate.run_replay import (
     is_response_log,
     load_run_replay,
     pool_from_logs,
     read_response_log,
 )
-from asyncdapo.simulate.workload import WorkloadError
+from asyncdapo.tools.simulate.workload import WorkloadError
 
 N, ROWS, CAP = 4, 6, 1000
 

@@ -3,13 +3,13 @@ it (docs/simulator.md, "Speed": 512 engines × 16k × B = 512, n = 16, 50 versio
 mode).
 
 Measured as CPU per event in units of a fixed reference workload timed in the same process
-(`asyncdapo.simulate.machine_speed`), not in events per CPU second: the same code ran at 55–68 k
+(`asyncdapo.tools.simulate.machine_speed`), not in events per CPU second: the same code ran at 55–68 k
 events per CPU second on one of our 2-core VMs and at 24–25 k on another (2026-11-27, quiet), so
 an absolute floor failed on a slow machine rather than on a regression. In reference operations
 the run costs 15–17 per event (that slower VM, quiet); the ceiling, 30, fails on a regression that
 doubles the per-event cost (checked by burning CPU in the event loop: 2.0× the CPU read 30.7, 2.6×
 read 40.7), not on a slower machine. With the compiled event loop (`make install` builds it:
-asyncdapo.simulate.native) the run cost 11.4–12.4 (2026-11-27, against 15.1–16.5 plain, back to
+asyncdapo.tools.simulate.native) the run cost 11.4–12.4 (2026-11-27, against 15.1–16.5 plain, back to
 back). Since 2026-11-28 (the per-response records' `__init__`s compiled, the workload sampled a
 chunk at a time) it costs 5.9–6.3 compiled and 13.1–13.9 plain (twice each, one process each),
 so the ceilings are 12 compiled and 28 plain: about twice today's cost either way.
@@ -21,13 +21,13 @@ import time
 
 import pytest
 
-from asyncdapo.config import RunConfig
-from asyncdapo.simulate import native
-from asyncdapo.simulate.driver import Simulation
-from asyncdapo.simulate.machine_speed import cost_in_reference_ops, reference_cpu_s_per_op
-from asyncdapo.simulate.modes import mode_config
-from asyncdapo.simulate.presets import load_workload
-from asyncdapo.simulate.profile import load_cluster
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.simulate import native
+from asyncdapo.tools.simulate.driver import Simulation
+from asyncdapo.tools.simulate.machine_speed import cost_in_reference_ops, reference_cpu_s_per_op
+from asyncdapo.tools.simulate.modes import mode_config
+from asyncdapo.tools.simulate.presets import load_workload
+from asyncdapo.tools.simulate.profile import load_cluster
 
 B = 128
 RUN = {

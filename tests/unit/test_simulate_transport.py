@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from test_simulate_driver import RUN, B, N  # the same run as the driver's tests
 
-from asyncdapo.config import RunConfig
-from asyncdapo.simulate.driver import Simulation
-from asyncdapo.simulate.modes import mode_config
-from asyncdapo.simulate.presets import load_workload
-from asyncdapo.simulate.profile import load_cluster
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.simulate.driver import Simulation
+from asyncdapo.tools.simulate.modes import mode_config
+from asyncdapo.tools.simulate.presets import load_workload
+from asyncdapo.tools.simulate.profile import load_cluster
 
 VERSIONS = 5
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdapo.simulate.presets import PRESETS, TARGETS, load_workload
-from asyncdapo.simulate.workload import Workload, WorkloadError, WorkloadSpec, _valid_prob, sample_stats
+from asyncdapo.tools.simulate.presets import PRESETS, TARGETS, load_workload
+from asyncdapo.tools.simulate.workload import Workload, WorkloadError, WorkloadSpec, _valid_prob, sample_stats
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.local.ports import free_port, port_open
-from asyncdapo.local.supervisor import ServiceFailed, ServiceSpec, Supervisor
+from asyncdapo.tools.local.ports import free_port, port_open
+from asyncdapo.tools.local.supervisor import ServiceFailed, ServiceSpec, Supervisor
 
 
 def _alive(pid: int) -> bool:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncdapo.config import parse_run_config
-from asyncdapo.tracking import Tracking, scalars
-from asyncdapo.tracking.names import lookup, metrics_table, tracked_name
+from asyncdapo.contracts.config import parse_run_config
+from asyncdapo.services.trainer.tracking import Tracking, scalars
+from asyncdapo.services.trainer.tracking.names import lookup, metrics_table, tracked_name
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 

@@ -1,4 +1,4 @@
-"""asyncdapo.trainer.algos against hand-computed values, edge cases, and an independent reference.
+"""asyncdapo.services.trainer.algos against hand-computed values, edge cases, and an independent reference.
 
 The reference below is written from the formulas (verl core_algos semantics) with plain Python
 loops over floats, so it shares no code path with the vectorised implementation.
@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from asyncdapo.trainer.algos import (
+from asyncdapo.services.trainer.algos import (
     agg_loss,
     entropy_from_logits,
     grpo_advantages,

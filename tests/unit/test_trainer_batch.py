@@ -8,14 +8,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from asyncdapo.trainer.batch import (
+from asyncdapo.contracts.v1 import common_pb2, rollout_pb2
+from asyncdapo.services.trainer.batch import (
     MalformedGroup,
     build_batch,
     group_row_ranges,
     validate_group,
 )
-from asyncdapo.trainer.model import Precision, compute_log_probs
-from asyncdapo.v1 import common_pb2, rollout_pb2
+from asyncdapo.services.trainer.model import Precision, compute_log_probs
 
 PAD = 0
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncdapo.config import ConfigError, LrSchedule, TrainerConfig, parse_run_config
-from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
-from asyncdapo.trainer.lr_schedule import lr_factor, make_lr_scheduler
+from asyncdapo.contracts.config import ConfigError, LrSchedule, TrainerConfig, parse_run_config
+from asyncdapo.services.trainer.checkpoint import CheckpointStore, TrainerState
+from asyncdapo.services.trainer.lr_schedule import lr_factor, make_lr_scheduler
 
 
 def _factors(schedule: LrSchedule, warmup: int, total: int, steps: int, **kw: float) -> list[float]:

@@ -13,20 +13,20 @@ from typing import Any
 import pytest
 import torch
 
-from asyncdapo.config import LossAggMode, parse_run_config
-from asyncdapo.trainer.algos import grpo_advantages
-from asyncdapo.trainer.batch import TrainBatch, build_batch
-from asyncdapo.trainer.dist import DistContext
-from asyncdapo.trainer.model import Precision, compute_log_probs, forward_response
-from asyncdapo.trainer.packing import (
+from asyncdapo.contracts.config import LossAggMode, parse_run_config
+from asyncdapo.contracts.v1 import rollout_pb2
+from asyncdapo.services.trainer.algos import grpo_advantages
+from asyncdapo.services.trainer.batch import TrainBatch, build_batch
+from asyncdapo.services.trainer.dist import DistContext
+from asyncdapo.services.trainer.model import Precision, compute_log_probs, forward_response
+from asyncdapo.services.trainer.packing import (
     PACKED_SDPA,
     first_fit_decreasing,
     pack_rows,
     row_tokens,
     use_packed_attention,
 )
-from asyncdapo.trainer.update import UpdateSettings, budget_chunks, ppo_update
-from asyncdapo.v1 import rollout_pb2
+from asyncdapo.services.trainer.update import UpdateSettings, budget_chunks, ppo_update
 
 PAD = 0
 CAP = 24  # the response cap: half the responses reach it, the rest are a few tokens

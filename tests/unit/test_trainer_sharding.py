@@ -1,15 +1,15 @@
 """Pieces of the sharded trainer that need no process group: log-probs in fp32 chunks equal the
 whole-tensor computation (values and gradients), and the memory arithmetic of the 8B example
-(services/trainer/SHARDING.md) counts Qwen3-8B's parameters exactly."""
+(src/asyncdapo/services/trainer/SHARDING.md) counts Qwen3-8B's parameters exactly."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from asyncdapo.trainer.algos import entropy_from_logits, log_probs_from_logits
-from asyncdapo.trainer.fsdp import count_parameters, memory_estimate
-from asyncdapo.trainer.model import response_entropy, response_log_probs
+from asyncdapo.services.trainer.algos import entropy_from_logits, log_probs_from_logits
+from asyncdapo.services.trainer.fsdp import count_parameters, memory_estimate
+from asyncdapo.services.trainer.model import response_entropy, response_log_probs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -65,7 +65,9 @@ def test_memory_arithmetic_of_the_8b_example() -> None:
     # the numbers SHARDING.md shows
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[2] / "services" / "trainer" / "SHARDING.md").read_text()
+    doc = (
+        Path(__file__).resolve().parents[2] / "src" / "asyncdapo" / "services" / "trainer" / "SHARDING.md"
+    ).read_text()
     for value in (fsdp.params, fsdp.optimizer, fsdp.gathered, fsdp.activations, fsdp.logits, fsdp.total,
                   ddp.params + ddp.grads + ddp.optimizer):  # fmt: skip
         assert f"{value:.1f} GB" in doc, value

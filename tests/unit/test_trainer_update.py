@@ -11,12 +11,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from asyncdapo.config import ConfigError, OldLogProbSource, RunConfig, parse_run_config
-from asyncdapo.trainer.algos import grpo_advantages
-from asyncdapo.trainer.batch import TrainBatch, build_batch
-from asyncdapo.trainer.dist import DistContext
-from asyncdapo.trainer.model import Precision, compute_log_probs
-from asyncdapo.trainer.update import (
+from asyncdapo.contracts.config import ConfigError, OldLogProbSource, RunConfig, parse_run_config
+from asyncdapo.contracts.v1 import rollout_pb2
+from asyncdapo.services.trainer.algos import grpo_advantages
+from asyncdapo.services.trainer.batch import TrainBatch, build_batch
+from asyncdapo.services.trainer.dist import DistContext
+from asyncdapo.services.trainer.model import Precision, compute_log_probs
+from asyncdapo.services.trainer.update import (
     Recompute,
     UpdateSettings,
     micro_chunks,
@@ -24,7 +25,6 @@ from asyncdapo.trainer.update import (
     old_log_probs,
     ppo_update,
 )
-from asyncdapo.v1 import rollout_pb2
 
 
 @pytest.fixture(autouse=True)

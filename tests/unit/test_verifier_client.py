@@ -10,8 +10,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from asyncdapo.verifier.schemas import ItemStatus, ScoreItem
-from asyncdapo.verifier.verifier_client import (
+from asyncdapo.contracts.verifier_api import ItemStatus, ScoreItem
+from asyncdapo.runtime.verifier_client import (
     Attempt,
     CallFailure,
     VerifierClient,

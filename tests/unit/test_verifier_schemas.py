@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from asyncdapo.verifier.limits import ItemLimits, check_body_size, check_item, check_items, check_request
-from asyncdapo.verifier.protocol import Verdict, decode, encode, result_fields
-from asyncdapo.verifier.schemas import ItemResult, ItemStatus, ScoreItem, ScoreRequest
-from asyncdapo.verifier.settings import VerifierSettings
+from asyncdapo.contracts.verifier_api import (
+    ItemLimits,
+    ItemResult,
+    ItemStatus,
+    ScoreItem,
+    ScoreRequest,
+    check_item,
+    check_items,
+)
+from asyncdapo.services.verifier.limits import check_body_size, check_request, item_limits
+from asyncdapo.services.verifier.protocol import Verdict, decode, encode, result_fields
+from asyncdapo.services.verifier.settings import VerifierSettings
 
 
 def _request(n: int, response: str = "A: 1", ground_truth: str = "1") -> ScoreRequest:
@@ -54,7 +62,7 @@ def test_item_count_limit_is_413_and_named() -> None:
 
 
 def test_response_bytes_limit_is_per_item_and_names_the_limit() -> None:
-    limits = ItemLimits.of(VerifierSettings(max_response_bytes=10))
+    limits = item_limits(VerifierSettings(max_response_bytes=10))
     request = _request(2, response="x" * 10)
     assert check_items(request.items, limits) == {} and check_request(request, VerifierSettings()) is None
     # 4 characters but 12 UTF-8 bytes: the limit is on bytes; only the item over it is named.
@@ -67,13 +75,13 @@ def test_response_bytes_limit_is_per_item_and_names_the_limit() -> None:
 
 
 def test_ground_truth_bytes_limit() -> None:
-    limits = ItemLimits.of(VerifierSettings(max_ground_truth_bytes=10))
+    limits = item_limits(VerifierSettings(max_ground_truth_bytes=10))
     violation = check_item(_request(1, ground_truth="9" * 11).items[0], limits)
     assert violation is not None and violation.limit == "max_ground_truth_bytes"
 
 
 def test_client_side_limits_default_to_the_service_defaults() -> None:
-    assert ItemLimits() == ItemLimits.of(VerifierSettings())
+    assert ItemLimits() == item_limits(VerifierSettings())
 
 
 def test_body_size_limit() -> None:

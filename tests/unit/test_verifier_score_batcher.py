@@ -12,9 +12,10 @@ from collections.abc import Sequence
 import httpx
 import pytest
 
-from asyncdapo.config import RewardConfig
-from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.score_batcher import (
+from asyncdapo.contracts.config import RewardConfig
+from asyncdapo.runtime.verifier_client import VerifierUnavailable
+from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+from asyncdapo.services.scheduler.score_batcher import (
     BatcherConfig,
     ItemScore,
     ScoreBatcher,
@@ -22,7 +23,6 @@ from asyncdapo.scheduler.score_batcher import (
     ScoreJob,
     VerifierScorer,
 )
-from asyncdapo.verifier.verifier_client import VerifierUnavailable
 
 Items = Sequence[tuple[str, Sequence[int], str]]
 
@@ -84,7 +84,7 @@ async def test_exception_in_on_scored_is_logged_and_retried_not_lost(
 ) -> None:
     out = Outcomes(fail_scored=2)
     batcher = _batcher(Scripted(), out)
-    with caplog.at_level(logging.ERROR, logger="asyncdapo.scheduler.score_batcher"):
+    with caplog.at_level(logging.ERROR, logger="asyncdapo.services.scheduler.score_batcher"):
         await _score_all(batcher, [f"j{k}" for k in range(5)])
     assert sorted(out.scored) == [f"j{k}" for k in range(5)] and out.failed == []
     assert batcher.stats.callback_failures == 2 and batcher.pending() == 0

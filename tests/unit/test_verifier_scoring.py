@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from asyncdapo.verifier.math_verdict import score_pair
-from asyncdapo.verifier.schemas import ItemStatus
-from asyncdapo.verifier.worker import score_guarded
+from asyncdapo.contracts.verifier_api import ItemStatus
+from asyncdapo.services.verifier.math_verdict import score_pair
+from asyncdapo.services.verifier.worker import score_guarded
 
 NESTED_FRAC = "$\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}$"
 
@@ -68,7 +68,7 @@ def test_in_worker_alarm_turns_a_stall_into_timeout(own_sigalrm: None) -> None:
 
 
 def test_a_ground_truth_is_parsed_once_and_gives_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncdapo.verifier import math_verdict as scoring
+    from asyncdapo.services.verifier import math_verdict as scoring
 
     scoring._parse_gold.cache_clear()
     parsed: list[str] = []

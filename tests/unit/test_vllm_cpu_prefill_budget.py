@@ -4,7 +4,7 @@ offset"), and every rollout request is seeded."""
 
 from __future__ import annotations
 
-from asyncdapo.gateway.vllm_engine import VllmSettings
+from asyncdapo.services.gateway.vllm_engine import VllmSettings
 
 
 def test_the_step_budget_holds_every_slots_whole_context_on_cpu() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.scheduler.relay_plan import resync_sources, tree_sources
-from asyncdapo.weight_stream.fetch import missing_runs
-from asyncdapo.weight_stream.manifest import Manifest, ManifestError, build_manifest
-from asyncdapo.weight_stream.store import ChunkCorrupt, WeightStore
-from asyncdapo.weight_stream.uri import stream_address, stream_uri
+from asyncdapo.runtime.weight_stream.fetch import missing_runs
+from asyncdapo.runtime.weight_stream.manifest import Manifest, ManifestError, build_manifest
+from asyncdapo.runtime.weight_stream.store import ChunkCorrupt, WeightStore
+from asyncdapo.runtime.weight_stream.uri import stream_address, stream_uri
+from asyncdapo.services.scheduler.relay_plan import resync_sources, tree_sources
 
 
 def model_dir(root: Path) -> Path:
@@ -116,7 +116,7 @@ def test_digest_tells_two_manifests_of_one_version_apart(tmp_path: Path) -> None
 
 
 def test_a_store_without_room_for_a_version_says_where_and_how_much(tmp_path: Path) -> None:
-    from asyncdapo.weight_stream.store import StoreFull, check_room
+    from asyncdapo.runtime.weight_stream.store import StoreFull, check_room
 
     with pytest.raises(StoreFull, match=r"weight_store_dir.*--weight-store-dir"):
         check_room(tmp_path, 1 << 60, "receiving weights v1")
@@ -127,7 +127,7 @@ def test_versions_left_by_dead_processes_are_removed_and_live_ones_kept(tmp_path
     import os
     import subprocess
 
-    from asyncdapo.weight_stream.store import remove_orphans
+    from asyncdapo.runtime.weight_stream.store import remove_orphans
 
     gone = subprocess.Popen(["true"])  # a process that has exited: its pid is free
     gone.wait()

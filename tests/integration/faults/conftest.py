@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.faults.assets import FaultAssets, build_fault_assets
-from asyncdapo.faults.procs import FaultStack, FaultStackOptions, marked_processes
+from asyncdapo.tools.faults.assets import FaultAssets, build_fault_assets
+from asyncdapo.tools.faults.procs import FaultStack, FaultStackOptions, marked_processes
 
 
 @pytest.fixture(scope="session")

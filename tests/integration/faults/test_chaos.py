@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.faults.chaos import ChaosOptions, ChaosRun
-from asyncdapo.faults.chaos_plan import FaultKind
+from asyncdapo.tools.faults.chaos import ChaosOptions, ChaosRun
+from asyncdapo.tools.faults.chaos_plan import FaultKind
 
 pytestmark = pytest.mark.slow
 

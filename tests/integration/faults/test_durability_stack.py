@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from asyncdapo.faults.assets import FaultAssets, build_fault_assets
-from asyncdapo.faults.invariants import CheckerThread, InvariantChecker
-from asyncdapo.faults.procs import FaultStack, FaultStackOptions
-from asyncdapo.faults.proxy import evalsha
-from asyncdapo.local.ports import wait_until
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.v1 import scheduler_pb2
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.contracts.v1 import scheduler_pb2
+from asyncdapo.tools.faults.assets import FaultAssets, build_fault_assets
+from asyncdapo.tools.faults.invariants import CheckerThread, InvariantChecker
+from asyncdapo.tools.faults.procs import FaultStack, FaultStackOptions
+from asyncdapo.tools.faults.proxy import evalsha
+from asyncdapo.tools.local.ports import wait_until
 
 pytestmark = pytest.mark.slow
 

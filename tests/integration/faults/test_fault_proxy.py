@@ -13,9 +13,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from asyncdapo.faults.proxy import ProxyThread, command, evalsha, script_sha
-from asyncdapo.faults.resp import RespParser, encode_command
-from asyncdapo.local.ports import free_port
+from asyncdapo.tools.faults.proxy import ProxyThread, command, evalsha, script_sha
+from asyncdapo.tools.faults.resp import RespParser, encode_command
+from asyncdapo.tools.local.ports import free_port
 
 
 @pytest.fixture()
@@ -137,8 +137,8 @@ def test_lost_reply_of_a_command_in_multi_is_lost_at_exec(proxy: ProxyThread, di
 
 
 def test_lost_reply_of_the_schedulers_finish_script(proxy: ProxyThread, direct: redis.Redis) -> None:
-    from asyncdapo.redis_keys import RunKeys
-    from asyncdapo.scheduler.lua import FINISH
+    from asyncdapo.contracts.redis_keys import RunKeys
+    from asyncdapo.services.scheduler.lua import FINISH
 
     assert direct.script_load(FINISH) == script_sha("finish")
     k = RunKeys("proxy-test")

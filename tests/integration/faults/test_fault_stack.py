@@ -20,15 +20,15 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from asyncdapo.faults.invariants import DEFAULT_LEASE_S, CheckerThread, InvariantChecker
-from asyncdapo.faults.procs import FaultStack, FaultStackError
-from asyncdapo.faults.proxy import Predicate, evalsha
-from asyncdapo.faults.supervised import group_members
-from asyncdapo.local.ports import wait_until
-from asyncdapo.local.stack import grpc_ready, http_ready
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.lua import FINISH_FIELDS, FINISH_HEADER
-from asyncdapo.v1 import scheduler_pb2
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.contracts.v1 import scheduler_pb2
+from asyncdapo.services.scheduler.lua import FINISH_FIELDS, FINISH_HEADER
+from asyncdapo.tools.faults.invariants import DEFAULT_LEASE_S, CheckerThread, InvariantChecker
+from asyncdapo.tools.faults.procs import FaultStack, FaultStackError
+from asyncdapo.tools.faults.proxy import Predicate, evalsha
+from asyncdapo.tools.faults.supervised import group_members
+from asyncdapo.tools.local.ports import wait_until
+from asyncdapo.tools.local.stack import grpc_ready, http_ready
 
 pytestmark = pytest.mark.slow
 

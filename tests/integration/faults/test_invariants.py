@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from asyncdapo.faults.invariants import AUDIT_STREAM, InvariantChecker, Kind
-from asyncdapo.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
-from asyncdapo.scheduler.lua import CLAIM, FINISH
-from asyncdapo.v1 import rollout_pb2
+from asyncdapo.contracts.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
+from asyncdapo.contracts.v1 import rollout_pb2
+from asyncdapo.services.scheduler.lua import CLAIM, FINISH
+from asyncdapo.tools.faults.invariants import AUDIT_STREAM, InvariantChecker, Kind
 
 RUN = "inv"
 K = RunKeys(RUN)

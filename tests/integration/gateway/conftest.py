@@ -19,13 +19,13 @@ import pytest
 import required
 from prometheus_client import CollectorRegistry
 
-from asyncdapo.gateway.engine import Engine
-from asyncdapo.gateway.gateway_service import GatewayOptions
-from asyncdapo.gateway.metrics import GatewayMetrics
-from asyncdapo.gateway.server import GatewayServer, ServerSettings
-from asyncdapo.gateway.weight_loader import WeightsValidator
-from asyncdapo.grpc_security import ServerTls
-from asyncdapo.local.ports import free_port
+from asyncdapo.runtime.grpc_security import ServerTls
+from asyncdapo.services.gateway.engine import Engine
+from asyncdapo.services.gateway.gateway_service import GatewayOptions
+from asyncdapo.services.gateway.metrics import GatewayMetrics
+from asyncdapo.services.gateway.server import GatewayServer, ServerSettings
+from asyncdapo.services.gateway.weight_loader import WeightsValidator
+from asyncdapo.tools.local.ports import free_port
 
 TOKEN = "test-token"
 T = TypeVar("T")
@@ -80,9 +80,9 @@ class GatewayThread:
             engine = await self._make_engine()
             weights = None
             if self._weights_root is not None:
-                from asyncdapo.gateway.gateway_service import StreamWeights
-                from asyncdapo.weight_stream.fetch import Fetcher
-                from asyncdapo.weight_stream.store import WeightStore
+                from asyncdapo.runtime.weight_stream.fetch import Fetcher
+                from asyncdapo.runtime.weight_stream.store import WeightStore
+                from asyncdapo.services.gateway.gateway_service import StreamWeights
 
                 store = WeightStore(self._weights_root, self._options.gateway_id)
                 weights = StreamWeights(store, Fetcher(store, self._settings.token))
@@ -133,7 +133,7 @@ def vllm_gateway(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     from prometheus_client import REGISTRY
 
-    from asyncdapo.gateway.vllm_engine import VllmEngine, VllmSettings
+    from asyncdapo.services.gateway.vllm_engine import VllmEngine, VllmSettings
 
     settings = VllmSettings(
         model=str(tiny_model_dir), max_concurrency=64, max_model_len=1024, dtype="float32", enforce_eager=True
@@ -154,7 +154,7 @@ def vllm_gateway(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture()
 def sim_gateway_factory() -> Iterator[Callable[..., GatewayThread]]:
     """Start SIMULATOR-backed gateways (cheap); all are stopped after the test."""
-    from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+    from asyncdapo.services.gateway.sim_engine import SimTiming, SimulatedEngine
 
     started: list[GatewayThread] = []
 

@@ -19,9 +19,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncdapo.gateway.engine import Sampling
-from asyncdapo.gateway.gateway_client import GatewayClient
-from asyncdapo.local.ports import free_port
+from asyncdapo.services.gateway.engine import Sampling
+from asyncdapo.services.gateway.gateway_client import GatewayClient
+from asyncdapo.tools.local.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 SERVING_LIMIT_S = 300  # the limit of a loaded 2-core CI machine, not the expectation (see the printout)

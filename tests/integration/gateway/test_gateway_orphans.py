@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from process_tree import descendants, survivors
 
-from asyncdapo.local.ports import free_port
+from asyncdapo.tools.local.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -74,7 +74,7 @@ def test_a_sigkilled_gateway_leaves_no_engine_process(tiny_model_dir: Path, tmp_
 # gateway does, a child and a grandchild.
 _FAMILY = r"""
 import multiprocessing as mp, sys, time
-from asyncdapo.gateway import parent_death
+from asyncdapo.services.gateway import parent_death
 
 def leaf():
     parent_death.on_plugin_load()  # what our vLLM plugin does in a spawned engine process

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from asyncdapo.gateway.engine import Finish, PauseMode, Sampling
-from asyncdapo.gateway.gateway_client import GatewayClient
-from asyncdapo.local.ports import free_port
+from asyncdapo.services.gateway.engine import Finish, PauseMode, Sampling
+from asyncdapo.services.gateway.gateway_client import GatewayClient
+from asyncdapo.tools.local.ports import free_port
 
 LONG = Sampling(max_tokens=100_000, ignore_eos=True)
 
@@ -248,10 +248,10 @@ def test_cli_reports_bad_flags(tmp_path: Path) -> None:
 async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:
     from prometheus_client import CollectorRegistry
 
-    from asyncdapo.gateway.gateway_service import GatewayOptions
-    from asyncdapo.gateway.metrics import GatewayMetrics
-    from asyncdapo.gateway.server import GatewayServer, ServerSettings
-    from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+    from asyncdapo.services.gateway.gateway_service import GatewayOptions
+    from asyncdapo.services.gateway.metrics import GatewayMetrics
+    from asyncdapo.services.gateway.server import GatewayServer, ServerSettings
+    from asyncdapo.services.gateway.sim_engine import SimTiming, SimulatedEngine
 
     server = GatewayServer(
         None,
@@ -279,8 +279,8 @@ async def test_port_is_held_while_the_engine_starts(gateway_token: str) -> None:
 
 def test_every_gateway_rpc_is_either_control_or_data_plane() -> None:
     """A new RPC must be classified: control ones need the token."""
-    from asyncdapo.gateway.gateway_service import CONTROL_METHODS, SERVICE_NAME
-    from asyncdapo.v1 import gateway_pb2
+    from asyncdapo.contracts.v1 import gateway_pb2
+    from asyncdapo.services.gateway.gateway_service import CONTROL_METHODS, SERVICE_NAME
 
     every = {f"/{SERVICE_NAME}/{m.name}" for m in gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].methods}
     open_ = {f"/{SERVICE_NAME}/{m}" for m in ("Generate", "GenerateStream", "GetLoad", "WatchLoad")}
@@ -305,7 +305,7 @@ async def test_tls_gateway_serves_verified_clients_only(
 ) -> None:
     from tls_certs import self_signed
 
-    from asyncdapo.grpc_security import ClientTls, ServerTls
+    from asyncdapo.runtime.grpc_security import ClientTls, ServerTls
 
     cert, key = self_signed(tmp_path / "server")
     other_ca, _ = self_signed(tmp_path / "other", "someone-else")

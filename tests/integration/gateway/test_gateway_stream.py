@@ -8,7 +8,7 @@ import time
 
 import grpc
 
-from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
 def _req(

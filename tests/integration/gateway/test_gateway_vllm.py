@@ -16,8 +16,8 @@ import grpc
 import numpy as np
 import pytest
 
-from asyncdapo.gateway.engine import Finish, PauseMode, Sampling
-from asyncdapo.gateway.gateway_client import Continuation, GatewayClient, GenerateResult
+from asyncdapo.services.gateway.engine import Finish, PauseMode, Sampling
+from asyncdapo.services.gateway.gateway_client import Continuation, GatewayClient, GenerateResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -195,9 +195,9 @@ async def test_stream_weights_reach_the_engine_exactly(
     gateway's memory, loaded in place; log-probs are those of the trainer's weights."""
     import shutil
 
-    from asyncdapo.weight_stream.store import WeightStore
-    from asyncdapo.weight_stream.store_server import WeightStoreServer
-    from asyncdapo.weight_stream.uri import stream_uri
+    from asyncdapo.runtime.weight_stream.store import WeightStore
+    from asyncdapo.runtime.weight_stream.store_server import WeightStoreServer
+    from asyncdapo.runtime.weight_stream.uri import stream_uri
 
     shutil.copytree(other_weights, tmp_path / "export")
     store = WeightStore(tmp_path, "trainer")

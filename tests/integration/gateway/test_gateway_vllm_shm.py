@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from asyncdapo.gateway import vllm_shm
+from asyncdapo.services.gateway import vllm_shm
 
 PROBE = """
 import json, tempfile, zmq

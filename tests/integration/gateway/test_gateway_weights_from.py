@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncdapo.gateway.gateway_client import GatewayClient
-from asyncdapo.local.ports import free_port, port_open
-from asyncdapo.trainer.publish import TrainerWeightServer
-from asyncdapo.v1 import weights_pb2, weights_pb2_grpc
+from asyncdapo.contracts.v1 import weights_pb2, weights_pb2_grpc
+from asyncdapo.services.gateway.gateway_client import GatewayClient
+from asyncdapo.services.trainer.publish import TrainerWeightServer
+from asyncdapo.tools.local.ports import free_port, port_open
 
 
 async def test_gateway_starts_from_the_trainer_and_loads_its_next_version(

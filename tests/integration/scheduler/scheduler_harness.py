@@ -19,14 +19,14 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from asyncdapo.config import RunConfig
-from asyncdapo.prompts import PromptRecord, queue_prompts
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.gateway_pool import GatewayPool, GatewaySpec
-from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.rollout import Rollout
-from asyncdapo.scheduler.score_batcher import ItemScore
-from asyncdapo.v1 import rollout_pb2, scheduler_pb2
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.contracts.v1 import rollout_pb2, scheduler_pb2
+from asyncdapo.services.scheduler.gateway_pool import GatewayPool, GatewaySpec
+from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+from asyncdapo.services.scheduler.rollout import Rollout
+from asyncdapo.services.scheduler.score_batcher import ItemScore
 
 FAST_SIM = {
     "base_step_s": 0.002,
@@ -82,19 +82,19 @@ async def start_sim_gateway(
     """`weight_store`: a directory the gateway receives stream:// versions into (and relays from)."""
     from prometheus_client import CollectorRegistry
 
-    from asyncdapo.gateway.gateway_service import GatewayOptions
-    from asyncdapo.gateway.metrics import GatewayMetrics
-    from asyncdapo.gateway.server import GatewayServer, ServerSettings
-    from asyncdapo.gateway.sim_engine import SimTiming, SimulatedEngine
+    from asyncdapo.services.gateway.gateway_service import GatewayOptions
+    from asyncdapo.services.gateway.metrics import GatewayMetrics
+    from asyncdapo.services.gateway.server import GatewayServer, ServerSettings
+    from asyncdapo.services.gateway.sim_engine import SimTiming, SimulatedEngine
 
     engine = SimulatedEngine(
         SimTiming(**{**FAST_SIM, **timing}), max_concurrency=capacity, model_dir=model_dir
     )
     weights = None
     if weight_store is not None:
-        from asyncdapo.gateway.gateway_service import StreamWeights
-        from asyncdapo.weight_stream.fetch import Fetcher
-        from asyncdapo.weight_stream.store import WeightStore
+        from asyncdapo.runtime.weight_stream.fetch import Fetcher
+        from asyncdapo.runtime.weight_stream.store import WeightStore
+        from asyncdapo.services.gateway.gateway_service import StreamWeights
 
         store = WeightStore(weight_store, name)
         weights = StreamWeights(store, Fetcher(store, token))

@@ -24,7 +24,7 @@ from scheduler_harness import (
     write_fake_snapshot,
 )
 
-from asyncdapo.scheduler.rollout import Phase
+from asyncdapo.services.scheduler.rollout import Phase
 
 # heavy-tailed response lengths, slow enough that a batch's prompts finish far apart
 SLOW_TAIL = {"length_mean": 40.0, "length_sigma": 1.0, "base_step_s": 0.01}

@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 from scheduler_harness import sim_gateways
 
-from asyncdapo.scheduler.gateway_stream import GatewayStream
-from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from asyncdapo.services.scheduler.gateway_stream import GatewayStream
 
 
 class _Recorder:

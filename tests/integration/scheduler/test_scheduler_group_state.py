@@ -9,10 +9,10 @@ import random
 import pytest
 import redis.asyncio as aioredis
 
-from asyncdapo.prompts import PromptRecord, queue_prompts
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.group_records import RecordStatus, ResponseScore
-from asyncdapo.scheduler.group_state import (
+from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.services.scheduler.group_records import RecordStatus, ResponseScore
+from asyncdapo.services.scheduler.group_state import (
     GroupStore,
     Outcome,
     RequeueReason,
@@ -20,7 +20,7 @@ from asyncdapo.scheduler.group_state import (
     ScriptRunner,
     welford,
 )
-from asyncdapo.scheduler.queue import Claim, Fenced, PromptQueue
+from asyncdapo.services.scheduler.queue import Claim, Fenced, PromptQueue
 
 KEYS = RunKeys("t")
 

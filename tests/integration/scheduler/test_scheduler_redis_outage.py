@@ -22,9 +22,9 @@ from scheduler_harness import (
     write_fake_snapshot,
 )
 
-from asyncdapo.local.redis_server import RedisServer
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.rollout import Phase
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.services.scheduler.rollout import Phase
+from asyncdapo.tools.local.redis_server import RedisServer
 
 
 async def test_redis_killed_for_5s_mid_run_loses_nothing(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from scheduler_harness import RuleScorer, groups, load_prompts, run_config, scheduler, sim_gateways, wait_for
 
-from asyncdapo.scheduler.evaluate import evaluate
-from asyncdapo.scheduler.rollout import Phase
-from asyncdapo.scheduler.tasks import Request
-from asyncdapo.v1 import common_pb2, scheduler_pb2
+from asyncdapo.contracts.v1 import common_pb2, scheduler_pb2
+from asyncdapo.services.scheduler.evaluate import evaluate
+from asyncdapo.services.scheduler.rollout import Phase
+from asyncdapo.services.scheduler.tasks import Request
 
 # max_response_length 64, overlong buffer 16 (run_config): penalised from 48 tokens, -1 at 64;
 # responses of ~48 tokens put many of them in the buffer

@@ -25,9 +25,9 @@ from scheduler_harness import (
     write_fake_snapshot,
 )
 
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.rollout import Phase
-from asyncdapo.v1 import common_pb2, gateway_pb2
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
+from asyncdapo.services.scheduler.rollout import Phase
 
 
 async def test_exactly_b_valid_per_version_rest_aborted_and_requeued(redis_url: str, tmp_path: Path) -> None:
@@ -173,7 +173,7 @@ async def test_scheduler_crash_requeues_its_claims_at_once(redis_url: str) -> No
 
 
 async def test_dns_pool_resolves_and_follows_membership() -> None:
-    from asyncdapo.scheduler.gateway_pool import GatewayPool, GatewaySpec
+    from asyncdapo.services.scheduler.gateway_pool import GatewayPool, GatewaySpec
 
     async with sim_gateways(1) as gws:
         pool = GatewayPool(GatewaySpec.parse(f"dns:localhost:{gws[0].port}"), resolve_interval_s=0.1)
@@ -241,7 +241,7 @@ async def test_pdsr_starts_every_response_fast_and_continues_capped_ones_on_the_
 
 
 async def test_bad_prompts_are_dropped_with_a_reason_not_lost(redis_url: str) -> None:
-    from asyncdapo.prompts import PromptRecord, queue_prompts
+    from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
 
     r = redis.Redis.from_url(redis_url)
     keys = RunKeys("t")
@@ -294,7 +294,7 @@ async def test_response_log_holds_every_judged_and_cut_response_once(redis_url: 
     import json
     from collections import Counter
 
-    from asyncdapo.scheduler.response_log import ResponseLog
+    from asyncdapo.services.scheduler.response_log import ResponseLog
 
     cfg = run_config(rollout={"admission": {"policy": "greedy"}})
     load_prompts(redis_url, "t", ["mixed", "all0"] * 30)

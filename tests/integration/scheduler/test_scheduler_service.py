@@ -27,10 +27,10 @@ from scheduler_harness import (
     write_fake_snapshot,
 )
 
-from asyncdapo.local.ports import free_port, port_open
-from asyncdapo.scheduler.rollout import Phase, Rollout
-from asyncdapo.scheduler.scheduler_service import build_server
-from asyncdapo.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.contracts.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.services.scheduler.rollout import Phase, Rollout
+from asyncdapo.services.scheduler.scheduler_service import build_server
+from asyncdapo.tools.local.ports import free_port, port_open
 
 TOKEN = "s3cret"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -217,7 +217,7 @@ async def test_every_rpc_through_the_stub(redis_url: str, tmp_path: Path) -> Non
 
 def test_every_scheduler_rpc_is_either_control_or_read_only() -> None:
     """A new RPC must be classified: control ones need the token, the rest change nothing."""
-    from asyncdapo.scheduler.scheduler_service import CONTROL_METHODS, SERVICE_NAME
+    from asyncdapo.services.scheduler.scheduler_service import CONTROL_METHODS, SERVICE_NAME
 
     every = {
         f"/{SERVICE_NAME}/{m.name}" for m in scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].methods
@@ -278,7 +278,7 @@ async def test_control_rpcs_refuse_a_missing_or_wrong_token_and_change_nothing(
 
 
 async def test_evaluate_rejects_out_of_bounds_requests_at_once(redis_url: str) -> None:
-    from asyncdapo.scheduler import evaluate as ev
+    from asyncdapo.services.scheduler import evaluate as ev
 
     def prompt(i: int, pid: str | None = None) -> scheduler_pb2.EvalPrompt:
         return scheduler_pb2.EvalPrompt(
@@ -355,9 +355,9 @@ async def test_tls_end_to_end_scheduler_gateways_and_the_trainers_client(
     TLS with its token; a plaintext client or one trusting another CA gets nowhere."""
     from tls_certs import self_signed
 
-    from asyncdapo.grpc_security import ClientTls, ServerTls, bearer_metadata, sync_channel
-    from asyncdapo.redis_keys import RunKeys
-    from asyncdapo.trainer.publish import PublishError, VersionNotifier
+    from asyncdapo.contracts.redis_keys import RunKeys
+    from asyncdapo.runtime.grpc_security import ClientTls, ServerTls, bearer_metadata, sync_channel
+    from asyncdapo.services.trainer.publish import PublishError, VersionNotifier
 
     cert, key = self_signed(tmp_path / "pki")
     other_ca, _ = self_signed(tmp_path / "other", "someone-else")

@@ -14,13 +14,19 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio as aioredis
 
-from asyncdapo.config import RunConfig
-from asyncdapo.prompts import PromptRecord, queue_prompts
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.group_records import ResponseScore
-from asyncdapo.scheduler.group_state import GroupStore, Outcome, RequeueReason, RoundTrips, ScriptRunner
-from asyncdapo.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
-from asyncdapo.scheduler.queue import Fenced, PromptQueue
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.services.scheduler.group_records import ResponseScore
+from asyncdapo.services.scheduler.group_state import (
+    GroupStore,
+    Outcome,
+    RequeueReason,
+    RoundTrips,
+    ScriptRunner,
+)
+from asyncdapo.services.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
+from asyncdapo.services.scheduler.queue import Fenced, PromptQueue
 
 KEYS = RunKeys("eq")
 T = TypeVar("T")

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 from scheduler_harness import sim_gateways, wait_for
 
-from asyncdapo.scheduler.dispatcher import Dispatcher
-from asyncdapo.scheduler.gateway_pool import Gateway, GatewayPool, GatewaySpec
-from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.policy.dispatch import DispatchPolicy
-from asyncdapo.scheduler.tasks import Kind, PromptTask, Request
-from asyncdapo.v1 import common_pb2, gateway_pb2
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
+from asyncdapo.services.scheduler.dispatcher import Dispatcher
+from asyncdapo.services.scheduler.gateway_pool import Gateway, GatewayPool, GatewaySpec
+from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy
+from asyncdapo.services.scheduler.tasks import Kind, PromptTask, Request
 
 
 @dataclass

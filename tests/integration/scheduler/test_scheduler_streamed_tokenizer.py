@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from asyncdapo.local.ports import free_port
-from asyncdapo.scheduler.score_batcher import Detokenizer
-from asyncdapo.scheduler.streamed_tokenizer import StreamedDetokenizer
-from asyncdapo.weight_stream.files import FileNotServed, fetch_files
-from asyncdapo.weight_stream.store import WeightStore
-from asyncdapo.weight_stream.store_server import WeightStoreServer
+from asyncdapo.runtime.weight_stream.files import FileNotServed, fetch_files
+from asyncdapo.runtime.weight_stream.store import WeightStore
+from asyncdapo.runtime.weight_stream.store_server import WeightStoreServer
+from asyncdapo.services.scheduler.score_batcher import Detokenizer
+from asyncdapo.services.scheduler.streamed_tokenizer import StreamedDetokenizer
+from asyncdapo.tools.local.ports import free_port
 
 TOKEN = "run-token"
 

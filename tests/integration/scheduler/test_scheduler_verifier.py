@@ -19,11 +19,11 @@ from scheduler_harness import (
     wait_for,
 )
 
-from asyncdapo.local.ports import free_port
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.score_batcher import Detokenizer, VerifierScorer
-from asyncdapo.verifier.local_server import VerifierServer
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+from asyncdapo.services.scheduler.score_batcher import Detokenizer, VerifierScorer
+from asyncdapo.tools.local.local_server import VerifierServer
+from asyncdapo.tools.local.ports import free_port
 
 
 def _metric(metrics: SchedulerMetrics, name: str, **labels: str) -> float:

@@ -26,16 +26,16 @@ from scheduler_harness import (
 )
 from vllm_gateway_proc import GATEWAY_TOKEN, VllmGatewayProc
 
-from asyncdapo.config import PauseMode
-from asyncdapo.local.ports import free_port
-from asyncdapo.prompts import PromptRecord, queue_prompts
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.evaluate import evaluate
-from asyncdapo.scheduler.metrics import SchedulerMetrics
-from asyncdapo.scheduler.rollout import Phase, Rollout
-from asyncdapo.scheduler.score_batcher import Detokenizer, VerifierScorer
-from asyncdapo.v1 import common_pb2, gateway_pb2, scheduler_pb2
-from asyncdapo.verifier.local_server import VerifierServer
+from asyncdapo.contracts.config import PauseMode
+from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from asyncdapo.services.scheduler.evaluate import evaluate
+from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+from asyncdapo.services.scheduler.rollout import Phase, Rollout
+from asyncdapo.services.scheduler.score_batcher import Detokenizer, VerifierScorer
+from asyncdapo.tools.local.local_server import VerifierServer
+from asyncdapo.tools.local.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 INTEGER = re.compile(r"-?[0-9]+")
@@ -45,8 +45,8 @@ NEVER = "12345"  # a ground truth the model never produces: those groups are all
 def _problem_prompts(model_dir: Path) -> list[tuple[list[int], str]]:
     from transformers import AutoTokenizer
 
-    from asyncdapo.data.prompting import prompt_token_ids
-    from asyncdapo.data.synth import SynthSpec, synth_splits
+    from asyncdapo.contracts.prompting import prompt_token_ids
+    from asyncdapo.tools.data.synth import SynthSpec, synth_splits
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     train, _ = synth_splits(8, 0, seed=3, spec=SynthSpec(ops=("+",), max_operand=9))

@@ -26,11 +26,11 @@ from scheduler_harness import (
     wait_for,
 )
 
-from asyncdapo.local.ports import free_port, port_open
-from asyncdapo.scheduler.rollout import Phase
-from asyncdapo.weight_stream.store import WeightStore
-from asyncdapo.weight_stream.store_server import WeightStoreServer
-from asyncdapo.weight_stream.uri import stream_uri
+from asyncdapo.runtime.weight_stream.store import WeightStore
+from asyncdapo.runtime.weight_stream.store_server import WeightStoreServer
+from asyncdapo.runtime.weight_stream.uri import stream_uri
+from asyncdapo.services.scheduler.rollout import Phase
+from asyncdapo.tools.local.ports import free_port, port_open
 
 
 def trainer_store(root: Path, version: int, mib: int = 18) -> tuple[WeightStore, dict[str, str]]:

@@ -22,9 +22,9 @@ from scheduler_harness import (
     write_fake_snapshot,
 )
 
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.scheduler.rollout import Phase
-from asyncdapo.scheduler.weight_publisher import PublishError, PublishUnavailable
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.services.scheduler.rollout import Phase
+from asyncdapo.services.scheduler.weight_publisher import PublishError, PublishUnavailable
 
 
 async def test_publish_failing_on_every_gateway_changes_nothing_and_is_retryable(

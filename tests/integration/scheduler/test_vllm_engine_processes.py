@@ -15,7 +15,7 @@ import grpc
 import pytest
 from vllm_gateway_proc import VllmGatewayProc
 
-from asyncdapo.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from asyncdapo.config import RunConfig, parse_run_config
-from asyncdapo.data.synth import SynthSpec, synth_splits
-from asyncdapo.data.verl_format import write_examples
-from asyncdapo.prompts import PromptRecord, load_prompt, prompt_id
-from asyncdapo.redis_keys import GROUP_FIELD, RunKeys
-from asyncdapo.v1 import common_pb2, rollout_pb2
+from asyncdapo.contracts.config import RunConfig, parse_run_config
+from asyncdapo.contracts.prompts import PromptRecord, load_prompt, prompt_id
+from asyncdapo.contracts.redis_keys import GROUP_FIELD, RunKeys
+from asyncdapo.contracts.v1 import common_pb2, rollout_pb2
+from asyncdapo.contracts.verl_format import write_examples
+from asyncdapo.tools.data.synth import SynthSpec, synth_splits
 
 
 class RolloutDouble:
@@ -40,7 +40,7 @@ class RolloutDouble:
         self.allowed = [self.tok.convert_tokens_to_ids(c) for c in "0123456789"] + [self.tok.eos_token_id]
 
     def records(self, n: int, epoch: int = 0) -> list[PromptRecord]:
-        from asyncdapo.data.prompting import prompt_token_ids, render_prompt
+        from asyncdapo.contracts.prompting import prompt_token_ids, render_prompt
 
         spec = SynthSpec(ops=("+",), max_operand=9)
         train, _ = synth_splits(n, 0, seed=epoch, spec=spec)

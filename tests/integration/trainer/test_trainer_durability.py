@@ -18,24 +18,24 @@ import pytest
 import redis
 from trainer_procs import KillableRedis
 
-from asyncdapo.data.verl_format import Example
-from asyncdapo.local.ports import free_port
-from asyncdapo.redis_keys import (
+from asyncdapo.contracts.redis_keys import (
     GROUP_FIELD,
     GROUPS_CONSUMER_GROUP,
     TRAINER_REDELIVERED,
     VALID_CREDITED,
     RunKeys,
 )
-from asyncdapo.trainer import loop as loop_module
-from asyncdapo.trainer.crash_points import CrashPoint
-from asyncdapo.trainer.data_feed import PromptFeed
-from asyncdapo.trainer.fence import TrainerFence, TrainerFenced
-from asyncdapo.trainer.groups_reader import GroupDropReason, GroupsReader
-from asyncdapo.trainer.loop import Trainer, TrainerOptions
-from asyncdapo.trainer.publish import VersionNotifier
-from asyncdapo.trainer.redis_io import RedisWaiter
-from asyncdapo.v1 import rollout_pb2, scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.contracts.v1 import rollout_pb2, scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.contracts.verl_format import Example
+from asyncdapo.services.trainer import loop as loop_module
+from asyncdapo.services.trainer.crash_points import CrashPoint
+from asyncdapo.services.trainer.data_feed import PromptFeed
+from asyncdapo.services.trainer.fence import TrainerFence, TrainerFenced
+from asyncdapo.services.trainer.groups_reader import GroupDropReason, GroupsReader
+from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
+from asyncdapo.services.trainer.publish import VersionNotifier
+from asyncdapo.services.trainer.redis_io import RedisWaiter
+from asyncdapo.tools.local.ports import free_port
 
 KEYS = RunKeys("durability")
 

@@ -22,16 +22,16 @@ import pytest
 import redis
 from trainer_procs import KillableRedis, TrainerProc, assert_trained_exactly_once, ledger, wait_for
 
-from asyncdapo.local.ports import free_port
-from asyncdapo.redis_keys import (
+from asyncdapo.contracts.redis_keys import (
     GROUP_FIELD,
     GROUPS_CONSUMER_GROUP,
     TRAINER_REDELIVERED,
     VALID_CREDITED,
     RunKeys,
 )
-from asyncdapo.trainer.crash_points import EXIT_CODE
-from asyncdapo.trainer.fence import DEFAULT_LEASE_S
+from asyncdapo.services.trainer.crash_points import EXIT_CODE
+from asyncdapo.services.trainer.fence import DEFAULT_LEASE_S
+from asyncdapo.tools.local.ports import free_port
 
 STALE = "trainer:dropped:stale"
 

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import torch
 
-from asyncdapo.config import parse_run_config
-from asyncdapo.local.ports import free_port
-from asyncdapo.trainer.algos import grpo_advantages
-from asyncdapo.trainer.batch import build_batch
-from asyncdapo.trainer.dist import DistContext
-from asyncdapo.trainer.model import Precision, compute_log_probs
-from asyncdapo.trainer.update import UpdateSettings, ppo_update
-from asyncdapo.v1 import rollout_pb2
+from asyncdapo.contracts.config import parse_run_config
+from asyncdapo.contracts.v1 import rollout_pb2
+from asyncdapo.services.trainer.algos import grpo_advantages
+from asyncdapo.services.trainer.batch import build_batch
+from asyncdapo.services.trainer.dist import DistContext
+from asyncdapo.services.trainer.model import Precision, compute_log_probs
+from asyncdapo.services.trainer.update import UpdateSettings, ppo_update
+from asyncdapo.tools.local.ports import free_port
 
 CASES = {  # name: (compute dtype, activation checkpointing)
     "fp32": (torch.float32, False),
@@ -88,9 +88,9 @@ def _update(
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as tdist
 
-    from asyncdapo.trainer.checkpoint import CheckpointStore, TrainerState
-    from asyncdapo.trainer.fsdp import Sharding
-    from asyncdapo.trainer.publish import write_snapshot
+    from asyncdapo.services.trainer.checkpoint import CheckpointStore, TrainerState
+    from asyncdapo.services.trainer.fsdp import Sharding
+    from asyncdapo.services.trainer.publish import write_snapshot
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -252,9 +252,9 @@ def _fallback_worker(rank: int, world: int, port: int, out: str) -> None:
     log-probs: rank 0 must still join the forward passes (one row), or rank 1's all-gathers hang."""
     import torch.distributed as tdist
 
-    from asyncdapo.config import OldLogProbSource
-    from asyncdapo.trainer.fsdp import Sharding
-    from asyncdapo.trainer.update import old_log_probs, rows_of_rank
+    from asyncdapo.contracts.config import OldLogProbSource
+    from asyncdapo.services.trainer.fsdp import Sharding
+    from asyncdapo.services.trainer.update import old_log_probs, rows_of_rank
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

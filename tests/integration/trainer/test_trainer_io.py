@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from asyncdapo.config import RunConfig
-from asyncdapo.data.verl_format import Example
-from asyncdapo.prompts import PromptRecord, epoch_order
-from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
-from asyncdapo.trainer.data_feed import COUNTER_TOO_LONG, Cursor, PromptFeed
-from asyncdapo.trainer.groups_reader import GroupDropReason, GroupsReader, classify
-from asyncdapo.v1 import common_pb2, rollout_pb2
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.contracts.prompts import PromptRecord, epoch_order
+from asyncdapo.contracts.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
+from asyncdapo.contracts.v1 import common_pb2, rollout_pb2
+from asyncdapo.contracts.verl_format import Example
+from asyncdapo.services.trainer.data_feed import COUNTER_TOO_LONG, Cursor, PromptFeed
+from asyncdapo.services.trainer.groups_reader import GroupDropReason, GroupsReader, classify
 
 KEYS = RunKeys("io-test")
 
@@ -83,9 +83,9 @@ def test_feed_skips_and_counts_too_long_prompts(redis_client: Any) -> None:
 
 
 def test_feed_truncates_long_prompts_as_data_truncation_says(redis_client: Any) -> None:
-    from asyncdapo.config import PromptTruncation
-    from asyncdapo.data.prompting import PromptTooLong
-    from asyncdapo.prompts import load_prompt
+    from asyncdapo.contracts.config import PromptTruncation
+    from asyncdapo.contracts.prompting import PromptTooLong
+    from asyncdapo.contracts.prompts import load_prompt
 
     feed = PromptFeed(redis_client, KEYS, _examples(5), _encode, watermark=5, max_prompt_length=4, seed=5,
                       shuffle=False, truncation=PromptTruncation.LEFT)  # fmt: skip
@@ -111,10 +111,10 @@ def test_feed_queues_a_dapo_math_17k_parquet(redis_client: Any, tiny_model_dir: 
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from asyncdapo.config import PromptTruncation
-    from asyncdapo.data.verl_format import load_examples
-    from asyncdapo.prompts import load_prompt
-    from asyncdapo.trainer.data_feed import make_encoder
+    from asyncdapo.contracts.config import PromptTruncation
+    from asyncdapo.contracts.prompts import load_prompt
+    from asyncdapo.contracts.verl_format import load_examples
+    from asyncdapo.services.trainer.data_feed import make_encoder
 
     rows = [
         {

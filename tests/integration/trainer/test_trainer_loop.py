@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from asyncdapo.config import ConfigError
-from asyncdapo.prompts import PromptRecord
-from asyncdapo.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
-from asyncdapo.trainer.batch import build_batch
-from asyncdapo.trainer.dist import DistContext
-from asyncdapo.trainer.loop import Trainer, TrainerConfigError, TrainerOptions
-from asyncdapo.trainer.model import compute_log_probs, load_policy, resolve_precision
-from asyncdapo.trainer.update import UpdateSettings, ppo_update
+from asyncdapo.contracts.config import ConfigError
+from asyncdapo.contracts.prompts import PromptRecord
+from asyncdapo.contracts.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
+from asyncdapo.services.trainer.batch import build_batch
+from asyncdapo.services.trainer.dist import DistContext
+from asyncdapo.services.trainer.loop import Trainer, TrainerConfigError, TrainerOptions
+from asyncdapo.services.trainer.model import compute_log_probs, load_policy, resolve_precision
+from asyncdapo.services.trainer.update import UpdateSettings, ppo_update
 
 
 def _snapshot_state(uri: str) -> dict[str, torch.Tensor]:
@@ -104,7 +104,7 @@ def test_loss_falls_on_a_fixed_batch(
     prec = resolve_precision("float32", dev)
     model, tok = load_policy(tiny_model_dir, dev)
     batch = build_batch(groups, tok.pad_token_id)
-    from asyncdapo.trainer.algos import grpo_advantages
+    from asyncdapo.services.trainer.algos import grpo_advantages
 
     old_lp, _ = compute_log_probs(model, batch, micro_batch_size=5, temperature=1.0, precision=prec)
     adv = grpo_advantages(batch.rewards, batch.group_ordinal)
@@ -141,7 +141,7 @@ def test_rollout_old_log_probs_skip_the_pass_and_cosine_lr_decays(
     tmp_path: Path, make_config: Any, rollout: Any, redis_url: str, redis_client: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    import asyncdapo.trainer.loop as loop_module
+    import asyncdapo.services.trainer.loop as loop_module
 
     cfg = make_config(
         tmp_path / "ckpt", algorithm__old_log_prob="rollout", trainer__total_steps=3,

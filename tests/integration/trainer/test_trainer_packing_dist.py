@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 import torch
 
-from asyncdapo.config import parse_run_config
-from asyncdapo.local.ports import free_port
-from asyncdapo.trainer.algos import grpo_advantages
-from asyncdapo.trainer.batch import build_batch
-from asyncdapo.trainer.dist import DistContext
-from asyncdapo.trainer.model import Precision, compute_log_probs
-from asyncdapo.trainer.packing import row_tokens, use_packed_attention
-from asyncdapo.trainer.update import UpdateSettings, budget_chunks, mini_batch_rows, ppo_update
-from asyncdapo.v1 import rollout_pb2
+from asyncdapo.contracts.config import parse_run_config
+from asyncdapo.contracts.v1 import rollout_pb2
+from asyncdapo.services.trainer.algos import grpo_advantages
+from asyncdapo.services.trainer.batch import build_batch
+from asyncdapo.services.trainer.dist import DistContext
+from asyncdapo.services.trainer.model import Precision, compute_log_probs
+from asyncdapo.services.trainer.packing import row_tokens, use_packed_attention
+from asyncdapo.services.trainer.update import UpdateSettings, budget_chunks, mini_batch_rows, ppo_update
+from asyncdapo.tools.local.ports import free_port
 
 CAP = 40  # responses 0 and 2 of every group reach it; 1 and 3 are a few tokens
 CASES = {
@@ -104,7 +104,7 @@ def _update(model: torch.nn.Module, cfg: Any, dist: DistContext) -> tuple[dict[s
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as tdist
 
-    from asyncdapo.trainer.fsdp import Sharding
+    from asyncdapo.services.trainer.fsdp import Sharding
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

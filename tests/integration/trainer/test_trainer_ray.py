@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import required
 
-from asyncdapo.redis_keys import GROUP_FIELD, RunKeys
-from asyncdapo.trainer.launch import launch_ray
-from asyncdapo.trainer.loop import Trainer, TrainerOptions
+from asyncdapo.contracts.redis_keys import GROUP_FIELD, RunKeys
+from asyncdapo.services.trainer.launch import launch_ray
+from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
 
 
 @pytest.mark.slow

@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
-from asyncdapo.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
-from asyncdapo.trainer.crash_points import ENV, SimulatedCrash
-from asyncdapo.trainer.loop import Trainer, TrainerOptions
+from asyncdapo.contracts.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
+from asyncdapo.services.trainer.crash_points import ENV, SimulatedCrash
+from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
 
 STEPS = 4
 # publish (and so checkpoint) every 2 steps: steps 1 and 3 live only in memory until 2 and 4

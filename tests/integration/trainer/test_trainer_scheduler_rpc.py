@@ -2,7 +2,7 @@
 published step (bearer token, retries on UNAVAILABLE, errors reported), Evaluate every val_every.
 
 `RecordingScheduler` is a TEST DOUBLE of the scheduler's gRPC surface (real grpc server, in
-process), answering like asyncdapo.scheduler does (versions must increase, token required); the
+process), answering like asyncdapo.services.scheduler does (versions must increase, token required); the
 scheduler's own behaviour is tested in tests/integration/scheduler.
 """
 
@@ -21,11 +21,11 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from asyncdapo.local.ports import free_port
-from asyncdapo.redis_keys import RunKeys
-from asyncdapo.trainer.loop import Trainer, TrainerOptions, TrainerStateError
-from asyncdapo.trainer.publish import PublishError, VersionNotifier
-from asyncdapo.v1 import scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
+from asyncdapo.services.trainer.loop import Trainer, TrainerOptions, TrainerStateError
+from asyncdapo.services.trainer.publish import PublishError, VersionNotifier
+from asyncdapo.tools.local.ports import free_port
 
 TOKEN = "s3cret"
 
@@ -151,7 +151,7 @@ def test_a_validation_prompt_over_the_limit_stops_the_run_at_start(
 ) -> None:
     """data.truncation: error (verl's default) with a validation prompt longer than
     data.max_prompt_length: the trainer stops before its first step, naming the row and its length."""
-    from asyncdapo.data.prompting import PromptTooLong
+    from asyncdapo.contracts.prompting import PromptTooLong
 
     servicer, addr = scheduler
     cfg = make_config(tmp_path / "out", trainer__val_every=2, data__val_files=[str(train_file)],
@@ -169,9 +169,9 @@ def _pull(uri: str, version: int) -> dict[str, bytes]:
     each chunk checked against its digest; file name -> bytes."""
     import hashlib
 
-    from asyncdapo.v1 import weights_pb2, weights_pb2_grpc
-    from asyncdapo.weight_stream.manifest import Manifest
-    from asyncdapo.weight_stream.uri import stream_address
+    from asyncdapo.contracts.v1 import weights_pb2, weights_pb2_grpc
+    from asyncdapo.runtime.weight_stream.manifest import Manifest
+    from asyncdapo.runtime.weight_stream.uri import stream_address
 
     md = [("authorization", f"Bearer {TOKEN}")]
     with grpc.insecure_channel(
@@ -199,7 +199,7 @@ def test_stream_transport_serves_each_published_version_from_memory(
     restarted trainer serves the version the gateways run again (for those catching up)."""
     from safetensors.torch import load
 
-    from asyncdapo.trainer.model import unwrap
+    from asyncdapo.services.trainer.fsdp import unwrap
 
     servicer, addr = scheduler
     pulled: dict[int, dict[str, bytes]] = {}

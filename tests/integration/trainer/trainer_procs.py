@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from asyncdapo.config import RunConfig
-from asyncdapo.local.ports import free_port
-from asyncdapo.local.redis_server import RedisServer
-from asyncdapo.trainer.crash_points import ENV as CRASH_ENV
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.services.trainer.crash_points import ENV as CRASH_ENV
+from asyncdapo.tools.local.ports import free_port
+from asyncdapo.tools.local.redis_server import RedisServer
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.2) -> Any:

@@ -1,1 +1,0 @@
-"""Generated protobuf/gRPC stubs for proto/asyncdapo/v1 (`make proto`); do not edit."""

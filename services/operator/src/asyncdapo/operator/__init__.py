@@ -1,1 +1,0 @@
-"""asyncdapo.operator — see README.md in services/operator."""

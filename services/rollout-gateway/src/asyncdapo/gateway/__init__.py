@@ -1,1 +1,0 @@
-"""asyncdapo.gateway — see README.md in services/rollout-gateway."""

@@ -1,1 +1,0 @@
-"""asyncdapo.scheduler — see README.md in services/scheduler."""

@@ -1,1 +1,0 @@
-"""asyncdapo.trainer — see README.md in services/trainer."""

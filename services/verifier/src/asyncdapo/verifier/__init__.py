@@ -1,1 +1,0 @@
-"""asyncdapo.verifier — see README.md in services/verifier."""

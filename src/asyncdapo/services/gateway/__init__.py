@@ -1,0 +1,1 @@
+"""asyncdapo.services.gateway — see README.md in services/rollout-gateway."""

@@ -1,0 +1,1 @@
+"""asyncdapo.services.operator — see README.md in services/operator."""

@@ -1,0 +1,1 @@
+"""asyncdapo.services.scheduler — see README.md in services/scheduler."""

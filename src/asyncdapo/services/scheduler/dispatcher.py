@@ -1,0 +1,327 @@
+"""Dispatch I/O: the queue of requests waiting for a gateway, Generate requests over one
+`GenerateStream` per gateway, their failures, and the abort fan-out. Decisions come from the pure
+`dispatch.pick`.
+
+Invariants:
+- the queue is served head first and a prompt's queued requests are placed together, so the
+  prompt admitted first is generated first (prompt-level FIFO); re-dispatched requests go to the
+  head;
+- a request is handed to `on_response` at most once, only with a finished (stop/length) response
+  and only while its task is current (not cancelled, not closed, the request not superseded);
+  the abort reply of a cancelled task's current request goes to `on_aborted` with the tokens the
+  response had (pdsr's L_cut counts it as a right-censored length); every reply of a cancelled
+  task's current request — its abort reply or a finish that came too late — goes to `on_cut`;
+- a request that failed at the transport level or was aborted by someone else (a pause, a drain)
+  is dispatched again — with its partial tokens when the gateway returned them — until
+  `max_tries`, then `on_give_up` is called;
+- `gw.calls` holds exactly the requests in flight on the gateway's live stream (`gw.in_flight`
+  is its size); a broken stream empties it and re-dispatches them all, oldest first, after
+  the gateway is marked down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+import grpc
+
+from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
+from asyncdapo.services.scheduler.eligible import EligibleIndex
+from asyncdapo.services.scheduler.gateway_pool import Gateway, GatewayPool
+from asyncdapo.services.scheduler.gateway_stream import GatewayStream
+from asyncdapo.services.scheduler.metrics import SchedulerMetrics
+from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy, pick
+from asyncdapo.services.scheduler.tasks import PromptTask, Request, request_seed
+
+log = logging.getLogger(__name__)
+
+FINISH_ABORT = common_pb2.FINISH_REASON_ABORT
+ABORT_TIMEOUT_S = 5.0
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        pool: GatewayPool,
+        policy: DispatchPolicy,
+        metrics: SchedulerMetrics,
+        on_response: Callable[[Request, Gateway, gateway_pb2.GenerateResponse], None],
+        on_give_up: Callable[[Request, str], None],
+        on_aborted: Callable[[Request, int], None] | None = None,
+        on_cut: Callable[[Request, gateway_pb2.GenerateResponse], None] | None = None,
+        seed_base: int | None = None,
+        max_tries: int = 8,
+        keep_latencies: int = 1_000_000,
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.metrics = metrics
+        self.on_response = on_response
+        self.on_give_up = on_give_up
+        self.on_aborted = on_aborted
+        self.on_cut = on_cut
+        self.seed_base = seed_base
+        self.max_tries = max_tries
+        self.pending: deque[Request] = deque()
+        self.dispatch_s: list[float] = []  # added dispatch latency samples, for benchmarks
+        self.abort_fanout_s: list[float] = []
+        self.aborted_tokens = 0
+        self.aborted_requests = 0  # ids the gateways confirmed as aborted
+        self.abort_requested = 0  # ids we asked them to abort (some may have just finished)
+        self.closed = False
+        self._keep = keep_latencies
+        self._pumping = False
+        self._t_capacity = 0.0
+        self._streams: dict[Gateway, GatewayStream] = {}
+        # which gateways can take a request now: placing a prompt costs O(n), not O(gateways)
+        self.index = EligibleIndex(policy, seed=seed_base)
+        pool.on_change = self.index.update
+        for gw in pool.members:
+            self.index.update(gw)
+
+    def set_min_weight_version(self, version: int) -> None:
+        self.policy = replace(self.policy, min_weight_version=version)
+        self.index.set_policy(self.policy)
+
+    def resubmit(self, req: Request) -> None:
+        """Dispatch a request again at the head of the queue (a long-tail continuation)."""
+        req.tries += 1
+        req.t_ready = time.perf_counter()
+        req.task.live[req.idx] = req
+        self.pending.appendleft(req)
+        self.pump()
+
+    def submit(self, reqs: Iterable[Request]) -> None:
+        now = time.perf_counter()
+        for r in reqs:
+            r.t_ready = now
+            self.pending.append(r)
+        self.pump()
+
+    def pump(self) -> None:
+        """Place queued requests on gateways, head first, until the queue is empty or every
+        eligible gateway is full."""
+        if self._pumping or not self.pending or self.closed:
+            return
+        self._pumping = True
+        try:
+            pending = self.pending
+            while pending:
+                head = pending[0]
+                task = head.task
+                if task.cancelled or task.live.get(head.idx) is not head:
+                    pending.popleft()
+                    continue
+                count = 1
+                while (
+                    count < len(pending)
+                    and count < task.n
+                    and pending[count].task is task
+                    and pending[count].pool == head.pool
+                ):
+                    count += 1
+                if not self.index.count(head.pool):
+                    break  # every gateway is full, down, paused or behind: O(1) at saturation
+                candidates = self.index.candidates(head.pool, task.gateways)
+                decision = pick(candidates, self.index.policy_for(head.pool), count, frozenset(task.gateways))
+                if not decision.addresses:
+                    break
+                for addr in decision.addresses:
+                    self._start(pending.popleft(), self.pool.gateways[addr])
+                if len(decision.addresses) < count:
+                    break
+        finally:
+            self._pumping = False
+        self.metrics.dispatch_queue.set(len(self.pending))
+
+    def _stream(self, gw: Gateway) -> GatewayStream:
+        s = self._streams.get(gw)
+        if s is None or s.dead:
+            s = self._streams[gw] = GatewayStream(gw, self._on_message, self._on_broken, self._on_sent)
+        return s
+
+    def _start(self, req: Request, gw: Gateway) -> None:
+        task = req.task
+        if task.base_msg is None:
+            task.base_msg = task.base_request()
+        stream = self._stream(gw)
+        msg = stream.add(req)
+        msg.CopyFrom(task.base_msg)
+        msg.request_id = req.make_rid()
+        if req.max_tokens:
+            msg.sampling.max_tokens = req.max_tokens
+        seed = request_seed(self.seed_base, task.pid, req.idx, task.attempt)
+        if seed is not None:
+            msg.sampling.seed = seed
+        if req.continuation is not None:
+            c = req.continuation
+            msg.continuation_token_ids.extend(c.token_ids)
+            msg.continuation_logprobs.extend(c.logprobs)
+            msg.continuation_versions.extend(c.version_runs)
+        req.gateway, req.call = gw, stream
+        gw.calls[req.rid] = req
+        gw.in_flight += 1
+        self.index.update(gw)
+        task.gateways.add(gw.address)
+        # added latency counts from when the request could go somewhere: ready, and a slot free
+        if self._t_capacity > req.t_ready:
+            req.t_ready = self._t_capacity
+
+    def _on_sent(self, reqs: list[Request]) -> None:
+        now = time.perf_counter()
+        lats = [now - r.t_ready for r in reqs]
+        observe = self.metrics.dispatch_latency.observe
+        for lat in lats:
+            observe(lat)
+        if len(self.dispatch_s) < self._keep:
+            self.dispatch_s.extend(lats)
+
+    def _on_message(self, stream: GatewayStream, msg: gateway_pb2.GenerateStreamResponse) -> None:
+        gw = stream.gw
+        calls = gw.calls
+        for resp in msg.responses:
+            req = calls.pop(resp.request_id, None)
+            if req is None:  # not ours any more (the stream broke and it was re-dispatched)
+                continue
+            gw.in_flight -= 1
+            self.index.update(gw)
+            if not self.closed:
+                self._on_result(req, gw, resp, None)
+        for e in msg.errors:
+            req = calls.pop(e.request_id, None)
+            if req is None:
+                continue
+            gw.in_flight -= 1
+            self.index.update(gw)
+            code = _CODES.get(e.code, grpc.StatusCode.UNKNOWN)
+            log.warning("gateway %s rejected %s: %s: %s", gw.address, e.request_id, code.name, e.message)
+            if self.closed:
+                continue
+            # as for a unary call: a gateway that answers UNAVAILABLE is presumed down, which
+            # re-dispatches the rest of its stream too
+            self.pool.report_failure(gw, code, e.message)
+            self._on_result(req, gw, None, code.name, e.message)
+        self._t_capacity = time.perf_counter()
+        self.pump()
+
+    def _on_broken(self, stream: GatewayStream, code: str, details: str) -> None:
+        """The stream failed (gateway gone, connection lost, server stopped): mark the gateway
+        down and re-dispatch everything that was in flight on it."""
+        gw = stream.gw
+        if self._streams.get(gw) is stream:
+            del self._streams[gw]
+        reqs = self._take_calls(gw, stream)
+        if self.closed:
+            return
+        self.pool.presume_down(gw, f"generate stream: {code}: {details}")
+        for req in reversed(reqs):  # re-dispatch goes to the head: keep their order
+            self._on_result(req, gw, None, code, details)
+        self.pump()
+
+    def _take_calls(self, gw: Gateway, stream: GatewayStream) -> list[Request]:
+        reqs = [r for r in gw.calls.values() if r.call is stream]
+        for r in reqs:
+            del gw.calls[r.rid]
+        gw.in_flight -= len(reqs)
+        self.index.update(gw)
+        self._t_capacity = time.perf_counter()
+        return reqs
+
+    def _on_result(
+        self,
+        req: Request,
+        gw: Gateway,
+        resp: gateway_pb2.GenerateResponse | None,
+        err: str | None,
+        detail: str = "",
+    ) -> None:
+        task = req.task
+        req.gateway = req.call = None
+        if task.live.get(req.idx) is not req or task.cancelled or task.closed:
+            current = task.cancelled and task.live.get(req.idx) is req
+            if resp is not None and resp.finish_reason == FINISH_ABORT:
+                self.aborted_tokens += len(resp.token_ids)
+                self.metrics.aborted_tokens.inc(len(resp.token_ids))
+                if self.on_aborted is not None and current:
+                    self.on_aborted(req, len(resp.token_ids))
+            if resp is not None and current and self.on_cut is not None:
+                self.on_cut(req, resp)
+            return
+        if err is not None:
+            self.metrics.gateway_errors.labels(gw.address, err).inc()
+            self._redispatch(req, "gateway_failure", None, f"{err} from {gw.address}: {detail}")
+            return
+        assert resp is not None
+        if resp.finish_reason == FINISH_ABORT:
+            # not our abort (a weight update with pause=abort, a drain, a gateway shutting down):
+            # continue elsewhere from the partial tokens
+            self._redispatch(req, "aborted_by_gateway", resp)
+            return
+        del task.live[req.idx]
+        self.on_response(req, gw, resp)
+
+    def _redispatch(
+        self, req: Request, why: str, partial: gateway_pb2.GenerateResponse | None, detail: str = ""
+    ) -> None:
+        req.tries += 1
+        req.continuation = partial
+        if req.tries >= self.max_tries:
+            last = f"; last: {detail}" if detail else ""
+            self.on_give_up(req, f"request failed {req.tries} times ({why}{last})")
+            return
+        self.metrics.redispatched.labels(why).inc()
+        req.t_ready = time.perf_counter()
+        self.pending.appendleft(req)
+
+    def cancel_calls(self, gw: Gateway) -> None:
+        """The gateway is down: cancel its stream and re-dispatch what was in flight there."""
+        stream = self._streams.pop(gw, None)
+        if stream is None or stream.dead:
+            return
+        stream.close()
+        reqs = self._take_calls(gw, stream)
+        if self.closed:
+            return
+        for req in reversed(reqs):
+            self._on_result(req, gw, None, "CANCELLED", "gateway down")
+        self.pump()
+
+    async def abort(self, tasks: Iterable[PromptTask]) -> int:
+        """Abort the in-flight requests of (already cancelled) tasks on every gateway in parallel,
+        through each gateway's stream (behind the requests it aborts, so none is missed in
+        transit); queued ones are skipped by `pump`. Returns the ids the gateways confirmed."""
+        by_stream: dict[GatewayStream, list[str]] = {}
+        for t in tasks:
+            for req in t.live.values():
+                if req.call is not None:
+                    by_stream.setdefault(req.call, []).append(req.rid)
+        if not by_stream:
+            return 0
+        t0 = time.perf_counter()
+        self.abort_requested += sum(len(r) for r in by_stream.values())
+        answers = [stream.abort(rids) for stream, rids in by_stream.items()]
+        done, late = await asyncio.wait(answers, timeout=ABORT_TIMEOUT_S)
+        for stream, fut in zip(by_stream, answers, strict=True):
+            if fut in late:
+                log.warning("abort on %s not answered in %.0f s", stream.gw.address, ABORT_TIMEOUT_S)
+                fut.cancel()
+        confirmed = sum(len(f.result()) for f in done)
+        dt = time.perf_counter() - t0
+        self.abort_fanout_s.append(dt)
+        self.metrics.abort_fanout.observe(dt)
+        self.metrics.aborted_requests.inc(confirmed)
+        self.aborted_requests += confirmed
+        return confirmed
+
+    def close(self) -> None:
+        self.closed = True
+        for gw, stream in list(self._streams.items()):
+            stream.close()
+            self._take_calls(gw, stream)
+        self._streams.clear()

@@ -1,0 +1,340 @@
+"""Per-prompt group state in Redis: responses counted exactly once, outcomes recorded exactly once.
+
+`GroupStore` runs the scripts of `lua.py` with EVALSHA, many per pipeline (one round trip per
+batch of scored responses), and reloads them if Redis lost its script cache. The pure helpers
+(`welford`, `is_valid`) are the reference the Lua arithmetic is tested against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, TypeVar, cast
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from asyncdapo.contracts.redis_keys import FINISHED_PROMPT_TTL_S, OUTCOMES_MAXLEN, RunKeys, text
+from asyncdapo.services.scheduler.group_records import GroupProgress, RecordStatus, ResponseScore
+from asyncdapo.services.scheduler.lua import SCRIPTS
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.client import Pipeline
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Outcome(StrEnum):
+    VALID = "valid"
+    FILTERED = "filtered"
+    REQUEUED = "requeued"
+    DROPPED = "dropped"
+
+
+class DropReason(StrEnum):
+    VERIFIER_ERROR = "verifier_error"  # the verifier stayed down through every retry (finite retries only)
+    UNSCORABLE = "unscorable"  # the verifier judged one response unscorable for good (invalid, timeout)
+    BAD_PROMPT = "bad_prompt"  # the prompt's data is missing or malformed
+    PROMPT_TOO_LONG = "prompt_too_long"  # longer than data.max_prompt_length
+    GATEWAY_ERROR = "gateway_error"  # a request failed on every gateway it was tried on
+    EARLY_STOP = "early_stop"  # aborted by early stop with requeue_aborted off
+    SURPLUS = "surplus"  # sync mode: a valid group beyond B, consumed for the epoch (as verl does)
+
+
+class RequeueReason(StrEnum):
+    EARLY_STOP = "early_stop"  # aborted when the bound was reached
+    OVER_BOUND = "over_bound"  # valid, but the bound was reached first (decided in Lua)
+    SCHEDULER_RESTART = "scheduler_restart"  # claimed by a scheduler that was replaced (fenced)
+    STOPPED = "stopped"  # StopRun aborted it
+    STALE = "stale"  # valid, but the step that would consume it finds it stale (decided in Lua)
+    SHUTDOWN = "shutdown"  # the scheduler shut down gracefully and released its claims
+    ORPHANED = "orphaned"  # claimed by this scheduler but held by no task (a lost reply, a rollback)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishItem:
+    pid: str
+    attempt: int
+    outcome: Outcome
+    reason: str = ""
+    bound: int = -1  # valid only: the bound checked atomically (-1: none)
+    group: bytes = b""  # valid only: the serialized rollout_pb2.Group
+    min_version: int = 0  # valid only: the oldest token version of the group (staleness rule)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishResult:
+    # valid | filtered | requeued:<reason> | dropped:<reason>, or dup:<stored label> / stale / fenced
+    label: str
+    produced: int  # counters.valid_produced after this attempt (valid groups XADDed, all versions)
+    credited: int  # counters.valid_credited: groups the trainer dropped, credited back to the bound
+
+    @property
+    def valid_produced(self) -> int:
+        """Effective valid groups: what the bound applies to."""
+        return self.produced - self.credited
+
+    @property
+    def outcome(self) -> str:
+        return self.label.split(":", 1)[0]
+
+    @property
+    def fenced(self) -> bool:
+        return self.label == "fenced"
+
+    @property
+    def recorded(self) -> tuple[str, str] | None:
+        """(outcome, reason) this result says the attempt has, also for a repeat (`dup:`) whose
+        first reply was lost; None when nothing is known (stale, fenced)."""
+        label = self.label.removeprefix("dup:")
+        if label in ("stale", "fenced"):
+            return None
+        outcome, _, reason = label.partition(":")
+        return outcome, reason
+
+
+def welford(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population std (ddof 0, as numpy and verl's DAPO filter) — the Lua reference."""
+    mean = m2 = 0.0
+    for i, x in enumerate(values, 1):
+        d = x - mean
+        mean += d / i
+        m2 += d * (x - mean)
+    return mean, math.sqrt(max(m2 / max(len(values), 1), 0.0))
+
+
+def is_valid(metric_std: float, eps: float) -> bool:
+    """DAPO dynamic sampling: a group carries signal only when its metric varies."""
+    return metric_std > eps
+
+
+_s = text
+
+ScriptArg = str | int | float | bytes  # one ARGV value (Redis sends its text)
+# A script's reply as redis-py hands it over: bytes or str (decode_responses), integers, nested
+# lists. Its shape is the script's contract (lua.py); readers convert it with `text` / `rows`.
+ScriptReply = object
+
+
+def rows(reply: ScriptReply) -> list[Sequence[ScriptReply]]:
+    """A reply that is a list of rows (RECORD, FINISH), as the script returns it."""
+    return cast("list[Sequence[ScriptReply]]", reply)
+
+
+def items(reply: ScriptReply) -> Sequence[ScriptReply]:
+    """A reply that is a flat list (CLAIM)."""
+    return cast("Sequence[ScriptReply]", reply)
+
+
+def parse_progress(reply: Sequence[ScriptReply]) -> GroupProgress:
+    status = RecordStatus(_s(reply[0]))
+    if status in (RecordStatus.STALE, RecordStatus.FENCED):
+        return GroupProgress(status)
+    f = [_s(x) for x in reply[1:]]
+    if len(f) == 2:
+        return GroupProgress(status, done=int(f[0]), n=int(f[1]))
+    return GroupProgress(
+        status,
+        done=int(f[0]),
+        n=int(f[1]),
+        metric_mean=float(f[2]),
+        metric_std=float(f[3]),
+        reward_mean=float(f[4]),
+        reward_std=float(f[5]),
+        min_version=int(f[6]) if f[6] else 0,
+        max_version=int(f[7]) if f[7] else 0,
+    )
+
+
+class RedisLink:
+    """Whether Redis answers, as the operations going through `redis_retry` see it.
+
+    Listeners are told on every change (down → up, up → down) so that health, metrics and the
+    rollout's re-read of its state after an outage hang off one place."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.down_since: float | None = None
+        self.last_error = ""
+        self.outages = 0
+        self._listeners: list[Callable[[bool], None]] = []
+
+    def listen(self, fn: Callable[[bool], None]) -> None:
+        self._listeners.append(fn)
+
+    def mark(self, up: bool, error: str = "") -> None:
+        if up == self.up:
+            return
+        self.up = up
+        if up:
+            log.info("redis is back after %.1f s", time.monotonic() - (self.down_since or time.monotonic()))
+            self.down_since = None
+        else:
+            self.outages += 1
+            self.down_since = time.monotonic()
+            self.last_error = error
+            log.warning("redis unavailable (%s): waiting for it", error)
+        for fn in self._listeners:
+            fn(up)
+
+
+REDIS_WAIT_ERRORS = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError is a ConnectionError
+
+
+async def redis_retry(
+    fn: Callable[[], Awaitable[T]], timeout_s: float | None = None, link: RedisLink | None = None
+) -> T:
+    """Run a Redis operation, waiting through an outage (a restart, an AOF reload, a network cut)
+    for as long as it lasts (`timeout_s` None) with capped exponential backoff. Only idempotent
+    operations go through here: every script carries an attempt marker, a client token or a
+    sequence number, so a retry after a lost reply changes nothing twice."""
+    delay = 0.05
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        try:
+            res = await fn()
+        except REDIS_WAIT_ERRORS as err:
+            if deadline is not None and time.monotonic() > deadline:
+                raise
+            if link is not None:
+                link.mark(False, f"{type(err).__name__}: {err}")
+            else:
+                log.warning("redis unavailable (%s); retrying in %.2f s", err, delay)
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(delay * 2, 2.0)
+            continue
+        if link is not None:
+            link.mark(True)
+        return res
+
+
+class RoundTrips:
+    """Counts Redis round trips (one per command or pipeline execute) for metrics and benchmarks."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class ScriptRunner:
+    """EVALSHA with the scripts loaded once; a NOSCRIPT reply (Redis restarted) reloads and retries."""
+
+    def __init__(self, redis: Redis, rtt: RoundTrips) -> None:
+        self.redis = redis
+        self.rtt = rtt
+        self.sha: dict[str, str] = {}
+
+    async def load(self) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for src in SCRIPTS.values():
+            pipe.script_load(src)
+        shas = await pipe.execute()
+        self.rtt.count += 1
+        self.sha = {name: _s(sha) for name, sha in zip(SCRIPTS, shas, strict=True)}
+
+    async def run_many(
+        self,
+        calls: Sequence[tuple[str, Sequence[str], Sequence[ScriptArg]]],
+        extra: Callable[[Pipeline], None] | None = None,
+    ) -> list[ScriptReply]:
+        """Run (script, keys, args) calls in one pipeline; replies in order. `extra` may add more
+        commands to the same round trip (their replies are dropped)."""
+        if not calls:
+            return []
+        if not self.sha:
+            await self.load()
+        for attempt in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for name, keys, args in calls:
+                pipe.evalsha(self.sha[name], len(keys), *keys, *args)
+            if extra is not None:
+                extra(pipe)
+            try:
+                replies: list[ScriptReply] = await pipe.execute()
+                self.rtt.count += 1
+                return replies[: len(calls)]
+            except NoScriptError:
+                self.rtt.count += 1
+                if attempt:
+                    raise
+                await self.load()
+        raise AssertionError("unreachable")
+
+    async def run(self, name: str, keys: Sequence[str], args: Sequence[ScriptArg]) -> ScriptReply:
+        return (await self.run_many([(name, keys, args)]))[0]
+
+
+class GroupStore:
+    """Batched access to the group state: one EVALSHA per batch (see `lua.py`). Every write
+    carries the caller's fencing `epoch` (set once the scheduler has taken the run over)."""
+
+    def __init__(
+        self,
+        scripts: ScriptRunner,
+        keys: RunKeys,
+        train_batch_size: int = 1,
+        staleness_window: int = 0,
+        finished_ttl_s: int = FINISHED_PROMPT_TTL_S,
+    ) -> None:
+        self.scripts = scripts
+        self.keys = keys
+        self.epoch = 0
+        self.version = 0  # the published policy version (the scheduler keeps it current)
+        self.train_batch_size = train_batch_size
+        # ceil(s) (`RunConfig.staleness_window`): FINISH's version window; the bound comes per item
+        self.staleness_window = staleness_window
+        self.finished_ttl_s = finished_ttl_s
+
+    async def record(self, scores: Sequence[ResponseScore]) -> list[GroupProgress]:
+        """Count each scored response into its prompt's group state and the completion counters
+        (one command, one round trip; a response counted before is `dup` and counts nothing)."""
+        if not scores:
+            return []
+        keys = [self.keys.counters, self.keys.scheduler_epoch] + [self.keys.prompt(s.pid) for s in scores]
+        args = [str(self.epoch)] + [
+            f"{s.attempt} {s.idx} {float(s.metric)!r} {float(s.reward)!r} {s.min_version} "
+            f"{s.max_version} {s.length}"
+            for s in scores
+        ]
+        (reply,) = await self.scripts.run_many([("record", keys, args)])
+        return [parse_progress(r) for r in rows(reply)]
+
+    def finish_call(
+        self,
+        pid: str,
+        attempt: int,
+        outcome: Outcome,
+        reason: str = "",
+        bound: int = -1,
+        group: bytes = b"",
+        min_version: int = 0,
+    ) -> FinishItem:
+        return FinishItem(pid, attempt, outcome, str(reason), bound, group, min_version)
+
+    async def finish_many(self, items: Sequence[FinishItem]) -> list[FinishResult]:
+        """Record the outcomes, in order, in one atomic script call."""
+        if not items:
+            return []
+        k = self.keys
+        keys = [k.counters, k.prompts_claimed, k.prompts, k.groups, k.scheduler_epoch, k.outcomes]
+        args: list[ScriptArg] = [
+            str(self.epoch),
+            self.train_batch_size,
+            self.staleness_window,
+            self.finished_ttl_s,
+            OUTCOMES_MAXLEN,
+            self.version,
+        ]
+        for i in items:
+            keys += [k.prompt(i.pid), k.prompt_data(i.pid)]
+            args += [i.pid, i.attempt, i.outcome.value, i.reason, i.bound, i.group, i.min_version]
+        (reply,) = await self.scripts.run_many([("finish", keys, args)])
+        return [FinishResult(_s(r[0]), int(_s(r[1])), int(_s(r[2]))) for r in rows(reply)]

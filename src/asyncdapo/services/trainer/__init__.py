@@ -1,0 +1,1 @@
+"""asyncdapo.services.trainer — see README.md in services/trainer."""

@@ -1,0 +1,1 @@
+"""asyncdapo.services.verifier — see README.md in services/verifier."""

@@ -1,0 +1,91 @@
+"""One atomic read of a run's control state in Redis, for the invariant checker.
+
+Prompt state, claims, counters, the queue, the scheduler's lease, the groups stream's entries-added
+and the published version are read by one Lua script: a consistent snapshot, so a FINISH or a
+CLAIM landing between two reads can never look like a violation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from asyncdapo.contracts.redis_keys import RunKeys, text
+
+# One atomic read of the run's control state. KEYS/TIME in a script are fine on a standalone Redis
+# (the harness's); on a cluster the run's keys share one slot anyway.
+_SNAPSHOT = """
+local prefix = ARGV[1]
+local pat = ARGV[2]
+local prompts = {}
+local plen = string.len(prefix .. 'prompt:')
+for _, k in ipairs(redis.call('KEYS', pat .. 'prompt:*')) do
+  -- prompt state only: not `prompt:{id}:data` nor any other `prompt:{id}:…` key
+  if not string.find(string.sub(k, plen + 1), ':', 1, true) and redis.call('TYPE', k).ok == 'hash' then
+    prompts[#prompts + 1] = k
+    prompts[#prompts + 1] = redis.call('HGETALL', k)
+  end
+end
+local added = 0
+if redis.call('EXISTS', prefix .. 'groups') == 1 then
+  local info = redis.call('XINFO', 'STREAM', prefix .. 'groups')
+  for i = 1, #info, 2 do
+    if info[i] == 'entries-added' then added = info[i + 1] end
+  end
+end
+return {redis.call('TIME'), prompts, redis.call('HGETALL', prefix .. 'prompts:claimed'),
+        redis.call('HGETALL', prefix .. 'counters'), redis.call('LRANGE', prefix .. 'prompts', 0, -1),
+        redis.call('GET', prefix .. 'scheduler:lease') or '', added,
+        redis.call('HGET', prefix .. 'weights', 'version') or ''}
+"""
+
+
+_s = text
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _sid(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+@dataclass
+class Snapshot:
+    now_ms: int
+    prompts: dict[str, dict[str, str]]  # pid -> prompt state
+    claimed: dict[str, str]
+    counters: dict[str, int]
+    queue: list[str]
+    live_owners: set[str]
+    entries_added: int
+    published_version: int | None
+
+
+def read_snapshot(r: Any, keys: RunKeys) -> Snapshot:
+    """The snapshot of run `keys`; the live owner is the one named by the run's lease key
+    (`scheduler:lease` = `owner|epoch`, see asyncdapo.services.scheduler.queue), if it has not expired."""
+    p = keys.prefix
+    raw = r.eval(_SNAPSHOT, 0, p, _glob_escape(p))
+    t, flat_prompts, claimed, counters, queue, lease, added, version = raw
+    prompts = {}
+    plen = len(p + "prompt:")
+    for i in range(0, len(flat_prompts), 2):
+        prompts[_s(flat_prompts[i])[plen:]] = _pairs(flat_prompts[i + 1])
+    holder = _s(lease).split("|")[0] if _s(lease) else ""
+    return Snapshot(
+        now_ms=int(t[0]) * 1000 + int(t[1]) // 1000,
+        prompts=prompts,
+        claimed=_pairs(claimed),
+        counters={k: int(float(v)) for k, v in _pairs(counters).items()},
+        queue=[_s(x) for x in queue],
+        live_owners={holder} if holder else set(),
+        entries_added=int(added),
+        published_version=int(_s(version)) if _s(version) else None,
+    )
