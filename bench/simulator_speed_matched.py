@@ -16,9 +16,9 @@ beside it; their trainer factor is not used for others, as it holds the overlap 
 to predict). Neither reads when groups finished, how many attempts a version took or how long
 anything waited. The run's own factors give a second column: what speed matching could do at best.
 
-It is a restatement of the issue's validation for a machine whose speed drifts (the issue's
-compares with a simulator calibrated on other runs, whenever they ran); it says how much of that
-validation's miss is the machine's drift and how much the model's.
+It restates the simulator's validation (`make bench-simulator`, which compares with a simulator
+calibrated on other runs, whenever they ran) for a machine whose speed drifts; it says how much of
+that validation's miss is the machine's drift and how much the model's.
 """
 
 from __future__ import annotations

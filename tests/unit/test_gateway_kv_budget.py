@@ -24,7 +24,7 @@ def test_capped_by_what_the_sequences_need() -> None:
 
 
 def test_at_most_half_of_what_is_free_after_weights_and_engine() -> None:
-    # the case of the issue: 11.63 GiB free of 12.96 on the node; a 1.2 GiB model
+    # a measured case: 11.63 GiB free of 12.96 on the node; a 1.2 GiB model
     avail, weights = int(11.63 * GiB), int(1.2 * GiB)
     plan = plan_kv_cache(per_token_bytes=114688, max_model_len=8192, max_concurrency=256,
                          available_bytes=avail, weights_bytes=weights)  # fmt: skip

@@ -1,4 +1,3 @@
-"""asyncdapo's version (the `asyncdapo` package is a namespace shared by every service's source
-root — services/<service>/src/asyncdapo/ — so it has no __init__.py to hold it)."""
+"""asyncdapo's version: one number for the wheel, the images, the CLI and the verifier's /version."""
 
 __version__ = "0.1.0"

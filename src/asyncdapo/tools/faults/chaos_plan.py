@@ -53,8 +53,9 @@ class FaultKind(StrEnum):
         return self.value.split(":")[1]
 
 
-# The issue's list of faults; REDIS_LOST_REPLY is added because DESIGN.md promises that "any reply
-# may be lost after the server acted on it" and the proxy can do it on any command.
+# Every fault kind; REDIS_LOST_REPLY among them because the durability contract
+# (docs/architecture.md) promises that any reply may be lost after the server acted on it, and the
+# proxy can do it on any command.
 DEFAULT_KINDS: tuple[FaultKind, ...] = tuple(FaultKind)
 
 # Lost replies: (client, command) pairs. The scheduler's Lua scripts by name (asyncdapo.services.scheduler.lua);

