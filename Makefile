@@ -52,8 +52,15 @@ prometheus:
 	  echo "installing prometheus (apt-get)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null; }
 
-test: install proto-check lint
-	$(BIN)/pytest -q -ra --durations=30 tests
+# The checks before the suite run side by side (the simulator's compiled build, mypy, the proto
+# check); the suite runs in TEST_WORKERS pytest-xdist workers, each taking a whole test file at a
+# time (a file's module fixtures are built once), the slowest files first (tests/conftest.py). Most
+# long tests sleep through injected outages, so three workers overlap them on two cores; every
+# test keeps its default settings.
+TEST_WORKERS ?= 3
+test: $(STAMP) redis prometheus
+	@$(MAKE) --no-print-directory -j3 sim-native proto-check lint
+	$(BIN)/pytest -q -ra --durations=20 -n $(TEST_WORKERS) --dist loadfile tests
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
@@ -147,8 +154,8 @@ bench-simulator: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.par
 bench-simulator-longtail: install $(CACHE)/tiny-model/config.json
 	$(BIN)/python bench/bench_simulator.py --bench longtail-v0.3
 
-# The admission what-ifs bench/README.md measured once by hand (margins 1.0 / 1.6 / 2.0, greedy,
-# fifo), validated the same way on the demo workload beside sync and async: 7 configs x 3 runs.
+# The admission what-ifs (margins 1.0 / 1.6 / 2.0, greedy, fifo), validated the same way on the
+# demo workload beside sync and async: 7 configs x 3 runs.
 bench-simulator-whatif: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 	$(BIN)/python bench/bench_simulator.py --configs sync,async,async-fifo,async+m1.0,async+m1.6,async+m2.0,async+greedy --out runs/bench-simulator-whatif
 

@@ -27,6 +27,38 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+# The files that take longest (`--durations`), run first: under `make test` each pytest-xdist worker
+# takes a whole file at a time, so starting the long, mostly sleeping fault runs first lets the short
+# files fill in around them instead of one of them starting last and setting the wall time.
+SLOW_FIRST = (
+    "integration/faults/test_durability_stack.py",
+    "integration/trainer/test_trainer_faults.py",
+    "integration/faults/test_fault_stack.py",
+    "e2e/test_local_stack.py",
+    "e2e/test_from_verl_run.py",
+    "integration/faults/test_chaos.py",
+    "integration/scheduler/test_scheduler_vllm.py",
+    "e2e/test_local_stack_prometheus.py",
+    "e2e/test_local_stack_lifecycle.py",
+    "integration/trainer/test_trainer_ray.py",
+    "integration/gateway/test_gateway_defaults.py",
+    "integration/gateway/test_gateway_orphans.py",
+    "integration/test_wheel_install.py",
+    "integration/test_verifier_scoring_faults.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of SLOW_FIRST first, in that order; every other file after them, as collected."""
+    tests = REPO / "tests"
+
+    def rank(item: pytest.Item) -> int:
+        rel = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return SLOW_FIRST.index(rel) if rel in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file, and among the other files, is kept
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked `vllm` fails at once, before its fixtures build anything, when vllm cannot be
