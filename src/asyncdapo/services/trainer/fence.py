@@ -33,58 +33,22 @@ from typing import Any
 
 from asyncdapo.contracts.errors import AsyncdapoError
 from asyncdapo.contracts.redis_keys import RunKeys, text
+from asyncdapo.contracts.redis_scripts import LuaPrelude, RedisScript, prelude, script
 from asyncdapo.services.trainer.redis_io import RedisWaiter, is_unavailable
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_S = 30.0
 
-# KEYS: lease, epoch, owner. ARGV: id, lease ms. -> {1, epoch} | {0, holder, pttl}
-_ACQUIRE = """
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then
-  return {0, holder, redis.call('PTTL', KEYS[1])}
-end
-local epoch = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[3], ARGV[1])
-return {1, epoch}
-"""
+# The lease scripts (asyncdapo/contracts/redis_scripts/trainer_lease_*.lua: KEYS, ARGV, replies).
+_ACQUIRE = script(RedisScript.TRAINER_LEASE_ACQUIRE)
+_RENEW = script(RedisScript.TRAINER_LEASE_RENEW)
+_RELEASE = script(RedisScript.TRAINER_LEASE_RELEASE)
 
-# KEYS: lease, epoch, owner. ARGV: id, epoch, lease ms.
-# -> {1} renewed | {2} re-taken after expiry | {0, holder, epoch} fenced
-_RENEW = """
-local holder = redis.call('GET', KEYS[1])
-local epoch = redis.call('GET', KEYS[2])
-if epoch == ARGV[2] then
-  if holder == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    return {1}
-  end
-  if not holder and redis.call('GET', KEYS[3]) == ARGV[1] then
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-    return {2}
-  end
-end
-return {0, holder or '', epoch or ''}
-"""
-
-# KEYS: lease, epoch. ARGV: id, epoch. -> 1 released | 0 not ours
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('GET', KEYS[2]) == ARGV[2] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
-"""
-
-# Prefix of every script that writes on the trainer's behalf. KEYS[1], KEYS[2]: lease, epoch;
-# ARGV[1], ARGV[2]: id, epoch ('' id: unfenced, for tools and tests). Returns {'FENCED'}.
-FENCE_LUA = """
-if ARGV[1] ~= '' and (redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('GET', KEYS[2]) ~= ARGV[2]) then
-  return {'FENCED'}
-end
-"""
+# Prefix of every script that writes on the trainer's behalf (trainer_fence_check.lua). KEYS[1],
+# KEYS[2]: lease, epoch; ARGV[1], ARGV[2]: id, epoch ('' id: unfenced, for tools and tests).
+# Returns {'FENCED'}. The groups_reader scripts start with it (the loader prepends it: `PRELUDES`).
+FENCE_LUA = prelude(LuaPrelude.TRAINER_FENCE_CHECK)
 
 
 class TrainerFenced(AsyncdapoError, RuntimeError):

@@ -52,9 +52,10 @@ from asyncdapo.contracts.redis_keys import (
     RunKeys,
     text,
 )
+from asyncdapo.contracts.redis_scripts import RedisScript, script
 from asyncdapo.contracts.v1 import rollout_pb2
 from asyncdapo.services.trainer.batch import MalformedGroup, validate_group
-from asyncdapo.services.trainer.fence import FENCE_LUA, TrainerFence
+from asyncdapo.services.trainer.fence import TrainerFence
 from asyncdapo.services.trainer.redis_io import RedisWaiter
 
 log = logging.getLogger(__name__)
@@ -78,116 +79,12 @@ def stream_id(sid: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-_LUA_IDS = """
-local function sid(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function newer(a, b)
-  local am, as = sid(a)
-  local bm, bs = sid(b)
-  return am > bm or (am == bm and as > bs)
-end
-local function last_delivered(stream, group)
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    local name, last = nil, nil
-    for i = 1, #g, 2 do
-      if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
-    end
-    if name == group then return last end
-  end
-  return '0-0'
-end
-"""
-
-# KEYS: lease, epoch, groups. ARGV: id, epoch, group, consumer, count, start ('>' or an id).
-# -> {'OK', last-delivered-id (when '>' read nothing, else ''), entries | nil}
-_READ = (
-    FENCE_LUA
-    + _LUA_IDS
-    + """
-local r = redis.call('XREADGROUP', 'GROUP', ARGV[3], ARGV[4], 'COUNT', ARGV[5], 'STREAMS', KEYS[3], ARGV[6])
-if r and #r[1][2] > 0 then return {'OK', '', r[1][2]} end
-if ARGV[6] == '>' then return {'OK', last_delivered(KEYS[3], ARGV[3])} end
-return {'OK', ''}
-"""
-)
-
-# KEYS: lease, epoch, groups, counters, credited markers. ARGV: id, epoch, group, dropped prefix,
-# credited field, redelivered field, redelivered count, then pairs (entry id, drop reason or '' for
-# a plain XACK). A dropped entry is credited only when its marker is new. -> {'OK', acked, credited}
-_SETTLE = (
-    FENCE_LUA
-    + """
-local acked, credited = 0, 0
-for i = 8, #ARGV, 2 do
-  acked = acked + redis.call('XACK', KEYS[3], ARGV[3], ARGV[i])
-  if ARGV[i + 1] ~= '' then
-    local ms = string.match(ARGV[i], '^(%d+)-')
-    if redis.call('ZADD', KEYS[5], 'NX', ms, ARGV[i]) == 1 then
-      redis.call('HINCRBY', KEYS[4], ARGV[4] .. ARGV[i + 1], 1)
-      credited = credited + 1
-    end
-  end
-end
-if credited > 0 then redis.call('HINCRBY', KEYS[4], ARGV[5], credited) end
-if tonumber(ARGV[7]) > 0 then redis.call('HINCRBY', KEYS[4], ARGV[6], ARGV[7]) end
-return {'OK', acked, credited}
-"""
-)
-
-# KEYS: lease, epoch, groups, counters, credited markers. ARGV: id, epoch, group, consumer, newest
-# processed id, dropped:missing field, credited field. Claims every pending entry for `consumer`;
-# entries whose data is gone (XAUTOCLAIM removes them from the pending list) are credited when
-# newer than the newest processed id (never processed) and not credited yet. -> {'OK', claimed, missing}
-_CLAIM_ALL = (
-    FENCE_LUA
-    + _LUA_IDS
-    + """
-local start, claimed, missing = '0-0', 0, 0
-repeat
-  local r = redis.call('XAUTOCLAIM', KEYS[3], ARGV[3], ARGV[4], 0, start, 'COUNT', 256, 'JUSTID')
-  start = r[1]
-  claimed = claimed + #r[2]
-  if r[3] then
-    for _, id in ipairs(r[3]) do
-      if newer(id, ARGV[5]) and redis.call('ZADD', KEYS[5], 'NX', sid(id), id) == 1 then
-        missing = missing + 1
-      end
-    end
-  end
-until start == '0-0'
-if missing > 0 then
-  redis.call('HINCRBY', KEYS[4], ARGV[6], missing)
-  redis.call('HINCRBY', KEYS[4], ARGV[7], missing)
-end
-return {'OK', claimed, missing}
-"""
-)
-
-# KEYS: lease, epoch, groups, credited markers. ARGV: id, epoch, group, entry ids to XACK...
-# XACK, then XTRIM MINID (oldest pending, or last-delivered + 1) and drop the credit markers of
-# trimmed entries. -> {'OK', pending, trimmed, minid}
-_COMMIT = (
-    FENCE_LUA
-    + _LUA_IDS
-    + """
-for i = 4, #ARGV, 500 do
-  redis.call('XACK', KEYS[3], ARGV[3], unpack(ARGV, i, math.min(i + 499, #ARGV)))
-end
-local p = redis.call('XPENDING', KEYS[3], ARGV[3])
-local minid
-if p[1] > 0 then
-  minid = p[2]
-else
-  local ms, seq = sid(last_delivered(KEYS[3], ARGV[3]))
-  minid = string.format('%d-%d', ms, seq + 1)
-end
-local trimmed = redis.call('XTRIM', KEYS[3], 'MINID', minid)
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. sid(minid))
-return {'OK', p[1], trimmed, minid}
-"""
-)
+# The stream scripts (asyncdapo/contracts/redis_scripts/trainer_groups_*.lua: KEYS, ARGV, replies),
+# each starting with the fence check (FENCE_LUA) and, but for settle, the stream-id helpers.
+_READ = script(RedisScript.TRAINER_GROUPS_READ)
+_SETTLE = script(RedisScript.TRAINER_GROUPS_SETTLE)
+_CLAIM_ALL = script(RedisScript.TRAINER_GROUPS_CLAIM_ALL)
+_COMMIT = script(RedisScript.TRAINER_GROUPS_COMMIT)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What travels between the pool and its worker processes, and how a verdict becomes a wire result.
 
 Light on purpose (no sympy, no math-verify): the service process imports it; only workers import
-`scoring`. Messages are plain tuples of builtins: pickling a NamedTuple or an enum costs ~20 µs,
+`math_verdict`. Messages are plain tuples of builtins: pickling a NamedTuple or an enum costs ~20 µs,
 a sizeable share of a ~1 ms item.
 
 - parent → worker: `Chunk = (soft_timeout_s, [(seq, ground_truth, response), …])`;

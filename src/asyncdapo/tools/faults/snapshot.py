@@ -11,34 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncdapo.contracts.redis_keys import RunKeys, text
+from asyncdapo.contracts.redis_scripts import RedisScript, script
 
-# One atomic read of the run's control state. KEYS/TIME in a script are fine on a standalone Redis
-# (the harness's); on a cluster the run's keys share one slot anyway.
-_SNAPSHOT = """
-local prefix = ARGV[1]
-local pat = ARGV[2]
-local prompts = {}
-local plen = string.len(prefix .. 'prompt:')
-for _, k in ipairs(redis.call('KEYS', pat .. 'prompt:*')) do
-  -- prompt state only: not `prompt:{id}:data` nor any other `prompt:{id}:…` key
-  if not string.find(string.sub(k, plen + 1), ':', 1, true) and redis.call('TYPE', k).ok == 'hash' then
-    prompts[#prompts + 1] = k
-    prompts[#prompts + 1] = redis.call('HGETALL', k)
-  end
-end
-local added = 0
-if redis.call('EXISTS', prefix .. 'groups') == 1 then
-  local info = redis.call('XINFO', 'STREAM', prefix .. 'groups')
-  for i = 1, #info, 2 do
-    if info[i] == 'entries-added' then added = info[i + 1] end
-  end
-end
-return {redis.call('TIME'), prompts, redis.call('HGETALL', prefix .. 'prompts:claimed'),
-        redis.call('HGETALL', prefix .. 'counters'), redis.call('LRANGE', prefix .. 'prompts', 0, -1),
-        redis.call('GET', prefix .. 'scheduler:lease') or '', added,
-        redis.call('HGET', prefix .. 'weights', 'version') or ''}
-"""
-
+# One atomic read of the run's control state (asyncdapo/contracts/redis_scripts/faults_snapshot.lua).
+_SNAPSHOT = script(RedisScript.FAULTS_SNAPSHOT)
 
 _s = text
 
