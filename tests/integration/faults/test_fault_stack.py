@@ -26,9 +26,9 @@ from asyncdapo.services.scheduler.lua import FINISH_FIELDS, FINISH_HEADER
 from asyncdapo.tools.faults.invariants import DEFAULT_LEASE_S, CheckerThread, InvariantChecker
 from asyncdapo.tools.faults.procs import FaultStack, FaultStackError
 from asyncdapo.tools.faults.proxy import Predicate, evalsha
-from asyncdapo.tools.faults.supervised import group_members
 from asyncdapo.tools.local.ports import wait_until
 from asyncdapo.tools.local.stack import grpc_ready, http_ready
+from asyncdapo.tools.local.supervisor import group_members
 
 pytestmark = pytest.mark.slow
 

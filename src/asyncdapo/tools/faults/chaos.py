@@ -441,7 +441,7 @@ class ChaosRun:
         assert stack is not None
         deadline = time.monotonic() + self.opts.ready_timeout_s
         while True:
-            waiting = [name for name, svc in stack.services.items() if not _ready(svc)]
+            waiting = [name for name, svc in stack.services.items() if not svc.is_ready()]
             if not waiting or time.monotonic() > deadline:
                 return waiting
             time.sleep(0.2)
@@ -539,17 +539,6 @@ class ChaosRun:
             wall_s=time.time() - t0,
             load=(load0, os.getloadavg()),
         )
-
-
-def _ready(svc: Any) -> bool:
-    if not svc.running():
-        return False
-    if svc.ready is None:
-        return True
-    try:
-        return bool(svc.ready())
-    except Exception:
-        return False
 
 
 def _final_poll(watch: Watch, attempts: int = 30) -> None:

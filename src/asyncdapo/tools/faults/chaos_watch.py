@@ -28,8 +28,8 @@ import redis
 
 from asyncdapo.contracts.redis_keys import RunKeys
 from asyncdapo.tools.faults.invariants import InvariantChecker, Violation
+from asyncdapo.tools.faults.procs import FaultEvent
 from asyncdapo.tools.faults.snapshot import Snapshot, _s, _sid
-from asyncdapo.tools.faults.supervised import FaultEvent
 
 
 def _ms(stream_id: str) -> int:

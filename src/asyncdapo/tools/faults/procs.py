@@ -17,9 +17,11 @@ Faults (each logged as a `FaultEvent`, also to `<run_dir>/faults.jsonl`):
   service, or in front of gateway i for the scheduler (options `redis_proxy_for`,
   `gateway_proxies`): cut, refuse, lose a reply.
 
-Like a Deployment/StatefulSet/Job, a supervisor thread restarts a service that exits on its own
-(the trainer only when it fails; exit 0 means the run is done), with a crash-loop backoff, and
-logs it as a `crashed` event: a test sees every unplanned restart.
+Each service is a child of the one process supervisor (`asyncdapo.tools.local.supervisor`, as
+`asyncdapo up`'s are). Like a Deployment/StatefulSet/Job, its restart loop (`Restart.ON_CRASH`)
+restarts a service that exits on its own (the trainer only when it fails; exit 0 means the run is
+done), with a crash-loop backoff, and logs it as a `crashed` event: a test sees every unplanned
+restart.
 
 Logs: `<run_dir>/logs/<service>.log`, appended across restarts with a header per start.
 `stop()` SIGKILLs every process group it started, then looks for any process still carrying this
@@ -42,17 +44,51 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from asyncdapo.contracts.errors import AsyncdapoError
 from asyncdapo.tools.faults.proxy import ProxyThread
-from asyncdapo.tools.faults.supervised import (
-    MARKER_ENV,
-    FaultEvent,
-    FaultStackError,
-    Service,
-    _tail,
-    marked_processes,
-)
 from asyncdapo.tools.local.ports import free_port
 from asyncdapo.tools.local.stack import grpc_ready, http_ready
+from asyncdapo.tools.local.supervisor import (
+    Managed,
+    Restart,
+    RestartEvent,
+    ServiceSpec,
+    Supervisor,
+    log_tail,
+)
+
+MARKER_ENV = "ASYNCDAPO_FAULTS_RUN"
+
+
+class FaultStackError(AsyncdapoError):
+    """The fault stack cannot start (redis-server missing) or the run did not progress as awaited."""
+
+
+@dataclass
+class FaultEvent:
+    t: float  # unix seconds
+    service: str
+    action: str  # start | kill | term | pause | resume | crashed | ready | …
+    detail: str = ""
+
+
+def marked_processes(marker: str) -> list[tuple[int, str]]:
+    """(pid, command line) of live processes whose environment carries `MARKER_ENV=marker`."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2] != "Z":
+            found.append((int(proc.name), cmd.strip()))
+    return found
 
 
 def _cli(*args: str) -> list[str]:
@@ -101,16 +137,14 @@ class FaultStack:
         self.marker = str(self.run_dir)
         self.events: list[FaultEvent] = []
         self._events_lock = threading.Lock()
-        self.services: dict[str, Service] = {}
+        self.sup = Supervisor(self.logs, env=self._env(), banner="fault harness", on_restart=self._on_restart)
+        self.services: dict[str, Managed] = {}
         self.proxies: dict[str, ProxyThread] = {}
         self.redis_port = free_port()
         self.verifier_port = free_port()
         self.scheduler_port = free_port()
         self.scheduler_metrics_port = free_port()
         self.gateway_ports = [free_port() for _ in range(opts.gateways)]
-        self._supervisor: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._crashes: dict[str, tuple[int, float]] = {}  # name -> (consecutive crashes, next try)
 
     # ------------------------------------------------------------------ addresses
 
@@ -165,7 +199,7 @@ class FaultStack:
     def gateway_proxy(self, i: int) -> ProxyThread:
         return self.proxies[f"gateway-{i}"]
 
-    def service(self, name: str) -> Service:
+    def service(self, name: str) -> Managed:
         try:
             return self.services[name]
         except KeyError:
@@ -173,15 +207,13 @@ class FaultStack:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _env(self, **extra: str) -> dict[str, str]:
+    def _env(self) -> dict[str, str]:
+        """What every service gets on top of this process's environment (and PYTHONUNBUFFERED)."""
         return {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",
             "TOKENIZERS_PARALLELISM": "false",
             "GRPC_VERBOSITY": "ERROR",
             **self.opts.extra_env,
-            **extra,
             MARKER_ENV: self.marker,
         }
 
@@ -193,11 +225,18 @@ class FaultStack:
         may_exit: bool = False,
         env: dict[str, str] | None = None,
         ready_timeout_s: float | None = None,
-    ) -> Service:
-        svc = Service(
-            name, argv, self.logs / f"{name}.log", self._env(**(env or {})), ready,
-            ready_timeout_s or self.opts.ready_timeout_s, may_exit,
-        )  # fmt: skip
+    ) -> Managed:
+        svc = self.sup.add(
+            ServiceSpec(
+                name,
+                argv,
+                ready,
+                ready_timeout_s or self.opts.ready_timeout_s,
+                env=env or {},
+                may_exit=may_exit,
+                restart=Restart.ON_CRASH if self.opts.auto_restart else Restart.NEVER,
+            )
+        )
         self.services[name] = svc
         return svc
 
@@ -308,8 +347,7 @@ class FaultStack:
             self.stop()
             raise
         if self.opts.auto_restart:
-            self._supervisor = threading.Thread(target=self._supervise, name="fault-supervisor", daemon=True)
-            self._supervisor.start()
+            self.sup.start_restarts()
         return self
 
     def start_trainer(self) -> None:
@@ -328,27 +366,9 @@ class FaultStack:
                 f.write(json.dumps(asdict(ev)) + "\n")
         return ev
 
-    def _supervise(self) -> None:
-        """Restart services that exit on their own, as Kubernetes would (crash-loop backoff)."""
-        while not self._stopping.wait(0.5):
-            for name, svc in self.services.items():
-                if svc.held or svc.proc is None or not svc.lock.acquire(blocking=False):
-                    continue
-                try:
-                    code = svc.exit_code()
-                    if code is None or (svc.may_exit and code == 0) or self._stopping.is_set():
-                        continue
-                    n, next_try = self._crashes.get(name, (0, 0.0))
-                    if next_try == 0.0:
-                        self.record(name, "crashed", f"exit code {code}; log {svc.log_path}")
-                        next_try = time.monotonic() + min(10.0, 1.0 * 2**n)
-                        self._crashes[name] = (n + 1, next_try)
-                    if time.monotonic() >= next_try:
-                        self._crashes[name] = (n, 0.0)
-                        self.record(name, "start", "restarted by the supervisor")
-                        svc.start(wait_ready=False)
-                finally:
-                    svc.lock.release()
+    def _on_restart(self, svc: Managed, event: RestartEvent, detail: str) -> None:
+        """The supervisor's restart loop saw a crash (`crashed`) or restarted a service (`start`)."""
+        self.record(svc.name, event.value, detail)
 
     # ------------------------------------------------------------------ faults
 
@@ -371,8 +391,7 @@ class FaultStack:
     def start_service(self, name: str, wait_ready: bool = True) -> None:
         svc = self.service(name)
         self._start(name, wait_ready=wait_ready)
-        svc.held = False
-        self._crashes.pop(name, None)
+        svc.release()
 
     def restart(self, name: str, how: str = "kill", down_s: float = 0.0, wait_ready: bool = True) -> None:
         """Kill (`how="kill"`) or terminate (`"term"`) `name`, keep it down `down_s`, start it
@@ -420,7 +439,7 @@ class FaultStack:
             if self.trained_steps() >= step:
                 return time.monotonic() - t0
             trainer = self.services.get("trainer")
-            if trainer is not None and trainer.exit_code() == 0:
+            if trainer is not None and trainer.exited() == 0:
                 break
             time.sleep(0.25)
         raise FaultStackError(
@@ -431,10 +450,10 @@ class FaultStack:
     def describe(self, tail_lines: int = 15) -> str:
         out = []
         for name, svc in self.services.items():
-            state = "running" if svc.running() else f"exited {svc.exit_code()}"
+            state = "running" if svc.running() else f"exited {svc.exited()}"
             out.append(f"--- {name}: {state}, starts {svc.starts}, pid {svc.pid}")
             if name in ("scheduler", "trainer") or not svc.running():
-                out.append(_tail(svc.log_path, tail_lines))
+                out.append(log_tail(svc.log_path, tail_lines))
         out += [f"event {e.t:.1f} {e.service} {e.action} {e.detail}" for e in self.events[-20:]]
         return "\n".join(out)
 
@@ -446,12 +465,8 @@ class FaultStack:
     def stop(self) -> list[tuple[int, str]]:
         """Kill every process group started, stop the proxies; returns the processes that still
         carried this stack's marker afterwards (killed too): [] means nothing was orphaned."""
-        self._stopping.set()
-        if self._supervisor is not None:
-            self._supervisor.join(10)
-        for svc in reversed(list(self.services.values())):
-            with contextlib.suppress(Exception):
-                svc.kill()
+        self.sup.kill_all()
+        self.sup.close()  # ends the reaper (which carries the marker too)
         for proxy in self.proxies.values():
             with contextlib.suppress(Exception):
                 proxy.stop()
