@@ -248,7 +248,7 @@ def check_resume(
     """Checkpoint after `step` and continue RESUME_STEPS steps; restore a fresh policy from the
     checkpoint and run the same steps: the same losses and weight changes."""
     from asyncdapo.services.trainer.checkpoint import CheckpointStore, TrainerState
-    from asyncdapo.services.trainer.model import unwrap
+    from asyncdapo.services.trainer.fsdp import unwrap
 
     batch = plan.check.batch(shape.vocab, seed=seed + 2)
     adv, old = inputs(batch, shape.vocab, dist.device)
@@ -307,7 +307,7 @@ def export(policy: Policy, precision: Any, work: Path, version: int, res: SizeRe
     """`write_snapshot` of the gathered weights (as the trainer publishes), timed; then read back."""
     from safetensors import safe_open
 
-    from asyncdapo.services.trainer.model import unwrap
+    from asyncdapo.services.trainer.fsdp import unwrap
     from asyncdapo.services.trainer.publish import write_snapshot
 
     t0 = time.perf_counter()

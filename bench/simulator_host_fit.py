@@ -40,6 +40,7 @@ from asyncdapo.tools.simulate.profile import (
     TrainerProfile,
     VerifierProfile,
 )
+from asyncdapo.tools.simulate.replay import ReplayWorkload
 
 CONTROL = ("scheduler", "verifier", "redis")  # the control plane's process groups
 
@@ -533,3 +534,18 @@ def fit_cluster(
         f"(over {trainer_n} s = 0 steps), verifier call {call_s:.3f} s (medians of the calibration runs){hs}",
     )
     return Calibration(prof, fit.summary(), per_run, scale)
+
+
+# What a validation is fed: a workload's statistics, or the replays of real runs.
+WorkloadInput = dict[str, float] | list[ReplayWorkload]
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One cross-validation fold: the runs the host model is calibrated on, those it is checked
+    against, the calibration, and the workload of the checked runs."""
+
+    cal_reps: list[int]
+    val_reps: list[int]
+    calibration: Calibration
+    workload: WorkloadInput

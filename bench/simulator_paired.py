@@ -36,7 +36,7 @@ from asyncdapo.tools.simulate.replay import load_replay
 from asyncdapo.tools.simulate.run_replay import RunReplay, load_run_replay
 
 if TYPE_CHECKING:
-    from simulator_validation import Fold
+    from simulator_host_fit import Fold
 
 SENS = 0.03  # the relative step of the sensitivity's central difference
 

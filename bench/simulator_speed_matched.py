@@ -39,7 +39,7 @@ from asyncdapo.tools.simulate.replay import load_replay
 from asyncdapo.tools.simulate.run_replay import load_run_replay
 
 if TYPE_CHECKING:
-    from simulator_validation import Fold
+    from simulator_host_fit import Fold
 
 
 def engine_factor(r: Run, fold: Fold) -> float:

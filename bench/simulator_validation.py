@@ -15,11 +15,10 @@ import json
 import random
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
 # bench/ is on sys.path: the script is run as `python bench/bench_simulator.py`
-from simulator_host_fit import Calibration
+from simulator_host_fit import Fold, WorkloadInput
 from simulator_paired import paired_validation
 from simulator_real_runs import POOLS, Run, real_config
 from simulator_speed_matched import speed_matched_validation
@@ -29,7 +28,6 @@ from asyncdapo.tools.simulate.driver import Simulation
 from asyncdapo.tools.simulate.modes import mode_config
 from asyncdapo.tools.simulate.presets import load_workload
 from asyncdapo.tools.simulate.profile import ClusterProfile
-from asyncdapo.tools.simulate.replay import ReplayWorkload
 
 # ------------------------------------------------------------------------- simulated side
 NOT_WORKLOAD = ("target_mean_length", "fitted_on_responses")
@@ -37,15 +35,6 @@ LOAD_SEEDS = 5
 
 
 # a preset's fitted parameters, or the replays of a recorded trace (one per realisation)
-WorkloadInput = dict[str, float] | list[ReplayWorkload]
-
-
-@dataclass(frozen=True)
-class Fold:
-    cal_reps: list[int]
-    val_reps: list[int]
-    calibration: Calibration
-    workload: WorkloadInput
 
 
 # a relative sd below this is no spread: the figure does not depend on the draw (s = 1's rollout wait

@@ -81,3 +81,36 @@ def test_import_linter_names_every_layer_and_service() -> None:
     assert flat == {"asyncdapo.cli", "asyncdapo.tools", "asyncdapo.runtime", "asyncdapo.contracts"} | {
         f"asyncdapo.services.{s}" for s in SERVICES
     }
+
+
+def test_no_import_circle_among_the_benchmark_scripts() -> None:
+    """bench/ holds scripts, not a package, so import-linter cannot see it: the same rule
+    (every import counted, in functions and under TYPE_CHECKING too) checked here."""
+    import ast
+
+    bench = REPO / "bench"
+    names = {p.stem for p in bench.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for p in bench.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[0] for a in node.names)
+        graph[p.stem] = (deps & names) - {p.stem}
+    state: dict[str, int] = {}
+
+    def visit(n: str, stack: list[str]) -> None:
+        state[n] = 1
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                raise AssertionError(f"import circle: {' -> '.join([*stack[stack.index(m) :], m])}")
+            if m not in state:
+                visit(m, [*stack, m])
+        state[n] = 2
+
+    assert len(graph) > 20
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
