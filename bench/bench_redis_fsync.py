@@ -34,7 +34,8 @@ import redis.asyncio as aioredis
 from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
 from asyncdapo.contracts.redis_keys import RunKeys
 from asyncdapo.services.scheduler.group_records import ResponseScore
-from asyncdapo.services.scheduler.group_state import GroupStore, Outcome, RoundTrips, ScriptRunner
+from asyncdapo.services.scheduler.group_state import GroupStore, RoundTrips, ScriptRunner
+from asyncdapo.services.scheduler.outcome_records import Outcome
 from asyncdapo.services.scheduler.queue import PromptQueue
 from asyncdapo.tools.local.redis_server import RedisServer
 

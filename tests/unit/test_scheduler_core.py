@@ -24,10 +24,10 @@ from asyncdapo.services.scheduler.core import (
     RolloutCore,
     ScoreResponse,
 )
-from asyncdapo.services.scheduler.group_state import DropReason, RequeueReason
 from asyncdapo.services.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
+from asyncdapo.services.scheduler.outcome_records import DropReason, RequeueReason
 from asyncdapo.services.scheduler.policy.long_tail import LongTailAction
-from asyncdapo.services.scheduler.tasks import Request
+from asyncdapo.services.scheduler.tasks import Kind, PromptTask, Request
 
 
 def cfg_of(**over: Any) -> RunConfig:
@@ -500,6 +500,33 @@ def test_the_recorded_reward_is_the_configured_score_of_the_verdict_plus_the_ove
     gsm8k = cfg_of(reward={"incorrect_reward": 0.0, "overlong_buffer": {"enable": False}})
     right, wrong = _scored_group(gsm8k, (56, 64)).responses
     assert [(r.score, r.reward) for r in (right, wrong)] == [(1.0, 1.0), (0.0, 0.0)]
+
+
+def test_an_evaluation_response_gets_the_reward_a_training_response_of_that_verdict_and_length_gets() -> None:
+    # the eval path goes through the core: the same ScoreResponse out, the same reward formula in
+    core = RolloutCore(
+        cfg_of(rollout={"long_tail": {"policy": "pdsr", "offload_fraction": 0.25, "cap_factor": 1.0}})
+    )
+    task = PromptTask(
+        kind=Kind.EVAL, pid="eval-x-0", attempt=0, seq=0, n=2, prompt_token_ids=[1], ground_truth="7"
+    )
+    first, second = task.make_requests()
+    answers = []
+    for req, tokens in ((first, 56), (second, 64)):
+        req.make_rid()
+        resp = gateway_pb2.GenerateResponse(request_id=req.rid, token_ids=[5] * tokens)
+        (cmd,) = core.response(req, "gw0", resp)  # no pdsr continuation for an evaluation
+        assert isinstance(cmd, ScoreResponse)
+        assert (cmd.task, cmd.idx, cmd.ground_truth) == (task, req.idx, "7")
+        answers.append(core.eval_scored(task, req.idx, float(req.idx == 0), "7"))
+    assert answers == [False, True]  # answered once every response is scored
+    assert task.response_gateway == ["gw0", "gw0"]
+    assert not core.tasks and core.counts.long_tail_responses == 0  # no train state touched
+    right, wrong = task.scores
+    assert right is not None and wrong is not None
+    train = _scored_group(cfg_of(), (56, 64)).responses  # the train path, same verdicts and lengths
+    assert (right.score, right.overlong_penalty, right.reward) == (train[0].score, -0.5, train[0].reward)
+    assert (wrong.score, wrong.overlong_penalty, wrong.reward) == (train[1].score, -1.0, train[1].reward)
 
 
 def test_the_score_filter_metric_uses_the_configured_scores() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from asyncdapo.contracts.config import RunConfig
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
-from asyncdapo.services.scheduler.group_state import is_valid, welford
+from asyncdapo.services.scheduler.group_records import is_valid, welford
 from asyncdapo.services.scheduler.tasks import request_seed, version_range
 
 

@@ -11,16 +11,11 @@ import redis.asyncio as aioredis
 
 from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
 from asyncdapo.contracts.redis_keys import RunKeys
-from asyncdapo.services.scheduler.group_records import RecordStatus, ResponseScore
-from asyncdapo.services.scheduler.group_state import (
-    GroupStore,
-    Outcome,
-    RequeueReason,
-    RoundTrips,
-    ScriptRunner,
-    welford,
-)
-from asyncdapo.services.scheduler.queue import Claim, Fenced, PromptQueue
+from asyncdapo.services.scheduler.claim_records import Claim, Fenced
+from asyncdapo.services.scheduler.group_records import RecordStatus, ResponseScore, welford
+from asyncdapo.services.scheduler.group_state import GroupStore, RoundTrips, ScriptRunner
+from asyncdapo.services.scheduler.outcome_records import Outcome, RequeueReason
+from asyncdapo.services.scheduler.queue import PromptQueue
 
 KEYS = RunKeys("t")
 

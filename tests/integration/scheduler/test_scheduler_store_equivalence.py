@@ -17,16 +17,12 @@ import redis.asyncio as aioredis
 from asyncdapo.contracts.config import RunConfig
 from asyncdapo.contracts.prompts import PromptRecord, queue_prompts
 from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.services.scheduler.claim_records import Fenced
 from asyncdapo.services.scheduler.group_records import ResponseScore
-from asyncdapo.services.scheduler.group_state import (
-    GroupStore,
-    Outcome,
-    RequeueReason,
-    RoundTrips,
-    ScriptRunner,
-)
+from asyncdapo.services.scheduler.group_state import GroupStore, RoundTrips, ScriptRunner
 from asyncdapo.services.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
-from asyncdapo.services.scheduler.queue import Fenced, PromptQueue
+from asyncdapo.services.scheduler.outcome_records import Outcome, RequeueReason
+from asyncdapo.services.scheduler.queue import PromptQueue
 
 KEYS = RunKeys("eq")
 T = TypeVar("T")

@@ -40,6 +40,7 @@ from dataclasses import replace
 from asyncdapo.contracts.config import FilterMetric, LongTailPolicy, RolloutMode, RunConfig
 from asyncdapo.contracts.prompts import PromptRecord, PromptRecordError
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
+from asyncdapo.services.scheduler.claim_records import Claim
 
 # the core's vocabulary, re-exported: drivers and tests import every name from this module
 from asyncdapo.services.scheduler.core_commands import (
@@ -55,8 +56,8 @@ from asyncdapo.services.scheduler.core_commands import (
     ScoreResponse,
 )
 from asyncdapo.services.scheduler.core_outcomes import CoreOutcomes
-from asyncdapo.services.scheduler.group_records import GroupProgress, RecordStatus, ResponseScore
-from asyncdapo.services.scheduler.group_state import DropReason, FinishItem, Outcome, RequeueReason, is_valid
+from asyncdapo.services.scheduler.group_records import GroupProgress, RecordStatus, ResponseScore, is_valid
+from asyncdapo.services.scheduler.outcome_records import DropReason, FinishItem, Outcome, RequeueReason
 from asyncdapo.services.scheduler.policy.admission import AdmissionPolicy, AdmissionState, make_policy
 from asyncdapo.services.scheduler.policy.long_tail import (
     FAST,
@@ -66,7 +67,6 @@ from asyncdapo.services.scheduler.policy.long_tail import (
     capped,
     route,
 )
-from asyncdapo.services.scheduler.queue import Claim
 from asyncdapo.services.scheduler.tasks import (
     Kind,
     LengthStats,
@@ -334,8 +334,8 @@ class RolloutCore(CoreOutcomes):
 
     # ------------------------------------------------------------------ responses and scores
     def response(self, req: Request, gateway: str, resp: gateway_pb2.GenerateResponse) -> list[Command]:
-        """A finished (stop/length) response of a live request: score it — unless pdsr continues it
-        on the heavy pool — and after a pdsr probe place the prompt's other responses too."""
+        """A finished (stop/length) response of a live request, train or eval, from the gateway at
+        address `gateway`: score it — unless pdsr continues a train response on the heavy pool."""
         task = req.task
         out: list[Command] = []
         if self.pdsr and task.kind is Kind.TRAIN:
@@ -403,10 +403,19 @@ class RolloutCore(CoreOutcomes):
             out.append(ResponseScore(task.pid, task.attempt, idx, metric, sc.reward, vmin, vmax, length))
         return out
 
+    def eval_scored(self, task: PromptTask, idx: int, acc: float, pred: str) -> bool:
+        """The verifier's verdict on response `idx` of an evaluation task → its `Score` (`score_of`,
+        as a train response's). True once every response of the task is scored: the driver then
+        answers the evaluation."""
+        resp = task.responses[idx]
+        assert resp is not None, "a scored response is stored"
+        task.scores[idx] = self.score_of(acc, pred, len(resp.token_ids))
+        return all(s is not None for s in task.scores)
+
     def score_of(self, acc: float, pred: str, length: int) -> Score:
         """The verifier's verdict on a response of `length` tokens → its `Score`: the score
-        `RunConfig.reward_of` gives the verdict and the reward, score + overlong penalty. Train and
-        eval responses both go through here."""
+        `RunConfig.reward_of` gives the verdict and the reward, score + overlong penalty — the one
+        place the reward is formed, for train (`scores_to_record`) and eval (`eval_scored`)."""
         key = (acc > 0.0, length)
         shaped = self._reward_of.get(key)
         if shaped is None:

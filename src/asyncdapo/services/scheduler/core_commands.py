@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from asyncdapo.contracts.v1 import scheduler_pb2
-from asyncdapo.services.scheduler.group_state import DropReason, RequeueReason
+from asyncdapo.services.scheduler.outcome_records import DropReason, RequeueReason
 from asyncdapo.services.scheduler.policy.long_tail import LongTailAction
 from asyncdapo.services.scheduler.tasks import LengthStats, PromptTask, Request
 

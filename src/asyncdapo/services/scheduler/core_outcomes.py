@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from asyncdapo.contracts.config import EarlyStopOrder, RunConfig
 from asyncdapo.contracts.v1 import scheduler_pb2
 from asyncdapo.services.scheduler.core_commands import Abort, Command, CoreObserver, Phase, Reason, RunCounts
-from asyncdapo.services.scheduler.group_state import (
+from asyncdapo.services.scheduler.outcome_records import (
     DropReason,
     FinishItem,
     FinishResult,

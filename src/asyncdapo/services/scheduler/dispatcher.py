@@ -16,7 +16,10 @@ Invariants:
   `max_tries`, then `on_give_up` is called;
 - `gw.calls` holds exactly the requests in flight on the gateway's live stream (`gw.in_flight`
   is its size); a broken stream empties it and re-dispatches them all, oldest first, after
-  the gateway is marked down.
+  the gateway is marked down;
+- `placed` maps the id of every request in flight (the union of the gateways' `calls`) to the
+  stream it was sent on, whose `gw` is its gateway: the request records (`tasks`) hold no handle
+  on either, so the rollout core that holds them does no I/O.
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ class Dispatcher:
         self._pumping = False
         self._t_capacity = 0.0
         self._streams: dict[Gateway, GatewayStream] = {}
+        # request id -> the stream (and through `stream.gw`, the gateway) it is in flight on
+        self.placed: dict[str, GatewayStream] = {}
         # which gateways can take a request now: placing a prompt costs O(n), not O(gateways)
         self.index = EligibleIndex(policy, seed=seed_base)
         pool.on_change = self.index.update
@@ -164,7 +169,7 @@ class Dispatcher:
             msg.continuation_token_ids.extend(c.token_ids)
             msg.continuation_logprobs.extend(c.logprobs)
             msg.continuation_versions.extend(c.version_runs)
-        req.gateway, req.call = gw, stream
+        self.placed[req.rid] = stream
         gw.calls[req.rid] = req
         gw.in_flight += 1
         self.index.update(gw)
@@ -189,6 +194,7 @@ class Dispatcher:
             req = calls.pop(resp.request_id, None)
             if req is None:  # not ours any more (the stream broke and it was re-dispatched)
                 continue
+            del self.placed[req.rid]
             gw.in_flight -= 1
             self.index.update(gw)
             if not self.closed:
@@ -197,6 +203,7 @@ class Dispatcher:
             req = calls.pop(e.request_id, None)
             if req is None:
                 continue
+            del self.placed[req.rid]
             gw.in_flight -= 1
             self.index.update(gw)
             code = _CODES.get(e.code, grpc.StatusCode.UNKNOWN)
@@ -225,9 +232,11 @@ class Dispatcher:
         self.pump()
 
     def _take_calls(self, gw: Gateway, stream: GatewayStream) -> list[Request]:
-        reqs = [r for r in gw.calls.values() if r.call is stream]
+        placed = self.placed
+        reqs = [r for r in gw.calls.values() if placed[r.rid] is stream]
         for r in reqs:
             del gw.calls[r.rid]
+            del placed[r.rid]
         gw.in_flight -= len(reqs)
         self.index.update(gw)
         self._t_capacity = time.perf_counter()
@@ -242,7 +251,6 @@ class Dispatcher:
         detail: str = "",
     ) -> None:
         task = req.task
-        req.gateway = req.call = None
         if task.live.get(req.idx) is not req or task.cancelled or task.closed:
             current = task.cancelled and task.live.get(req.idx) is req
             if resp is not None and resp.finish_reason == FINISH_ABORT:
@@ -297,10 +305,12 @@ class Dispatcher:
         through each gateway's stream (behind the requests it aborts, so none is missed in
         transit); queued ones are skipped by `pump`. Returns the ids the gateways confirmed."""
         by_stream: dict[GatewayStream, list[str]] = {}
+        placed = self.placed
         for t in tasks:
             for req in t.live.values():
-                if req.call is not None:
-                    by_stream.setdefault(req.call, []).append(req.rid)
+                stream = placed.get(req.rid)  # queued ones (none, or a stale rid) are not in flight
+                if stream is not None:
+                    by_stream.setdefault(stream, []).append(req.rid)
         if not by_stream:
             return 0
         t0 = time.perf_counter()

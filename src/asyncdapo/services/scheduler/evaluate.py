@@ -64,10 +64,8 @@ async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> sche
         sampling.MergeFrom(req.sampling)
     if sampling.max_tokens <= 0:
         raise EvalInputError("sampling.max_tokens must be > 0")
-    loop = asyncio.get_running_loop()
     run_id = uuid.uuid4().hex[:8]
     tasks: list[PromptTask] = []
-    futures: list[asyncio.Future[PromptTask]] = []
     for i, p in enumerate(req.prompts):
         t = PromptTask(
             kind=Kind.EVAL,
@@ -81,11 +79,11 @@ async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> sche
             sampling=sampling,
             version_admitted=rollout.version,
         )
-        t.future = loop.create_future()
         tasks.append(t)
-        futures.append(t.future)
-    rollout.dispatcher.submit([r for t in tasks for r in t.make_requests()])
-    await asyncio.gather(*futures)
+    try:
+        await asyncio.gather(*rollout.submit_eval(tasks))
+    finally:
+        rollout.evals.forget(tasks)
     out = scheduler_pb2.EvaluateResponse(policy_version=rollout.version)
     accs: list[float] = []
     lengths: list[int] = []

@@ -1,10 +1,13 @@
 """What recording a scored response into its group says and takes: the answer's status, the group's
-progress, the response's score. Pure records, apart from `group_state` (Redis, Lua) because the
-in-memory store and the rollout core build them per response, and the simulator's native build
-compiles this module (asyncdapo.tools.simulate.native)."""
+progress, the response's score; and the group statistics the Lua scripts compute (`welford`, the
+reference their arithmetic is tested against) and judge (`is_valid`). Pure, apart from
+`group_state` (Redis, Lua) because the in-memory store and the rollout core build them per
+response, and the simulator's native build compiles this module (asyncdapo.tools.simulate.native)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -67,3 +70,18 @@ class ResponseScore:
         self.min_version = min_version
         self.max_version = max_version
         self.length = length
+
+
+def welford(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population std (ddof 0, as numpy and verl's DAPO filter) — the Lua reference."""
+    mean = m2 = 0.0
+    for i, x in enumerate(values, 1):
+        d = x - mean
+        mean += d / i
+        m2 += d * (x - mean)
+    return mean, math.sqrt(max(m2 / max(len(values), 1), 0.0))
+
+
+def is_valid(metric_std: float, eps: float) -> bool:
+    """DAPO dynamic sampling: a group carries signal only when its metric varies."""
+    return metric_std > eps

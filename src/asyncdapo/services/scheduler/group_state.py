@@ -1,20 +1,18 @@
 """Per-prompt group state in Redis: responses counted exactly once, outcomes recorded exactly once.
 
 `GroupStore` runs the scripts of `lua.py` with EVALSHA, many per pipeline (one round trip per
-batch of scored responses), and reloads them if Redis lost its script cache. The pure helpers
-(`welford`, `is_valid`) are the reference the Lua arithmetic is tested against.
+batch of scored responses), and reloads them if Redis lost its script cache. What the scripts
+take and answer are pure records (`group_records`, `outcome_records`), where the pure helpers the
+Lua arithmetic is tested against (`group_records.welford`, `is_valid`) live too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -24,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from asyncdapo.contracts.redis_keys import FINISHED_PROMPT_TTL_S, OUTCOMES_MAXLEN, RunKeys, text
 from asyncdapo.services.scheduler.group_records import GroupProgress, RecordStatus, ResponseScore
 from asyncdapo.services.scheduler.lua import SCRIPTS
+from asyncdapo.services.scheduler.outcome_records import FinishItem, FinishResult, Outcome
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -31,91 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class Outcome(StrEnum):
-    VALID = "valid"
-    FILTERED = "filtered"
-    REQUEUED = "requeued"
-    DROPPED = "dropped"
-
-
-class DropReason(StrEnum):
-    VERIFIER_ERROR = "verifier_error"  # the verifier stayed down through every retry (finite retries only)
-    UNSCORABLE = "unscorable"  # the verifier judged one response unscorable for good (invalid, timeout)
-    BAD_PROMPT = "bad_prompt"  # the prompt's data is missing or malformed
-    PROMPT_TOO_LONG = "prompt_too_long"  # longer than data.max_prompt_length
-    GATEWAY_ERROR = "gateway_error"  # a request failed on every gateway it was tried on
-    EARLY_STOP = "early_stop"  # aborted by early stop with requeue_aborted off
-    SURPLUS = "surplus"  # sync mode: a valid group beyond B, consumed for the epoch (as verl does)
-
-
-class RequeueReason(StrEnum):
-    EARLY_STOP = "early_stop"  # aborted when the bound was reached
-    OVER_BOUND = "over_bound"  # valid, but the bound was reached first (decided in Lua)
-    SCHEDULER_RESTART = "scheduler_restart"  # claimed by a scheduler that was replaced (fenced)
-    STOPPED = "stopped"  # StopRun aborted it
-    STALE = "stale"  # valid, but the step that would consume it finds it stale (decided in Lua)
-    SHUTDOWN = "shutdown"  # the scheduler shut down gracefully and released its claims
-    ORPHANED = "orphaned"  # claimed by this scheduler but held by no task (a lost reply, a rollback)
-
-
-@dataclass(frozen=True, slots=True)
-class FinishItem:
-    pid: str
-    attempt: int
-    outcome: Outcome
-    reason: str = ""
-    bound: int = -1  # valid only: the bound checked atomically (-1: none)
-    group: bytes = b""  # valid only: the serialized rollout_pb2.Group
-    min_version: int = 0  # valid only: the oldest token version of the group (staleness rule)
-
-
-@dataclass(frozen=True, slots=True)
-class FinishResult:
-    # valid | filtered | requeued:<reason> | dropped:<reason>, or dup:<stored label> / stale / fenced
-    label: str
-    produced: int  # counters.valid_produced after this attempt (valid groups XADDed, all versions)
-    credited: int  # counters.valid_credited: groups the trainer dropped, credited back to the bound
-
-    @property
-    def valid_produced(self) -> int:
-        """Effective valid groups: what the bound applies to."""
-        return self.produced - self.credited
-
-    @property
-    def outcome(self) -> str:
-        return self.label.split(":", 1)[0]
-
-    @property
-    def fenced(self) -> bool:
-        return self.label == "fenced"
-
-    @property
-    def recorded(self) -> tuple[str, str] | None:
-        """(outcome, reason) this result says the attempt has, also for a repeat (`dup:`) whose
-        first reply was lost; None when nothing is known (stale, fenced)."""
-        label = self.label.removeprefix("dup:")
-        if label in ("stale", "fenced"):
-            return None
-        outcome, _, reason = label.partition(":")
-        return outcome, reason
-
-
-def welford(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and population std (ddof 0, as numpy and verl's DAPO filter) — the Lua reference."""
-    mean = m2 = 0.0
-    for i, x in enumerate(values, 1):
-        d = x - mean
-        mean += d / i
-        m2 += d * (x - mean)
-    return mean, math.sqrt(max(m2 / max(len(values), 1), 0.0))
-
-
-def is_valid(metric_std: float, eps: float) -> bool:
-    """DAPO dynamic sampling: a group carries signal only when its metric varies."""
-    return metric_std > eps
-
 
 _s = text
 

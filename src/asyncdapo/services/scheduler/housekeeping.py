@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncdapo.contracts import redis_keys as rk
 from asyncdapo.contracts.redis_keys import ADMITTED, VALID_CREDITED, VALID_PRODUCED, RunKeys, decode_map
+from asyncdapo.services.scheduler.claim_records import Fenced
 from asyncdapo.services.scheduler.core import Command, RolloutCore
-from asyncdapo.services.scheduler.group_state import Outcome, RequeueReason, ScriptArg, ScriptRunner
+from asyncdapo.services.scheduler.group_state import ScriptArg, ScriptRunner
 from asyncdapo.services.scheduler.metrics import SchedulerMetrics
-from asyncdapo.services.scheduler.queue import Fenced, PromptQueue
+from asyncdapo.services.scheduler.outcome_records import Outcome, RequeueReason
+from asyncdapo.services.scheduler.queue import PromptQueue
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from asyncdapo.contracts import redis_keys as rk
 from asyncdapo.contracts.prompts import PromptRecord, PromptRecordError
+from asyncdapo.services.scheduler.claim_records import Claim, ClaimBatch, ClaimRecord, Fenced
 from asyncdapo.services.scheduler.group_records import GroupProgress, RecordStatus, ResponseScore
-from asyncdapo.services.scheduler.group_state import FinishItem, FinishResult, Outcome, RequeueReason
-from asyncdapo.services.scheduler.queue import Claim, ClaimBatch, ClaimRecord, Fenced
+from asyncdapo.services.scheduler.outcome_records import FinishItem, FinishResult, Outcome, RequeueReason
 
 
 @dataclass(slots=True)

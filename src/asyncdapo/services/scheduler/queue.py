@@ -27,47 +27,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asyncdapo.contracts.prompts import PromptRecord, PromptRecordError
 from asyncdapo.contracts.redis_keys import CLAIM_TOKEN_TTL_S, RunKeys
-from asyncdapo.services.scheduler.group_state import (
-    FinishResult,
-    GroupStore,
-    Outcome,
-    RequeueReason,
-    RoundTrips,
-    ScriptRunner,
-    _s,
-    items,
-)
+from asyncdapo.services.scheduler.claim_records import Claim, ClaimBatch, ClaimRecord, Fenced
+from asyncdapo.services.scheduler.group_state import GroupStore, RoundTrips, ScriptRunner, _s, items
+from asyncdapo.services.scheduler.outcome_records import FinishResult, Outcome, RequeueReason
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
-
-
-class Fenced(RuntimeError):
-    """Another scheduler took this run over (a higher fencing epoch): this one must stop."""
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    pid: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRecord:
-    owner: str
-    attempt: int
-    unix_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimBatch:
-    claims: list[Claim]
-    admitted_total: int  # `counters.admitted` after this claim (a rollback shows as a drop)
 
 
 class PromptQueue:

@@ -24,13 +24,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncdapo.contracts import redis_keys as rk
 from asyncdapo.contracts.config import PauseMode, RunConfig
 from asyncdapo.contracts.redis_keys import RunKeys
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from asyncdapo.services.scheduler.claim_records import Fenced
 from asyncdapo.services.scheduler.core import (
     Abort,
     Command,
@@ -41,22 +42,21 @@ from asyncdapo.services.scheduler.core import (
     ScoreResponse,
 )
 from asyncdapo.services.scheduler.dispatcher import FINISH_ABORT, Dispatcher
+from asyncdapo.services.scheduler.eval_waiters import EvalWaiters
 from asyncdapo.services.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.services.scheduler.group_state import (
     REDIS_WAIT_ERRORS,
-    DropReason,
     GroupStore,
-    Outcome,
     RedisLink,
-    RequeueReason,
     RoundTrips,
     ScriptRunner,
     redis_retry,
 )
 from asyncdapo.services.scheduler.housekeeping import Housekeeper
 from asyncdapo.services.scheduler.metrics import MetricsObserver, SchedulerMetrics
+from asyncdapo.services.scheduler.outcome_records import DropReason, Outcome, RequeueReason
 from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy
-from asyncdapo.services.scheduler.queue import Fenced, PromptQueue
+from asyncdapo.services.scheduler.queue import PromptQueue
 from asyncdapo.services.scheduler.response_log import LoggedResponse, ResponseEvent, ResponseLog
 from asyncdapo.services.scheduler.run_status import RunStatusReader
 from asyncdapo.services.scheduler.score_batcher import (
@@ -160,6 +160,7 @@ class Rollout:
         )
         self._rtt_reported = 0
         self._claiming = False
+        self.evals = EvalWaiters()  # what the callers of `submit_eval` await
         self.redis_link.listen(self._on_redis_link)
 
     # ------------------------------------------------------------------ the core's state
@@ -433,14 +434,14 @@ class Rollout:
         return len(claims)
 
     # ------------------------------------------------------------------ responses and scores
+    def submit_eval(self, tasks: Sequence[PromptTask]) -> list[asyncio.Future[PromptTask]]:
+        """Dispatch evaluation tasks (`Kind.EVAL`); futures as `EvalWaiters.expect` (eval_waiters.py)."""
+        futures = self.evals.expect(tasks)
+        self.dispatcher.submit([r for t in tasks for r in t.make_requests()])
+        return futures
+
     def _on_response(self, req: Request, gw: Gateway, resp: gateway_pb2.GenerateResponse) -> None:
-        if req.task.kind is Kind.EVAL:
-            task = req.task
-            task.responses[req.idx] = resp
-            task.response_gateway[req.idx] = gw.address
-            self.batcher.submit(ScoreJob(req.rid, resp.token_ids, task.ground_truth, (task, req.idx)))
-            return
-        self._run(self.core.response(req, gw.address, resp))
+        self._run(self.core.response(req, gw.address, resp))  # train and eval: the core scores both
 
     def _on_cut(self, req: Request, resp: gateway_pb2.GenerateResponse) -> None:
         """A reply of a cancelled task's request (`Dispatcher.on_cut`): into the response log."""
@@ -453,8 +454,7 @@ class Rollout:
     def _on_give_up(self, req: Request, detail: str) -> None:
         task = req.task
         if task.kind is Kind.EVAL:
-            if task.future is not None and not task.future.done():
-                task.future.set_exception(RuntimeError(f"{DropReason.GATEWAY_ERROR}: {detail}"))
+            self.evals.resolve(task, f"{DropReason.GATEWAY_ERROR}: {detail}")
             return
         self._run(self.core.fail(task, DropReason.GATEWAY_ERROR, detail))
 
@@ -471,7 +471,8 @@ class Rollout:
             res = job.result
             assert res is not None
             if task.kind is Kind.EVAL:
-                self._eval_scored(task, idx, res.acc, res.pred)
+                if self.core.eval_scored(task, idx, res.acc, res.pred):
+                    self.evals.resolve(task)
                 continue
             train.append((task, idx, res.acc, res.pred))
         scores = self.core.scores_to_record(train)
@@ -491,13 +492,6 @@ class Rollout:
             )
         self._wake_finisher_if_needed()
 
-    def _eval_scored(self, task: PromptTask, idx: int, acc: float, pred: str) -> None:
-        resp = task.responses[idx]
-        assert resp is not None
-        task.scores[idx] = self.core.score_of(acc, pred, len(resp.token_ids))
-        if all(s is not None for s in task.scores) and task.future is not None and not task.future.done():
-            task.future.set_result(task)
-
     async def _on_score_failed(self, jobs: list[ScoreJob], why: ScoreFailure) -> None:
         """Items the verifier judged unscorable for good (each alone: an invalid response, a
         math-verify timeout on every try); an outage never lands here by default, it is waited
@@ -509,8 +503,7 @@ class Rollout:
         for job in jobs:
             task = job.ctx[0]
             if task.kind is Kind.EVAL:
-                if task.future is not None and not task.future.done():
-                    task.future.set_exception(RuntimeError(f"{reason}: {why}"))
+                self.evals.resolve(task, f"{reason}: {why}")
                 continue
             self._run(self.core.fail(task, reason, str(why)))
 

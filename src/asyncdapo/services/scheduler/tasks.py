@@ -1,27 +1,25 @@
 """In-memory records of admitted prompts and their requests, and the Group record built from them.
 
 A `PromptTask` is one attempt of one prompt (train) or one evaluation prompt; it owns `n`
-`Request`s. A request is queued (no gateway), in flight (a gateway and a call) or finished (its
-response stored in the task). Request ids carry the attempt and the dispatch try, so a late reply
-of an aborted attempt or of a re-dispatched request can never be mistaken for a current one.
+`Request`s. A request is queued, in flight or finished (its response stored in the task). Request
+ids carry the attempt and the dispatch try, so a late reply of an aborted attempt or of a
+re-dispatched request can never be mistaken for a current one.
+
+The records hold ids and data, never a handle on I/O: which gateway and stream a request runs on
+is the dispatcher's (`Dispatcher.placed`, by request id), and what waits for an evaluation is the
+driver's (`Rollout.evals`, eval_waiters.py) — the rollout core, which holds these records, does no I/O.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, rollout_pb2
 from asyncdapo.services.scheduler.group_records import GroupProgress
-
-if TYPE_CHECKING:  # the gRPC side: the records name it, the core never imports it
-    from asyncdapo.services.scheduler.gateway_pool import Gateway
-    from asyncdapo.services.scheduler.gateway_stream import GatewayStream
 
 TaskKey = tuple[str, int]  # (prompt id, attempt): one attempt of one prompt
 
@@ -37,9 +35,7 @@ class Request:
     idx: int
     tries: int = 0  # dispatches so far
     continuation: gateway_pb2.GenerateResponse | None = None  # partial tokens to continue from
-    gateway: Gateway | None = None  # while in flight
-    call: GatewayStream | None = None  # the GenerateStream it was sent on, while in flight
-    rid: str = ""
+    rid: str = ""  # of its latest dispatch (`make_rid`)
     t_ready: float = 0.0
     pool: str = ""  # gateway pool label to place it in ("" = any)
     max_tokens: int = 0  # overrides the task's sampling.max_tokens when > 0 (long-tail cap)
@@ -51,8 +47,6 @@ class Request:
         idx: int,
         tries: int = 0,
         continuation: gateway_pb2.GenerateResponse | None = None,
-        gateway: Gateway | None = None,
-        call: GatewayStream | None = None,
         rid: str = "",
         t_ready: float = 0.0,
         pool: str = "",
@@ -62,8 +56,6 @@ class Request:
         self.idx = idx
         self.tries = tries
         self.continuation = continuation
-        self.gateway = gateway
-        self.call = call
         self.rid = rid
         self.t_ready = t_ready
         self.pool = pool
@@ -121,7 +113,6 @@ class PromptTask:
     recording: set[int] = field(default_factory=set)  # responses whose RECORD is unanswered
     progress: GroupProgress | None = None  # of the completing response
     admitted_at: float = field(default_factory=time.monotonic)
-    future: asyncio.Future[PromptTask] | None = None  # eval: resolved when every response is scored
     base_msg: gateway_pb2.GenerateRequest | None = None  # what every request of this task starts from
 
     def __post_init__(self) -> None:

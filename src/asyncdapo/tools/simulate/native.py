@@ -4,13 +4,13 @@
 with mypyc into a cache directory named by a digest of every `asyncdapo` source file, mypy's
 version and the interpreter: the simulator's clock, engine model, dispatch transport, verifier
 model and driver, and the scheduler's decision code they run (the rollout core, the in-memory
-store, the admission, dispatch and long-tail policies, the task and group records). `activate()`
-(run when `asyncdapo.tools.simulate` is imported) loads those compiled modules in place of the plain
-ones when a build for the current digest exists, and does nothing otherwise. So a source edit
-anywhere in `asyncdapo` — a compiled module, or a class whose declared types the compiled code
-checks — means the plain modules run until the next build; a stale build is never loaded. Results
-are the same bit for bit (mypyc compiles the Python semantics; tests/unit/test_simulate_native.py
-compares whole runs), only faster.
+store, the admission, dispatch and long-tail policies, the task, group and outcome
+records). `activate()` (run when `asyncdapo.tools.simulate` is imported) loads those compiled
+modules in place of the plain ones when a build for the current digest exists, and does nothing
+otherwise. So a source edit anywhere in `asyncdapo` — a compiled module, or a class whose
+declared types the compiled code checks — means the plain modules run until the next build; a
+stale build is never loaded. Results are the same bit for bit (mypyc compiles the Python
+semantics; tests/unit/test_simulate_native.py compares whole runs), only faster.
 
 The scheduler service never imports `asyncdapo.tools.simulate`: it runs its own modules plain. A process
 that imported any compiled module's plain version before `asyncdapo.tools.simulate` (a test session that
@@ -42,14 +42,15 @@ from pathlib import Path
 from types import ModuleType
 
 # the hot path of a run; the rest (workload sampling with pydantic specs, reports, the CLI, the
-# commit ledger: mypyc compiles no generic dataclass) runs once per run or per chunk of draws and
-# stays plain Python
+# commit ledger: mypyc compiles no generic dataclass; the claim records: once per claim, beside an
+# exception class mypyc does not compile) runs once per run or per chunk of draws and stays plain
+# Python
 NATIVE_MODULES = tuple(
     [f"asyncdapo.tools.simulate.{m}" for m in ("clock", "records", "engine_model", "transport", "verifier_model",
                                          "prompt_feed", "driver")]
     + [f"asyncdapo.services.scheduler.{m}" for m in ("core", "core_outcomes", "core_commands", "memstore", "tasks",
-                                            "group_records", "eligible", "policy.dispatch", "policy.long_tail",
-                                            "policy.admission")]
+                                            "group_records", "outcome_records", "eligible", "policy.dispatch",
+                                            "policy.long_tail", "policy.admission")]
 )  # fmt: skip
 BUILD_INFO = "BUILD.json"
 FORMAT = 2  # bump when what a build directory holds changes

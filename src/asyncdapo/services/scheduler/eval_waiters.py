@@ -1,0 +1,45 @@
+"""What an evaluation's caller awaits: one future per evaluation task, resolved by the driver.
+
+Apart from the task records (`tasks`), which the rollout core holds and which therefore hold no
+asyncio object; `Rollout` owns one `EvalWaiters` and resolves a task's future when the core says
+every response of it is scored (`RolloutCore.eval_scored`) or when one of them failed for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from asyncdapo.services.scheduler.tasks import PromptTask
+
+
+class EvalWaiters:
+    def __init__(self) -> None:
+        self._futures: dict[PromptTask, asyncio.Future[PromptTask]] = {}  # by identity (eq=False)
+
+    def expect(self, tasks: Iterable[PromptTask]) -> list[asyncio.Future[PromptTask]]:
+        """A future per task: its result is the task once every response is scored; its exception
+        says why one could not be."""
+        loop = asyncio.get_running_loop()
+        out = []
+        for t in tasks:
+            fut: asyncio.Future[PromptTask] = loop.create_future()
+            self._futures[t] = fut
+            out.append(fut)
+        return out
+
+    def forget(self, tasks: Iterable[PromptTask]) -> None:
+        """Drop the futures still unresolved (the caller stopped waiting: one failed, or it was
+        cancelled); their requests' late answers then resolve nothing."""
+        for t in tasks:
+            self._futures.pop(t, None)
+
+    def resolve(self, task: PromptTask, error: str = "") -> None:
+        """Every response of `task` is scored (`error` ""), or one cannot be (`error` says why)."""
+        fut = self._futures.pop(task, None)
+        if fut is None or fut.done():
+            return
+        if error:
+            fut.set_exception(RuntimeError(error))
+        else:
+            fut.set_result(task)
