@@ -13,12 +13,12 @@ import pytest
 
 from asyncdapo.tools.local.ports import free_port, port_open
 from asyncdapo.tools.local.supervisor import (
+    CRASH_BACKOFF,
     Restart,
     RestartEvent,
     ServiceFailed,
     ServiceSpec,
     Supervisor,
-    crash_backoff_s,
     group_members,
 )
 
@@ -133,7 +133,7 @@ def _wait(pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
 
 
 def test_crash_backoff_doubles_from_one_second_up_to_ten() -> None:
-    assert [crash_backoff_s(n) for n in range(6)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert [CRASH_BACKOFF.delay(n) for n in range(6)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
 
 
 def test_a_crashed_child_restarts_after_the_backoff_with_the_same_argv(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from asyncdapo.contracts.verifier_api import ItemStatus, ScoreItem
+from asyncdapo.runtime.backoff import Backoff, Jitter
 from asyncdapo.runtime.verifier_client import (
     Attempt,
     CallFailure,
@@ -18,7 +19,6 @@ from asyncdapo.runtime.verifier_client import (
     VerifierError,
     VerifierRejected,
     VerifierUnavailable,
-    backoff_delay,
 )
 
 ITEMS = [ScoreItem(id=f"i{k}", response=f"A: {k}", ground_truth="1") for k in range(5)]
@@ -292,5 +292,5 @@ async def test_empty_input_needs_no_request() -> None:
 
 def test_backoff_delay_is_capped() -> None:
     rng = random.Random(1)
-    delays = [backoff_delay(30, 0.2, 5.0, rng) for _ in range(200)]
+    delays = [Backoff(0.2, 5.0, jitter=Jitter.FULL).delay(30, rng) for _ in range(200)]
     assert max(delays) <= 5.0 and min(delays) >= 0.0

@@ -56,6 +56,29 @@ def async_client(url: str, **kwargs: Any) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(url, **_kwargs(kwargs))
 
 
+# Replies meaning "Redis is there but cannot serve this now" (a replica being promoted, a disk
+# that refuses the snapshot, a cluster re-sharding), matched on the reply's first word.
+# redis-py turns some into their own exception classes and drops the word from the message;
+# `is_unavailable` checks those by class.
+UNAVAILABLE_REPLIES = frozenset({"LOADING", "MASTERDOWN", "MISCONF", "READONLY", "TRYAGAIN", "CLUSTERDOWN"})
+
+
+def is_unavailable(err: BaseException) -> bool:
+    """True for an error that means Redis is away or not ready yet (wait for it: a refused or
+    lost connection, a timeout, LOADING and the other replies above), False for one a retry does
+    not cure (raise it): a refused password, a script or type error, NOPERM, OOM."""
+    import redis
+    from redis import exceptions as rx
+
+    if isinstance(err, rx.AuthenticationError | rx.AuthorizationError):
+        return False  # a ConnectionError to redis-py, but the user's to fix: never an outage
+    if isinstance(err, redis.ConnectionError | redis.TimeoutError):  # BusyLoadingError (LOADING) too
+        return True
+    if isinstance(err, rx.ReadOnlyError | rx.TryAgainError | rx.ClusterDownError):  # MasterDownError too
+        return True
+    return isinstance(err, rx.ResponseError) and str(err).split(" ", 1)[0] in UNAVAILABLE_REPLIES
+
+
 def read_password_file(path: str | Path, flag: str = PASSWORD_FLAG) -> str:
     return read_secret(path, flag)
 

@@ -28,7 +28,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from types import TracebackType
 
@@ -44,6 +44,7 @@ from asyncdapo.contracts.verifier_api import (
     ScoreResponse,
     check_item,
 )
+from asyncdapo.runtime.backoff import Backoff, Jitter
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,8 @@ class Attempt:
     retry_in_s: float | None = None  # set when the same request is sent again after this delay
 
 
-def backoff_delay(attempt: int, base_s: float, max_s: float, rng: random.Random) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(max_s, base_s * 2**attempt)]."""
-    return rng.uniform(0.0, min(max_s, base_s * (2 ** min(attempt, 60))))
+# the wait before sending a failed request again: 0.1 s, doubled, at most 2 s, drawn from [0, d]
+VERIFIER_RETRY_BACKOFF = Backoff(0.1, 2.0, jitter=Jitter.FULL)
 
 
 @dataclass(slots=True)
@@ -112,8 +112,8 @@ class VerifierClient:
         *,
         timeout_s: float = 60.0,
         max_retries: int | None = None,
-        backoff_base_s: float = 0.1,
-        backoff_max_s: float = 2.0,
+        backoff_base_s: float = VERIFIER_RETRY_BACKOFF.first_s,
+        backoff_max_s: float = VERIFIER_RETRY_BACKOFF.max_s,
         batch_size: int = 256,
         max_concurrency: int = 4,
         limits: ItemLimits | None = ItemLimits(),  # noqa: B008 (frozen dataclass)
@@ -132,8 +132,7 @@ class VerifierClient:
         if not 0 < backoff_base_s <= backoff_max_s:
             raise ValueError("0 < backoff_base_s <= backoff_max_s is required")
         self.max_retries = max_retries
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
+        self.backoff = replace(VERIFIER_RETRY_BACKOFF, first_s=backoff_base_s, max_s=backoff_max_s)
         self.batch_size = batch_size
         self.limits = limits
         self.on_attempt = on_attempt
@@ -225,9 +224,9 @@ class VerifierClient:
                     if out.failure is CallFailure.REJECTED and out.status_code is not None:
                         raise VerifierRejected(message, out.status_code, out.detail)
                     raise VerifierUnavailable(message)
-                delay = backoff_delay(attempt, self.backoff_base_s, self.backoff_max_s, self._rng)
+                delay = self.backoff.delay(attempt, self._rng)
                 if out.retry_after_s is not None:
-                    delay = max(delay, min(out.retry_after_s, self.backoff_max_s))
+                    delay = max(delay, min(out.retry_after_s, self.backoff.max_s))
                 self._report(Attempt(len(batch), seconds, out.failure, out.detail, out.status_code, delay))
                 if not waiting:
                     waiting = self._set_waiting(batch, waiting, True, out)
@@ -288,7 +287,7 @@ class VerifierClient:
                     self.url,
                     out.failure.value if out and out.failure else "?",
                     out.detail if out else "",
-                    self.backoff_max_s,
+                    self.backoff.max_s,
                     "forever" if self.max_retries is None else f"at most {self.max_retries} retries",
                 )
         else:

@@ -27,6 +27,7 @@ from asyncdapo.contracts.redis_keys import (
 )
 from asyncdapo.contracts.v1 import rollout_pb2, scheduler_pb2, scheduler_pb2_grpc
 from asyncdapo.contracts.verl_format import Example
+from asyncdapo.runtime.redis_outage import RedisWaiter
 from asyncdapo.services.trainer import loop as loop_module
 from asyncdapo.services.trainer.crash_points import CrashPoint
 from asyncdapo.services.trainer.data_feed import PromptFeed
@@ -34,7 +35,7 @@ from asyncdapo.services.trainer.fence import TrainerFence, TrainerFenced
 from asyncdapo.services.trainer.groups_reader import GroupDropReason, GroupsReader
 from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
 from asyncdapo.services.trainer.publish import VersionNotifier
-from asyncdapo.services.trainer.redis_io import RedisWaiter
+from asyncdapo.services.trainer.redis_io import TRAINER_REDIS_BACKOFF
 from asyncdapo.tools.local.ports import free_port
 
 KEYS = RunKeys("durability")
@@ -82,7 +83,7 @@ def test_lost_refill_reply_queues_nothing_twice(redis_url: str, monkeypatch: pyt
         "execute",
         lambda self, raise_on_error=True: _lose_first_rpush_exec(self, raise_on_error, real_execute, lost),
     )
-    waiter = RedisWaiter()
+    waiter = RedisWaiter(TRAINER_REDIS_BACKOFF)
     assert waiter.call(lambda _a: feed.refill(), "refill") == 0  # applied once; the retry sees it
     assert lost and waiter.outages == 1
     queued = [x.decode() for x in client.lrange(KEYS.prompts, 0, -1)]
@@ -105,7 +106,7 @@ def _lose_first_rpush_exec(pipe: Any, raise_on_error: bool, real: Any, lost: lis
 def test_lost_read_reply_entries_are_replayed_not_lost(redis_url: str) -> None:
     client = LossyRedis.from_url(redis_url)
     ids = [client.xadd(KEYS.groups, {GROUP_FIELD: _group(f"p{i}")}).decode() for i in range(3)]
-    reader = GroupsReader(client, KEYS, waiter=RedisWaiter())
+    reader = GroupsReader(client, KEYS, waiter=RedisWaiter(TRAINER_REDIS_BACKOFF))
     reader.start([])
     client.lose = lambda args: args[-1] in (b">", ">")  # the XREADGROUP '>' delivered, reply lost
     got = reader.read(3, block_ms=10)
@@ -117,7 +118,7 @@ def test_lost_read_reply_entries_are_replayed_not_lost(redis_url: str) -> None:
 def test_lost_drop_reply_credits_once(redis_url: str) -> None:
     client = LossyRedis.from_url(redis_url)
     client.xadd(KEYS.groups, {GROUP_FIELD: _group("stale")})
-    reader = GroupsReader(client, KEYS, waiter=RedisWaiter())
+    reader = GroupsReader(client, KEYS, waiter=RedisWaiter(TRAINER_REDIS_BACKOFF))
     reader.start([])
     (entry,) = reader.read(1, block_ms=10)
     client.lose = lambda args: b"stale" in args or "stale" in args

@@ -11,6 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from asyncdapo.contracts.errors import AsyncdapoError
+from asyncdapo.runtime.backoff import Backoff
+
+# `--weights-from`: the wait between fetches while the trainer serves no weights yet: 1 s, doubled, at most 30 s
+START_WEIGHTS_BACKOFF = Backoff(1.0, 30.0)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -331,7 +335,7 @@ async def _start_weights(weights: Any, address: str) -> tuple[str, int]:
     from asyncdapo.runtime.weight_stream.fetch import FetchError
 
     log = logging.getLogger(__name__)
-    delay = 1.0
+    delays = START_WEIGHTS_BACKOFF.delays()
     while True:
         errors: list[str] = []
         try:
@@ -345,9 +349,9 @@ async def _start_weights(weights: Any, address: str) -> tuple[str, int]:
             )
             return res.directory, manifest.version
         except FetchError as err:
+            delay = delays.next()
             log.warning("--weights-from %s: %s; retrying in %.0f s", address, err, delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 30.0)
+            await asyncio.sleep(delay)
 
 
 async def _build_engine(args: argparse.Namespace) -> Any:

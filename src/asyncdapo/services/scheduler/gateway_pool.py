@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -31,12 +30,16 @@ from typing import TYPE_CHECKING
 import grpc
 
 from asyncdapo.contracts.v1 import gateway_pb2, gateway_pb2_grpc, scheduler_pb2
+from asyncdapo.runtime.backoff import Backoff, Jitter
 from asyncdapo.runtime.grpc_security import ClientTls, aio_channel, bearer_metadata
 
 if TYPE_CHECKING:
     from asyncdapo.services.scheduler.tasks import Request
 
 log = logging.getLogger(__name__)
+
+# the load watcher's reconnects: 50 ms, doubled, at most 2 s, each wait drawn from [d/2, 3d/2]
+WATCH_RECONNECT_BACKOFF = Backoff(0.05, 2.0, jitter=Jitter.SPREAD)
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 256 << 20),
@@ -316,7 +319,7 @@ class GatewayPool:
             gw.watch_task = asyncio.create_task(self._watch(gw, first_delay_s=0.05))
 
     async def _watch(self, gw: Gateway, first_delay_s: float = 0.0) -> None:
-        backoff = 0.05
+        reconnects = WATCH_RECONNECT_BACKOFF.delays()
         if first_delay_s:
             await asyncio.sleep(first_delay_s)
         while not gw.removed:
@@ -331,7 +334,7 @@ class GatewayPool:
                         raise ConnectionError("load stream ended")
                     gw.load = load
                     gw.last_load_at = time.monotonic()
-                    backoff = 0.05
+                    reconnects.reset()
                     if not load.engine:  # listening, but its engine is still starting
                         if gw.up:
                             self.mark_down(gw, "engine not attached")
@@ -358,8 +361,7 @@ class GatewayPool:
                 self.mark_down(gw, f"{err.code().name}: {err.details()}")
             except ConnectionError as err:
                 self.mark_down(gw, str(err))
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, 2.0)
+            await asyncio.sleep(reconnects.next())
 
 
 def _host(ip: str) -> str:

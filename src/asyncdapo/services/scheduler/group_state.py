@@ -8,16 +8,10 @@ Lua arithmetic is tested against (`group_records.welford`, `is_valid`) live too.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import random
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asyncdapo.contracts.redis_keys import FINISHED_PROMPT_TTL_S, OUTCOMES_MAXLEN, RunKeys, text
 from asyncdapo.services.scheduler.group_records import GroupProgress, RecordStatus, ResponseScore
@@ -27,9 +21,6 @@ from asyncdapo.services.scheduler.outcome_records import FinishItem, FinishResul
 if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.client import Pipeline
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 _s = text
 
@@ -67,68 +58,6 @@ def parse_progress(reply: Sequence[ScriptReply]) -> GroupProgress:
         min_version=int(f[6]) if f[6] else 0,
         max_version=int(f[7]) if f[7] else 0,
     )
-
-
-class RedisLink:
-    """Whether Redis answers, as the operations going through `redis_retry` see it.
-
-    Listeners are told on every change (down → up, up → down) so that health, metrics and the
-    rollout's re-read of its state after an outage hang off one place."""
-
-    def __init__(self) -> None:
-        self.up = True
-        self.down_since: float | None = None
-        self.last_error = ""
-        self.outages = 0
-        self._listeners: list[Callable[[bool], None]] = []
-
-    def listen(self, fn: Callable[[bool], None]) -> None:
-        self._listeners.append(fn)
-
-    def mark(self, up: bool, error: str = "") -> None:
-        if up == self.up:
-            return
-        self.up = up
-        if up:
-            log.info("redis is back after %.1f s", time.monotonic() - (self.down_since or time.monotonic()))
-            self.down_since = None
-        else:
-            self.outages += 1
-            self.down_since = time.monotonic()
-            self.last_error = error
-            log.warning("redis unavailable (%s): waiting for it", error)
-        for fn in self._listeners:
-            fn(up)
-
-
-REDIS_WAIT_ERRORS = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError is a ConnectionError
-
-
-async def redis_retry(
-    fn: Callable[[], Awaitable[T]], timeout_s: float | None = None, link: RedisLink | None = None
-) -> T:
-    """Run a Redis operation, waiting through an outage (a restart, an AOF reload, a network cut)
-    for as long as it lasts (`timeout_s` None) with capped exponential backoff. Only idempotent
-    operations go through here: every script carries an attempt marker, a client token or a
-    sequence number, so a retry after a lost reply changes nothing twice."""
-    delay = 0.05
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        try:
-            res = await fn()
-        except REDIS_WAIT_ERRORS as err:
-            if deadline is not None and time.monotonic() > deadline:
-                raise
-            if link is not None:
-                link.mark(False, f"{type(err).__name__}: {err}")
-            else:
-                log.warning("redis unavailable (%s); retrying in %.2f s", err, delay)
-            await asyncio.sleep(delay * (0.5 + random.random() / 2))
-            delay = min(delay * 2, 2.0)
-            continue
-        if link is not None:
-            link.mark(True)
-        return res
 
 
 class RoundTrips:

@@ -15,7 +15,7 @@
   Each owns its own state and sees this driver only through a small Protocol.
 
 Concurrency model: one asyncio loop; every core call is synchronous, so the core's state has a
-single writer at any time. Redis calls wait through outages (`RedisLink`).
+single writer at any time. Redis calls wait through outages (`runtime.redis_outage.RedisWaiter`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from asyncdapo.contracts import redis_keys as rk
 from asyncdapo.contracts.config import PauseMode, RunConfig
 from asyncdapo.contracts.redis_keys import RunKeys
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from asyncdapo.runtime.backoff import Backoff, Jitter
+from asyncdapo.runtime.redis_conn import is_unavailable
+from asyncdapo.runtime.redis_outage import RedisWaiter
 from asyncdapo.services.scheduler.claim_records import Fenced
 from asyncdapo.services.scheduler.core import (
     Abort,
@@ -44,14 +47,7 @@ from asyncdapo.services.scheduler.core import (
 from asyncdapo.services.scheduler.dispatcher import FINISH_ABORT, Dispatcher
 from asyncdapo.services.scheduler.eval_waiters import EvalWaiters
 from asyncdapo.services.scheduler.gateway_pool import Gateway, GatewayPool
-from asyncdapo.services.scheduler.group_state import (
-    REDIS_WAIT_ERRORS,
-    GroupStore,
-    RedisLink,
-    RoundTrips,
-    ScriptRunner,
-    redis_retry,
-)
+from asyncdapo.services.scheduler.group_state import GroupStore, RoundTrips, ScriptRunner
 from asyncdapo.services.scheduler.housekeeping import Housekeeper
 from asyncdapo.services.scheduler.metrics import MetricsObserver, SchedulerMetrics
 from asyncdapo.services.scheduler.outcome_records import DropReason, Outcome, RequeueReason
@@ -76,6 +72,11 @@ __all__ = ["Phase", "Rollout"]
 
 log = logging.getLogger(__name__)
 
+# the wait between Redis attempts while Redis is away: 50 ms, doubled, at most 2 s, each wait drawn
+# from [d/2, d] so that the loops waiting together do not retry in step
+SCHEDULER_REDIS_BACKOFF = Backoff(0.05, 2.0, jitter=Jitter.EQUAL)
+QUEUE_POLL_MAX_S = 0.25  # the admission's poll, doubled from `queue_poll_s` while the queue stays empty
+
 
 class Rollout:
     def __init__(
@@ -97,7 +98,7 @@ class Rollout:
         self.metrics = metrics or SchedulerMetrics()
         self.keys = RunKeys(cfg.name)
         self.rtt = RoundTrips()
-        self.redis_link = RedisLink()
+        self.redis_link = RedisWaiter(SCHEDULER_REDIS_BACKOFF)
         self.scripts = ScriptRunner(redis, self.rtt)
         self.store = GroupStore(self.scripts, self.keys, cfg.data.train_batch_size, cfg.staleness_window)
         self.queue = PromptQueue(redis, self.keys, self.scripts, self.store, self.rtt, owner=owner)
@@ -161,7 +162,7 @@ class Rollout:
         self._rtt_reported = 0
         self._claiming = False
         self.evals = EvalWaiters()  # what the callers of `submit_eval` await
-        self.redis_link.listen(self._on_redis_link)
+        self.redis_link.on_change(self._on_redis_link)
 
     # ------------------------------------------------------------------ the core's state
     @property
@@ -226,7 +227,7 @@ class Rollout:
 
     def _r(self, fn: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
         """A Redis operation that waits through an outage (and reports it through `redis_link`)."""
-        return redis_retry(fn, link=self.redis_link)
+        return self.redis_link.acall(lambda _attempt: fn(), "a scheduler Redis operation")
 
     # ------------------------------------------------------------------ commands
     def _run(self, commands: Iterable[Command]) -> None:
@@ -328,7 +329,9 @@ class Rollout:
             async with asyncio.timeout(max(deadline - time.monotonic(), 1.0)):
                 await self.housekeeper.flush_counters()
                 await self.queue.release_lease()
-        except (TimeoutError, *REDIS_WAIT_ERRORS) as err:
+        except Exception as err:
+            if not (isinstance(err, TimeoutError) or is_unavailable(err)):
+                raise
             log.warning("shutdown: could not release the lease: %s", err)
 
     async def close(self) -> None:
@@ -391,7 +394,8 @@ class Rollout:
 
     # ------------------------------------------------------------------ admission
     async def _admission_loop(self) -> None:
-        poll = self.queue_poll_s
+        idle = Backoff(self.queue_poll_s, QUEUE_POLL_MAX_S).delays()
+        poll = idle.next()
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(poll):  # not wait_for: it can swallow a cancellation (3.11)
@@ -408,7 +412,9 @@ class Rollout:
                 continue
             if got is None:
                 continue
-            poll = self.queue_poll_s if got else min(poll * 2, 0.25)  # queue empty: poll, backing off
+            if got:
+                idle.reset()
+            poll = idle.next()  # the queue was empty: poll less often, up to QUEUE_POLL_MAX_S
 
     async def _admit_some(self) -> int | None:
         """Claim what the core admits now and hand it over. Returns the number of prompts claimed,

@@ -16,8 +16,10 @@ from asyncdapo.contracts import redis_keys as rk
 from asyncdapo.contracts.config import RunConfig
 from asyncdapo.contracts.redis_keys import RunKeys, decode_counters, outcome_counts
 from asyncdapo.contracts.v1 import scheduler_pb2
+from asyncdapo.runtime.redis_conn import is_unavailable
+from asyncdapo.runtime.redis_outage import RedisWaiter
 from asyncdapo.services.scheduler.core import RolloutCore
-from asyncdapo.services.scheduler.group_state import REDIS_WAIT_ERRORS, RedisLink, RoundTrips
+from asyncdapo.services.scheduler.group_state import RoundTrips
 
 STATUS_WAIT_S = 2.0  # how long GetRun waits for Redis before answering from its last reading
 
@@ -30,7 +32,7 @@ class RunStatusReader:
         redis: Redis,
         keys: RunKeys,
         outcome_lock: asyncio.Lock,
-        redis_link: RedisLink,
+        redis_link: RedisWaiter,
         rtt: RoundTrips,
         epoch: Callable[[], int],
     ) -> None:
@@ -63,10 +65,12 @@ class RunStatusReader:
                 phase, in_flight = core.phase, len(core.tasks)
             self._rtt.count += 1
             self._last = (decode_counters(raw), int(depth))
-        except REDIS_WAIT_ERRORS as err:
-            self._link.mark(False, f"{type(err).__name__}: {err}")
-            phase, in_flight = core.phase, len(core.tasks)
         except TimeoutError:
+            phase, in_flight = core.phase, len(core.tasks)
+        except Exception as err:
+            if not is_unavailable(err):
+                raise
+            self._link.note_failure(err, "a run status read")
             phase, in_flight = core.phase, len(core.tasks)
         c, depth = self._last
         return scheduler_pb2.RunStatus(

@@ -27,7 +27,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,7 +37,13 @@ from pydantic import ValidationError
 
 from asyncdapo.contracts.config import RewardConfig
 from asyncdapo.contracts.verifier_api import ItemResult, ItemStatus, ScoreItem
-from asyncdapo.runtime.verifier_client import Attempt, VerifierClient, VerifierUnavailable, backoff_delay
+from asyncdapo.runtime.backoff import Backoff
+from asyncdapo.runtime.verifier_client import (
+    VERIFIER_RETRY_BACKOFF,
+    Attempt,
+    VerifierClient,
+    VerifierUnavailable,
+)
 from asyncdapo.services.scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
@@ -195,8 +201,13 @@ class BatcherConfig:
     concurrency: int = 8
     item_retries: int = 2
     linger_s: float = 0.002
-    backoff_base_s: float = 0.1  # item retries and retries after an unexpected exception
-    backoff_max_s: float = 2.0
+    # item retries and retries after an unexpected exception: the verifier client's full-jitter shape
+    backoff_base_s: float = VERIFIER_RETRY_BACKOFF.first_s
+    backoff_max_s: float = VERIFIER_RETRY_BACKOFF.max_s
+
+    @property
+    def backoff(self) -> Backoff:
+        return replace(VERIFIER_RETRY_BACKOFF, first_s=self.backoff_base_s, max_s=self.backoff_max_s)
 
 
 @dataclass
@@ -373,4 +384,4 @@ class ScoreBatcher:
 
     def _backoff(self, attempt: int) -> float:
         """The verifier client's capped full-jitter backoff, from `backoff_base_s` to `backoff_max_s`."""
-        return backoff_delay(attempt - 1, self.cfg.backoff_base_s, self.cfg.backoff_max_s, self._rng)
+        return self.cfg.backoff.delay(attempt - 1, self._rng)

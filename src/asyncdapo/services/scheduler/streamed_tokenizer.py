@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from asyncdapo.runtime.backoff import Backoff
 from asyncdapo.runtime.grpc_security import ClientTls
 from asyncdapo.runtime.weight_stream.files import FilesUnavailable, fetch_files
 from asyncdapo.services.scheduler.score_batcher import Detokenizer
@@ -21,7 +23,8 @@ from asyncdapo.services.scheduler.score_batcher import Detokenizer
 log = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
-MAX_BACKOFF_S = 30.0
+# the wait between fetches while the trainer serves nothing yet: 1 s, doubled, at most 30 s
+TOKENIZER_FETCH_BACKOFF = Backoff(1.0, 30.0)
 
 
 class StreamedDetokenizer:
@@ -35,13 +38,13 @@ class StreamedDetokenizer:
         dest: Path,
         token: str | None = None,
         tls: ClientTls | None = None,
-        first_backoff_s: float = 1.0,
+        first_backoff_s: float = TOKENIZER_FETCH_BACKOFF.first_s,
     ) -> None:
         self.address = address
         self.dest = dest
         self.token = token
         self.tls = tls
-        self.first_backoff_s = first_backoff_s
+        self.backoff = replace(TOKENIZER_FETCH_BACKOFF, first_s=first_backoff_s)
         self._detok: Detokenizer | None = None
         self._lock = asyncio.Lock()
 
@@ -51,7 +54,7 @@ class StreamedDetokenizer:
         async with self._lock:  # one fetch, however many batches wait for it
             if self._detok is not None:
                 return
-            delay = self.first_backoff_s
+            delays = self.backoff.delays()
             while True:
                 try:
                     version = await fetch_files(
@@ -59,9 +62,9 @@ class StreamedDetokenizer:
                     )
                     break
                 except FilesUnavailable as err:
+                    delay = delays.next()
                     log.warning("tokenizer from %s: %s; retrying in %.0f s", self.address, err, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_BACKOFF_S)
+                    await asyncio.sleep(delay)
             log.info("tokenizer of weights v%d from %s", version, self.address)
             self._detok = Detokenizer(self.dest)
 

@@ -38,6 +38,7 @@ from asyncdapo.contracts.config import PauseMode, RolloutConfig
 from asyncdapo.contracts.redis_keys import RunKeys
 from asyncdapo.contracts.v1 import gateway_pb2, scheduler_pb2
 from asyncdapo.contracts.wire_enums import pause_mode_to_pb
+from asyncdapo.runtime.backoff import Backoff, Delays, Jitter
 from asyncdapo.runtime.weight_stream.uri import is_stream_uri
 from asyncdapo.services.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.services.scheduler.metrics import SchedulerMetrics
@@ -45,7 +46,8 @@ from asyncdapo.services.scheduler.relay_plan import resync_sources, tree_sources
 
 log = logging.getLogger(__name__)
 RESUME_TIMEOUT_S = 10.0  # a Resume after a failed load gets its own short bound
-SYNC_BACKOFF_MAX_S = 30.0
+# per gateway, after a failed re-sync: 1 s, doubled, at most 30 s, each wait drawn from [d/2, d]
+SYNC_BACKOFF = Backoff(1.0, 30.0, jitter=Jitter.EQUAL)
 
 
 class PublishError(ValueError):
@@ -327,7 +329,7 @@ class WeightPublisher:
         """Keep every up gateway on the current version, with capped exponential backoff per
         gateway; wakes at once on a publish or a gateway coming up."""
         next_try: dict[str, float] = {}
-        delay: dict[str, float] = {}
+        failures: dict[str, Delays] = {}  # gateways whose latest re-sync failed
         running: dict[str, asyncio.Task[bool]] = {}
         while True:
             try:
@@ -342,12 +344,10 @@ class WeightPublisher:
                     del running[addr]
                     ok = not t.cancelled() and t.exception() is None and t.result()
                     if ok:
-                        delay.pop(addr, None)
+                        failures.pop(addr, None)
                         next_try.pop(addr, None)
                     else:
-                        d = min(delay.get(addr, 0.5) * 2, SYNC_BACKOFF_MAX_S)
-                        delay[addr] = d
-                        next_try[addr] = now + d * (0.5 + random.random() / 2)
+                        next_try[addr] = now + failures.setdefault(addr, SYNC_BACKOFF.delays()).next()
             if self._run.fenced:
                 continue
             for gw in list(self._pool.members):

@@ -34,7 +34,9 @@ from typing import Any
 from asyncdapo.contracts.errors import AsyncdapoError
 from asyncdapo.contracts.redis_keys import RunKeys, text
 from asyncdapo.contracts.redis_scripts import LuaPrelude, RedisScript, prelude, script
-from asyncdapo.services.trainer.redis_io import RedisWaiter, is_unavailable
+from asyncdapo.runtime.redis_conn import is_unavailable
+from asyncdapo.runtime.redis_outage import RedisWaiter
+from asyncdapo.services.trainer.redis_io import TRAINER_REDIS_BACKOFF
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ class TrainerFence:
         self.client = client
         self.keys = keys
         self.trainer_id = trainer_id
-        self.waiter = waiter or RedisWaiter()
+        self.waiter = waiter or RedisWaiter(TRAINER_REDIS_BACKOFF)
         self.lease_ms = int(lease_s * 1000)
         self.epoch = 0
         self.lost: str | None = None  # set by the heartbeat when it finds the lease taken

@@ -54,9 +54,10 @@ from asyncdapo.contracts.redis_keys import (
 )
 from asyncdapo.contracts.redis_scripts import RedisScript, script
 from asyncdapo.contracts.v1 import rollout_pb2
+from asyncdapo.runtime.redis_outage import RedisWaiter
 from asyncdapo.services.trainer.batch import MalformedGroup, validate_group
 from asyncdapo.services.trainer.fence import TrainerFence
-from asyncdapo.services.trainer.redis_io import RedisWaiter
+from asyncdapo.services.trainer.redis_io import TRAINER_REDIS_BACKOFF
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,9 @@ class GroupsReader:
         self.keys = keys
         self.consumer = consumer
         self.fence = fence
-        self.waiter = waiter or (fence.waiter if fence else RedisWaiter(give_up_after_s=0))
+        self.waiter = waiter or (
+            fence.waiter if fence else RedisWaiter(TRAINER_REDIS_BACKOFF, give_up_after_s=0)
+        )
         self.newest = "0-0"  # newest stream id processed (trained, about to be trained, or dropped)
         self.dropped: dict[str, GroupDropReason] = {}  # every drop this trainer knows of (redeliveries)
         self.uncovered: set[str] = set()  # read for training, not yet covered by a durable checkpoint

@@ -18,7 +18,7 @@ checkpoints in between), so a restart resumes at or after the version rollout ru
 One writer (fence.py): rank 0 acquires the run's trainer lease before it reads a checkpoint or the
 stream (waiting while another live trainer holds it), and checks it before every trained-log line,
 checkpoint and publish; a fenced-out trainer raises TrainerFenced and writes nothing more. Redis
-away: every Redis operation waits (redis_io.RedisWaiter) instead of failing.
+away: every Redis operation waits (runtime.redis_outage.RedisWaiter) instead of failing.
 
 Rank 0 does all I/O (Redis, files, gRPC); other data-parallel ranks receive the groups by broadcast
 and only compute.
@@ -39,6 +39,7 @@ from asyncdapo.contracts.config import OldLogProbSource, RunConfig, WeightTransp
 from asyncdapo.contracts.errors import AsyncdapoError
 from asyncdapo.contracts.redis_keys import RunKeys
 from asyncdapo.contracts.v1 import rollout_pb2, scheduler_pb2
+from asyncdapo.runtime.redis_outage import RedisWaiter
 from asyncdapo.services.trainer.algos import grpo_advantages, tis_weights
 from asyncdapo.services.trainer.batch import TrainBatch, build_batch
 from asyncdapo.services.trainer.checkpoint import CheckpointStore, TrainerState
@@ -70,7 +71,7 @@ from asyncdapo.services.trainer.publish import (
     publish,
     remove_snapshot_leftovers,
 )
-from asyncdapo.services.trainer.redis_io import RedisWaiter, connect
+from asyncdapo.services.trainer.redis_io import TRAINER_REDIS_BACKOFF, connect
 from asyncdapo.services.trainer.tracking import open_tracking
 from asyncdapo.services.trainer.tracking.rollout_metrics import scheduler_status_source
 from asyncdapo.services.trainer.update import UpdateSettings, old_log_probs, ppo_update, rows_of_rank
@@ -197,7 +198,7 @@ class Trainer:
     def _acquire_fence(self) -> None:
         """Rank 0: connect, wait for and take the run's trainer lease, then clean up after crashed
         writers (no other writer is live now)."""
-        self.waiter = RedisWaiter(self.opts.redis_url)
+        self.waiter = RedisWaiter(TRAINER_REDIS_BACKOFF, url=self.opts.redis_url)
         self.redis = connect(self.opts.redis_url)
         self.fence = TrainerFence(self.redis, self.keys, self.opts.trainer_id, self.waiter, self.opts.lease_s)
         self.fence.acquire()
@@ -270,6 +271,7 @@ class Trainer:
         redis_up = Gauge(PREFIX + "redis_up", "1 while Redis answers, 0 while the trainer waits for it",
                          registry=self.metrics.registry)  # fmt: skip
         waiter.on_change(lambda up: redis_up.set(1 if up else 0))
+        redis_up.set(1 if waiter.up else 0)  # the state now (a change from here on is told)
         Gauge(PREFIX + "fence_epoch", "Fencing epoch of this trainer (trainer:epoch when it took the lease)",
               registry=self.metrics.registry).set(self.fence.epoch)  # fmt: skip
         # The Evaluate request, built once: the validation set and its encoding never change. A set

@@ -33,14 +33,17 @@ from typing import Any
 import torch
 
 from asyncdapo.contracts.redis_keys import RunKeys
+from asyncdapo.runtime.backoff import Backoff
+from asyncdapo.runtime.redis_outage import RedisWaiter
 from asyncdapo.services.trainer.fence import TrainerFence, TrainerFenced, safe_id
 from asyncdapo.services.trainer.fsdp import hf_model
-from asyncdapo.services.trainer.redis_io import RedisWaiter
+from asyncdapo.services.trainer.redis_io import TRAINER_REDIS_BACKOFF
 
 log = logging.getLogger(__name__)
 
 _RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
-BACKOFF_CAP_S = 10.0
+# the wait between tries of a transient gRPC failure to the scheduler: 0.5 s, doubled, at most 10 s
+PUBLISH_RETRY_BACKOFF = Backoff(0.5, 10.0)
 _MODEL_FILE_SUFFIXES = frozenset({".safetensors", ".json", ".txt", ".model", ".tiktoken", ".jinja"})
 
 
@@ -140,7 +143,9 @@ class VersionNotifier:
         self.attempts = attempts
         self.timeout_s = timeout_s
         self.fence = fence
-        self.waiter = waiter or (fence.waiter if fence else RedisWaiter(give_up_after_s=0))
+        self.waiter = waiter or (
+            fence.waiter if fence else RedisWaiter(TRAINER_REDIS_BACKOFF, give_up_after_s=0)
+        )
         self.retries = 0  # transient failures retried so far (all calls)
         self._channel: Any = None
         self._stub: Any = None
@@ -167,7 +172,7 @@ class VersionNotifier:
         import grpc
 
         limit = self.attempts if attempts == "default" else attempts
-        delay = 0.5
+        delays = PUBLISH_RETRY_BACKOFF.delays()
         attempt = 0
         while True:
             attempt += 1
@@ -180,10 +185,10 @@ class VersionNotifier:
                         f"{what} to {self.scheduler_addr} failed: {code}: {err.details()}", code
                     ) from None
                 self.retries += 1
+                delay = delays.next()
                 log_fn = log.warning if attempt == 1 or attempt % 10 == 0 else log.info
                 log_fn("%s attempt %d: %s: %s; retrying in %.1fs", what, attempt, code, err.details(), delay)
                 time.sleep(delay)
-                delay = min(delay * 2, BACKOFF_CAP_S)
 
     def current_version(self, run: str) -> int:
         """The policy version the rollout side was last told about (0: none yet)."""

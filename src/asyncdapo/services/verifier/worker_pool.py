@@ -39,6 +39,7 @@ from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 from typing import Any, cast
 
 from asyncdapo.contracts.verifier_api import ItemStatus
+from asyncdapo.runtime.backoff import Backoff
 from asyncdapo.services.verifier.protocol import IDLE, SEQ, START, Chunk, Verdict, decode
 from asyncdapo.services.verifier.worker import worker_main
 
@@ -46,7 +47,9 @@ log = logging.getLogger("asyncdapo.services.verifier.worker_pool")
 
 SLOW_ITEM_S = 1.0  # an item scored slower than this is logged with its input
 _MAX_POLL_S = 0.25  # safety net: the manager re-checks deadlines at least this often while busy
-_RESPAWN_BACKOFF_MAX_S = 10.0
+# the wait before respawning a worker, by its streak of deaths before it was warm: none at streak 0,
+# else 0.2 s at streak 1, doubled per streak, at most 10 s
+RESPAWN_BACKOFF = Backoff(0.2, 10.0)
 
 
 class RestartReason(StrEnum):
@@ -394,7 +397,7 @@ class WorkerPool:
         streak = self._crash_streak.get(w.slot, 0) if w.ready else self._crash_streak.get(w.slot, 0) + 1
         self._crash_streak[w.slot] = streak
         # A worker that keeps dying before it is even warm must not become a fork bomb.
-        delay = 0.0 if streak == 0 else min(0.1 * 2**streak, _RESPAWN_BACKOFF_MAX_S)
+        delay = 0.0 if streak == 0 else RESPAWN_BACKOFF.delay(streak - 1)
         self._respawn_at[w.slot] = time.monotonic() + delay
 
     def _respawn_due(self) -> None:

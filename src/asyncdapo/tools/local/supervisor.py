@@ -33,13 +33,13 @@ from enum import StrEnum
 from pathlib import Path
 
 from asyncdapo.contracts.errors import AsyncdapoError
+from asyncdapo.runtime.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
-# Crash-loop backoff of `Restart.ON_CRASH`: 1 s after the first crash, doubled per consecutive
-# crash, at most 10 s (Kubernetes' shape, on a test's time scale).
-BACKOFF_FIRST_S = 1.0
-BACKOFF_MAX_S = 10.0
+# Crash-loop backoff of `Restart.ON_CRASH`, by the crashes in a row before this one: 1 s after the
+# first crash, doubled per consecutive crash, at most 10 s (Kubernetes' shape, on a test's time scale).
+CRASH_BACKOFF = Backoff(1.0, 10.0)
 RESTART_POLL_S = 0.5  # how often the restart loop looks at the children
 
 
@@ -71,11 +71,6 @@ class RestartEvent(StrEnum):
 def unexpected_exit(code: int | None, may_exit: bool) -> bool:
     """A child's exit it was not meant to make: any exit, unless it may finish and finished well."""
     return code is not None and not (may_exit and code == 0)
-
-
-def crash_backoff_s(crashes: int) -> float:
-    """The wait before restarting a child that crashed `crashes` times in a row before this crash."""
-    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**crashes)
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -419,7 +414,7 @@ class Supervisor:
 
     def restart_crashed(self, now: float | None = None) -> None:
         """One pass of the restart loop: a crash seen for the first time is told and gets its
-        restart time (`crash_backoff_s`); a child whose restart time has come starts again (not
+        restart time (`CRASH_BACKOFF`); a child whose restart time has come starts again (not
         waiting for its probe). Children held down, stopping or busy (locked) are skipped."""
         for child in list(self.children):
             if child.spec.restart is not Restart.ON_CRASH or child.held or child.proc is None:
@@ -433,7 +428,7 @@ class Supervisor:
                 t = time.monotonic() if now is None else now
                 if child.restart_at is None:
                     self._tell(child, RestartEvent.CRASHED, f"exit code {code}; log {child.log_path}")
-                    child.restart_at = t + crash_backoff_s(child.crashes)
+                    child.restart_at = t + CRASH_BACKOFF.delay(child.crashes)
                     child.crashes += 1
                 if t >= child.restart_at:
                     child.restart_at = None
