@@ -27,9 +27,8 @@ def _modules() -> dict[str, Path]:
 
 
 def test_the_source_root_holds_the_four_layers_and_the_console_script_only() -> None:
-    assert sorted(p.name for p in ROOT.iterdir() if p.suffix != ".egg-info") == [
-        "asyncdapo"
-    ]  # + the install's metadata
+    # the package and its README (+ the editable install's metadata, not tracked)
+    assert sorted(p.name for p in ROOT.iterdir() if p.suffix != ".egg-info") == ["README.md", "asyncdapo"]
     top = sorted(p.name for p in PKG.iterdir() if p.name != "__pycache__")
     assert top == sorted(["__init__.py", "cli.py", *LAYERS, "py.typed"])
     services = sorted(p.name for p in (PKG / "services").iterdir() if p.is_dir() and p.name != "__pycache__")
@@ -114,3 +113,19 @@ def test_no_import_circle_among_the_benchmark_scripts() -> None:
     for n in sorted(graph):
         if n not in state:
             visit(n, [n])
+
+
+def test_every_top_level_folder_says_its_job_in_its_readme_first_line() -> None:
+    """A reader names each folder's job from the first line of its README: `# <folder> — <job>`."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    folders = {p.split("/")[0] for p in tracked.stdout.splitlines() if "/" in p and not p.startswith(".")}
+    layers = {f"src/asyncdapo/{layer}" for layer in LAYERS}
+    assert {"bench", "deploy", "docs", "examples", "proto", "src", "tests"} <= folders
+    for folder in sorted(folders | layers):
+        readme = REPO / folder / "README.md"
+        assert readme.is_file(), f"{folder}/ has no README.md"
+        first = readme.read_text().splitlines()[0]
+        name = folder.rsplit("/", 1)[-1]
+        assert first.startswith(f"# {name} — ") and len(first) > len(name) + 15, f"{folder}: {first!r}"
