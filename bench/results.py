@@ -56,10 +56,13 @@ def machine() -> dict[str, Any]:
     }
 
 
-def append_result(bench: str, result_line: str, fields: dict[str, Any], **extra: Any) -> Path:
+def append_result(
+    bench: str, result_line: str, fields: dict[str, Any], results_dir: Path | None = None, **extra: Any
+) -> Path:
     """Append one run of `bench` to bench/results/<bench>.jsonl; returns the file's path."""
-    RESULTS_DIR.mkdir(exist_ok=True)
-    path = RESULTS_DIR / f"{bench}.jsonl"
+    results_dir = results_dir or RESULTS_DIR
+    results_dir.mkdir(exist_ok=True)
+    path = results_dir / f"{bench}.jsonl"
     row = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": commit(),
@@ -71,7 +74,7 @@ def append_result(bench: str, result_line: str, fields: dict[str, Any], **extra:
     }
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
-    write_summary()  # SUMMARY.md follows the records it is made from
+    write_summary(results_dir)  # SUMMARY.md follows the records it is made from
     return path
 
 
@@ -92,6 +95,8 @@ KEY_FIELDS: dict[str, tuple[str, ...]] = {
     "bench_scheduler": (
         "completions_per_s",
         "cpu_us_per_completion",
+        "cpu_us_per_completion_64",
+        "cpu_us_per_completion_512",
         "marginal_us_per_completion_64",
         "marginal_us_per_completion_512",
         "abort_fanout_p99_ms_512",
@@ -226,7 +231,38 @@ def write_summary(results_dir: Path = RESULTS_DIR) -> Path:
     return path
 
 
+def run_and_record(bench: str, cmd: list[str], results_dir: Path | None = None) -> int:
+    """Run a benchmark command, its output passed through as it comes, and append its last
+    `RESULT` line to bench/results/<bench>.jsonl (with the load average before and after). A run
+    that fails or prints no RESULT line records nothing and keeps its exit code."""
+    import subprocess
+
+    load_before = os.getloadavg()
+    result = ""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if line.startswith("RESULT "):
+                result = line.strip()
+    if proc.returncode != 0:
+        return proc.returncode
+    if not result:
+        print(f"{bench}: no RESULT line: nothing recorded", file=sys.stderr)
+        return 1
+    load = [round(x, 2) for x in (*load_before, *os.getloadavg())]
+    command = " ".join([Path(cmd[0]).name, *cmd[1:]])
+    path = append_result(
+        bench, result, parse_result(result), results_dir, command=command, load_avg_before_after=load
+    )
+    print(f"recorded in {path}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) > 3 and argv[1] == "run" and argv[3] == "--":
+        return run_and_record(argv[2], argv[4:])
     if argv[1:] == ["summary"]:
         print(f"wrote {write_summary()}")
         return 0
@@ -241,7 +277,7 @@ def main(argv: list[str]) -> int:
             bad.append(f"{SUMMARY_PATH.name} is stale: run python bench/results.py summary")
         print("\n".join(bad) or "ok")
         return 1 if bad else 0
-    print("usage: python bench/results.py summary|check", file=sys.stderr)
+    print("usage: python bench/results.py summary|check|run BENCH -- COMMAND…", file=sys.stderr)
     return 2
 
 

@@ -93,3 +93,30 @@ def test_the_summary_shows_the_latest_run_of_each_command(tmp_path: Path) -> Non
     assert len(rows) == 2
     assert "2026-02-01" in rows[0] and "rollout_time_ratio=0.80" in rows[0] and "| 2 |" in rows[0]
     assert "--x" in rows[1] and "rollout_time_ratio=0.70" in rows[1]
+
+
+def test_a_bench_run_through_the_recorder_appends_its_result_and_refreshes_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = "print('warming up'); print('RESULT items_per_s=12.5 workers=2')"
+    assert results.run_and_record("bench_verifier", [sys.executable, "-c", code], tmp_path) == 0
+    assert "warming up" in capsys.readouterr().out  # the output passes through
+    (record,) = results.load(tmp_path / "bench_verifier.jsonl")
+    assert record["result"] == "RESULT items_per_s=12.5 workers=2"
+    assert record["fields"] == {"items_per_s": 12.5, "workers": 2}
+    assert record["command"].startswith("python") and len(record["load_avg_before_after"]) == 6
+    assert results.problems(record) == []
+    assert "12.5" in (tmp_path / "SUMMARY.md").read_text()
+
+
+def test_a_failed_or_silent_bench_run_records_nothing(tmp_path: Path) -> None:
+    assert (
+        results.run_and_record(
+            "bench_verifier", [sys.executable, "-c", "print('RESULT x=1'); raise SystemExit(3)"], tmp_path
+        )
+        == 3
+    )
+    assert (
+        results.run_and_record("bench_verifier", [sys.executable, "-c", "print('no result')"], tmp_path) == 1
+    )
+    assert not (tmp_path / "bench_verifier.jsonl").exists()
