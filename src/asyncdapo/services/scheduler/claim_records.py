@@ -1,8 +1,6 @@
 """What claiming prompts answers: the claims, the claim a prompt is held by, and the refusal of a
 fenced scheduler. Pure records, apart from `queue` (Redis, Lua) because the rollout core admits
-claims without I/O and the in-memory queue (`memstore`) makes the same ones. The simulator's
-native build leaves this module plain (asyncdapo.tools.simulate.native): mypyc compiles no
-subclass of `RuntimeError`, and a claim is made once per attempt, not per response."""
+claims without I/O and the in-memory queue (`memstore`) makes the same ones."""
 
 from __future__ import annotations
 

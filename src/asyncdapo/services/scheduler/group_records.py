@@ -2,7 +2,7 @@
 progress, the response's score; and the group statistics the Lua scripts compute (`welford`, the
 reference their arithmetic is tested against) and judge (`is_valid`). Pure, apart from
 `group_state` (Redis, Lua) because the in-memory store and the rollout core build them per
-response, and the simulator's native build compiles this module (asyncdapo.tools.simulate.native)."""
+response."""
 
 from __future__ import annotations
 

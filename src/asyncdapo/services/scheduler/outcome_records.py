@@ -1,7 +1,6 @@
 """What an admitted attempt's outcome is and how it is written: the outcomes, their reasons, the
 item FINISH takes and the result it answers. Pure records, apart from `group_state` (Redis, Lua)
-because the rollout core decides outcomes without I/O (import-linter keeps it so) and the
-simulator's native build compiles this module with the core (asyncdapo.tools.simulate.native)."""
+because the rollout core decides outcomes without I/O (import-linter keeps it so)."""
 
 from __future__ import annotations
 
