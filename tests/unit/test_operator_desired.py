@@ -20,6 +20,7 @@ from asyncdapo.services.operator.desired import (
     desired_state,
     object_key,
 )
+from asyncdapo.services.operator.managed_redis import maxmemory_bytes
 from asyncdapo.services.operator.spec import SpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -485,6 +486,23 @@ def test_managed_redis_requires_a_password_with_protected_mode_on() -> None:
     assert all(
         e["name"] != "ASYNCDAPO_REDIS_PASSWORD" for e in _container(nopw, "Job", "tiny-math-trainer")["env"]
     )
+
+
+def test_managed_redis_caps_its_data_under_the_memory_limit_without_eviction() -> None:
+    redis = _container(_desired(_spec()), "StatefulSet", "tiny-math-redis")
+    args = redis["args"]
+    limit = redis["resources"]["limits"]["memory"]
+    assert limit == "4Gi"
+    assert int(args[args.index("--maxmemory") + 1]) == 3 * 2**30  # 75 % of 4 GiB
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"  # refuse writes, never drop data
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [("4Gi", 3 * 2**30), ("512Mi", 384 * 2**20), ("8G", 6 * 10**9), ("1000", 750), ("1.5Gi", 1207959552)],
+)
+def test_maxmemory_is_three_quarters_of_the_limit(limit: str, expected: int) -> None:
+    assert maxmemory_bytes(limit) == expected
 
 
 def test_control_plane_image_for_scheduler_and_verifier_and_gateway_pdb() -> None:

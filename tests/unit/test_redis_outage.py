@@ -58,6 +58,7 @@ OUTAGES = [
     _reply("TRYAGAIN Multiple keys request during rehashing of slot"),
     _reply("CLUSTERDOWN The cluster is down"),
     _reply("ERR max number of clients reached"),
+    _reply("OOM command not allowed when used memory > 'maxmemory'."),  # waits for memory to free
 ]
 NOT_OUTAGES = [
     _reply("NOAUTH Authentication required."),
@@ -65,7 +66,6 @@ NOT_OUTAGES = [
     redis.exceptions.AuthorizationError("not authorized"),
     _reply("NOPERM this user has no permissions to run the 'eval' command"),
     _reply("BUSYGROUP Consumer Group name already exists"),
-    _reply("OOM command not allowed when used memory > 'maxmemory'."),
     _reply("WRONGTYPE Operation against a key holding the wrong kind of value"),
     _reply("NOSCRIPT No matching script. Please use EVAL."),
     ValueError("a bug"),
@@ -248,3 +248,36 @@ async def test_async_give_up_and_non_outage_errors() -> None:
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         await w2.acall(wrong_type, "a read")
     assert t2.sleeps == [] and w2.up
+
+
+def test_a_full_redis_is_waited_out_and_told_apart_from_one_that_is_away(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """OOM at maxmemory (noeviction) clears once memory frees: the write waits, `full` says why,
+    and a pipeline's wrapped OOM ("Command # 1 (...) of pipeline caused error") counts too."""
+    t = FakeTime()
+    w = _waiter(t)
+    changes: list[tuple[bool, bool]] = []
+    w.on_change(lambda up: changes.append((up, w.full)))
+    oom = _reply("OOM command not allowed when used memory > 'maxmemory'.")
+    wrapped = redis.exceptions.OutOfMemoryError(f"Command # 1 (XADD g * g x) of pipeline caused error: {oom}")
+    errors = [oom, wrapped, redis.ConnectionError("reset"), oom]
+    attempts: list[int] = []
+
+    def fn(attempt: int) -> str:
+        attempts.append(attempt)
+        if attempt < len(errors):
+            raise errors[attempt]
+        return "written"
+
+    with caplog.at_level(logging.WARNING, logger="asyncdapo.runtime.redis_outage"):
+        assert w.call(fn, "a group write") == "written"
+    assert attempts == [0, 1, 2, 3, 4] and w.up and not w.full and w.outages == 1
+    # full, then away (told), then full again (told), then back: one outage, each change reported
+    assert changes == [(False, True), (False, False), (False, True), (True, False)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("redis is full (maxmemory reached: command not allowed when used memory")
+    assert "during a group write; the write waits until memory frees" in lines[0]
+    assert lines[1].startswith("redis unavailable (ConnectionError: reset)")
+    assert lines[2].startswith("redis is full") and lines[3].startswith("redis is back after")
+    assert len(lines) == 4

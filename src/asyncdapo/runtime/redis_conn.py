@@ -63,13 +63,32 @@ def async_client(url: str, **kwargs: Any) -> redis.asyncio.Redis:
 UNAVAILABLE_REPLIES = frozenset({"LOADING", "MASTERDOWN", "MISCONF", "READONLY", "TRYAGAIN", "CLUSTERDOWN"})
 
 
+# The reply of a Redis at `maxmemory` under `maxmemory-policy noeviction` to a command that may
+# grow the data set. It clears on its own: the trainer consumes (and trims) the groups stream and
+# finished prompts' state expires, and commands that free memory (XACK, XTRIM, DEL) are still
+# served. Nothing was written (a refused MULTI or script writes nothing), so a retry is safe.
+FULL_REPLIES = frozenset({"OOM"})
+
+
+def is_full(err: BaseException) -> bool:
+    """True for Redis' refusal of a write at `maxmemory` (`OOM command not allowed when used
+    memory > 'maxmemory'`), also when redis-py wrapped it in a pipeline's "Command # n" message."""
+    from redis import exceptions as rx
+
+    if isinstance(err, rx.OutOfMemoryError):
+        return True
+    return isinstance(err, rx.ResponseError) and str(err).split(" ", 1)[0] in FULL_REPLIES
+
+
 def is_unavailable(err: BaseException) -> bool:
-    """True for an error that means Redis is away or not ready yet (wait for it: a refused or
-    lost connection, a timeout, LOADING and the other replies above), False for one a retry does
-    not cure (raise it): a refused password, a script or type error, NOPERM, OOM."""
+    """True for an error that means Redis is away, not ready yet or full (wait for it: a refused
+    or lost connection, a timeout, LOADING and the other replies above, OOM at `maxmemory`), False
+    for one a retry does not cure (raise it): a refused password, a script or type error, NOPERM."""
     import redis
     from redis import exceptions as rx
 
+    if is_full(err):
+        return True
     if isinstance(err, rx.AuthenticationError | rx.AuthorizationError):
         return False  # a ConnectionError to redis-py, but the user's to fix: never an outage
     if isinstance(err, redis.ConnectionError | redis.TimeoutError):  # BusyLoadingError (LOADING) too

@@ -13,6 +13,11 @@ outages there were (a reader compares `outages` to notice that Redis may have re
 back), one warning when it goes away, a reminder every `remind_every_s` while it stays away, one
 line when it is back, and `on_change` callbacks (the `*_redis_up` gauge, health, a state re-read).
 Its state is guarded by a lock: trainer threads share one waiter.
+
+A Redis at `maxmemory` (it refuses writes with OOM under `noeviction`) is waited out the same way,
+and told apart: `full` is true while the latest refusal was OOM (the `*_redis_full` gauge), and the
+warning says that the writes wait for memory to free (the trainer consuming groups, finished state
+expiring) or for a larger `maxmemory`. Nothing is dropped meanwhile: the refused write is retried.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from asyncdapo.runtime.backoff import Backoff, Delays
-from asyncdapo.runtime.redis_conn import is_unavailable, redacted_url
+from asyncdapo.runtime.redis_conn import is_full, is_unavailable, redacted_url
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +69,14 @@ class RedisWaiter:
         self.down_since: float | None = None  # clock() when the current outage began
         self.last_recovered = 0.0  # clock() of the latest recovery
         self.last_error = ""  # "Type: message" of the error that began the latest outage
+        self.full = False  # the current outage is Redis at maxmemory (OOM), not Redis away
         self._last_remind = 0.0
         self._lock = threading.Lock()
         self._on_change: list[Callable[[bool], None]] = []
 
     def on_change(self, fn: Callable[[bool], None]) -> None:
-        """Call `fn(up)` on every change (up → down, down → up); not called for the state now."""
+        """Call `fn(up)` on every change (up → down, down → up, and `fn(False)` again when a down
+        Redis turns from away to full or back: read `full`); not called for the state now."""
         self._on_change.append(fn)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -78,27 +85,40 @@ class RedisWaiter:
         """An operation (`what`) failed with an outage error: Redis is down (warned once, then
         reminded every `remind_every_s`)."""
         now = self._clock()
+        full = is_full(err)
         with self._lock:
             went_down = self.up
+            changed = went_down or full != self.full  # down, or away <-> full while down
             if went_down:
                 self.up = False
                 self.down_since = now
-                self._last_remind = now
                 self.outages += 1
+            if changed:
+                self.full = full
+                self._last_remind = now
                 self.last_error = f"{type(err).__name__}: {err}"
-            remind = not went_down and now - self._last_remind >= self.remind_every_s
+            remind = not changed and now - self._last_remind >= self.remind_every_s
             if remind:
                 self._last_remind = now
             down_for = now - (self.down_since if self.down_since is not None else now)
-        if went_down:
-            log.warning(
-                "%s unavailable (%s: %s) during %s; waiting for it (backoff up to %.0fs)",
-                self._name, type(err).__name__, err, what, self.backoff.max_s,
-            )  # fmt: skip
+        if changed:
+            if full:
+                log.warning(
+                    "%s is full (maxmemory reached: %s) during %s; the write waits until memory frees "
+                    "(the trainer consumes groups, finished state expires) or maxmemory is raised "
+                    "(backoff up to %.0fs)",
+                    self._name, err, what, self.backoff.max_s,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "%s unavailable (%s: %s) during %s; waiting for it (backoff up to %.0fs)",
+                    self._name, type(err).__name__, err, what, self.backoff.max_s,
+                )  # fmt: skip
             for fn in self._on_change:
                 fn(False)
         elif remind:
-            log.warning("%s still unavailable after %.0fs (%s)", self._name, down_for, err)
+            state = "full" if full else "unavailable"
+            log.warning("%s still %s after %.0fs (%s)", self._name, state, down_for, err)
 
     def note_success(self) -> None:
         """An operation succeeded: Redis is up (one line if it was down)."""
@@ -109,6 +129,7 @@ class RedisWaiter:
             if self.up:
                 return
             self.up = True
+            self.full = False
             down_for = now - (self.down_since if self.down_since is not None else now)
             self.down_since = None
             self.last_recovered = now

@@ -2,7 +2,13 @@
 NetworkPolicy is in network.py). It requires a password (`--requirepass`) from the run's
 `{run}-redis-auth` Secret, which reconcile.py creates once with a random value; protected mode stays
 on (Redis' default). Its AOF volume goes with the run: it holds rollout state that a restarted run
-rebuilds (the trainer resumes from the workspace's checkpoints), not user data."""
+rebuilds (the trainer resumes from the workspace's checkpoints), not user data.
+
+Its data set is capped at `MAXMEMORY_FRACTION` of the container's memory limit with `maxmemory-policy
+noeviction`: past the cap Redis refuses writes (OOM), which every service waits out and reports
+(`*_redis_full`), instead of the kernel OOM-killing Redis at the limit. The rest of the limit is
+headroom Redis' `used_memory` does not count: allocator fragmentation, client buffers and the
+copy-on-write pages of the AOF-rewrite child."""
 
 from __future__ import annotations
 
@@ -30,11 +36,26 @@ from asyncdapo.services.operator.pods import (
 )
 from asyncdapo.services.operator.spec import Resources, TrainingRunSpec
 
+MAXMEMORY_FRACTION = 0.75  # of the container's memory limit (the rest: see the module docstring)
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity ("4Gi", "512Mi", "8G", "1073741824") in bytes."""
+    digits = quantity.rstrip("kKMGTi")
+    return int(float(digits) * _SUFFIX[quantity[len(digits) :]])
+
+
+def maxmemory_bytes(memory_limit: str) -> int:
+    return int(quantity_bytes(memory_limit) * MAXMEMORY_FRACTION)
+
 
 def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults) -> list[dict[str, Any]]:
     managed = spec.redis.managed
     if managed is None:
         return []
+    res = resources(Resources(), CPU_DEFAULTS["redis"])
     args = [
         "redis-server",
         "--port", str(REDIS_PORT),
@@ -42,6 +63,9 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
         "--appendonly", "yes",
         "--appendfsync", "always",  # every acknowledged write durable (README, "Durability")
         "--save", "",
+        # under the memory limit: Redis refuses writes (waited out by every service), never OOM-killed
+        "--maxmemory", str(maxmemory_bytes(res["limits"]["memory"])),
+        "--maxmemory-policy", "noeviction",
         # $(VAR) is expanded by the kubelet; the NetworkPolicy admits this run's clients only.
         "--requirepass", f"$({REDIS_PASSWORD_ENV})",
     ]  # fmt: skip
@@ -54,7 +78,7 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
         "args": args[1:],
         "env": redis_env(spec, ref, defaults),
         "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
-        "resources": resources(Resources(), CPU_DEFAULTS["redis"]),
+        "resources": res,
         "securityContext": container_security(),
         "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}],
         "readinessProbe": {**tcp, "periodSeconds": 5},

@@ -109,6 +109,11 @@ class SchedulerMetrics:
             p + "redis_up", "1 while Redis answers, 0 while the scheduler waits for it.", registry=r
         )
         self.redis_up.set(1)
+        self.redis_full = Gauge(
+            p + "redis_full",
+            "1 while Redis refuses writes at maxmemory (OOM; the writes wait, nothing is dropped), else 0.",
+            registry=r,
+        )
         self.gateway_weight_syncs = Counter(
             p + "gateway_weight_syncs_total",
             "Weight loads of one gateway outside a publish (it came back, failed or hung), by result.",

@@ -290,6 +290,7 @@ class Rollout:
 
     def _on_redis_link(self, up: bool) -> None:
         self.metrics.redis_up.set(1 if up else 0)
+        self.metrics.redis_full.set(1 if self.redis_link.full else 0)
         if up:
             self.housekeeper.redis_came_back()
         self._notify_health()

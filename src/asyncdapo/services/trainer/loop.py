@@ -270,7 +270,10 @@ class Trainer:
             self.metrics.registry.register(self.weight_server.bytes_served_collector())
         redis_up = Gauge(PREFIX + "redis_up", "1 while Redis answers, 0 while the trainer waits for it",
                          registry=self.metrics.registry)  # fmt: skip
+        redis_full = Gauge(PREFIX + "redis_full", "1 while Redis refuses writes at maxmemory (OOM; they wait)",
+                           registry=self.metrics.registry)  # fmt: skip
         waiter.on_change(lambda up: redis_up.set(1 if up else 0))
+        waiter.on_change(lambda _up: redis_full.set(1 if waiter.full else 0))
         redis_up.set(1 if waiter.up else 0)  # the state now (a change from here on is told)
         Gauge(PREFIX + "fence_epoch", "Fencing epoch of this trainer (trainer:epoch when it took the lease)",
               registry=self.metrics.registry).set(self.fence.epoch)  # fmt: skip

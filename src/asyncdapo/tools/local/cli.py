@@ -39,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="output directory (default runs/NAME)")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="use this Redis (env REDIS_URL)")
     add_password_flag(p)  # for --redis-url; a Redis the stack launches gets a password of its own
+    p.add_argument(
+        "--redis-maxmemory",
+        metavar="SIZE",
+        default=None,
+        help="cap the Redis the stack launches (e.g. 2gb; maxmemory-policy noeviction: past it writes "
+        "wait until the trainer consumes groups, nothing is lost); default: no cap",
+    )
     p.add_argument("--engine", choices=("vllm", "sim"), default="vllm", help="sim: token-timing SIMULATOR")
     p.add_argument(
         "--max-model-len",
@@ -103,6 +110,7 @@ def _up(args: argparse.Namespace) -> int:
         pools=labels if args.pools else [],
         verifier_workers=args.verifier_workers,
         redis_url=args.redis_url,
+        redis_maxmemory=args.redis_maxmemory,
         engine=args.engine,
         max_model_len=args.max_model_len,
         step_logs=args.step_logs,

@@ -5,13 +5,17 @@ restart — a SIGKILL included — like the cluster's Redis (AOF on a PVC) does:
 acknowledged is on disk before the reply leaves (what that costs: `make bench-redis-fsync`). With a
 password, clients must AUTH (`requirepass`): the password goes to redis-server in a config file only
 its owner can read (mode 0600), never on its command line (which every local user can read in
-/proc). It runs in a process group of its own, so a Ctrl-C at the terminal reaches only `asyncdapo
+/proc). `maxmemory` (a Redis size: "2gb", "512mb", bytes) caps its data set with `maxmemory-policy
+noeviction`: past it Redis refuses writes (OOM), which every service waits out (nothing is evicted
+or lost); unset (the default) there is no cap, as a dev machine has no container limit to stay
+under. It runs in a process group of its own, so a Ctrl-C at the terminal reaches only `asyncdapo
 up`, which then stops it last, after the services that use it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,6 +29,10 @@ class RedisServerError(AsyncdapoError):
     pass
 
 
+# A size redis-server accepts for maxmemory: bytes, or a number with k/kb/m/mb/g/gb (any case).
+MAXMEMORY_RE = re.compile(r"[1-9][0-9]*([kKmMgG][bB]?)?")
+
+
 class RedisServer:
     def __init__(
         self,
@@ -34,6 +42,7 @@ class RedisServer:
         password: str | None = None,
         env: dict[str, str] | None = None,
         appendfsync: str = "always",
+        maxmemory: str | None = None,
     ) -> None:
         # Absolute: redis-server resolves --logfile after moving into --dir.
         self.workdir = Path(workdir).resolve()
@@ -41,6 +50,12 @@ class RedisServer:
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.password = password
+        if maxmemory is not None and not MAXMEMORY_RE.fullmatch(maxmemory):
+            raise RedisServerError(
+                f"Redis maxmemory {maxmemory!r} is not a size; give bytes or a number with kb, mb or gb "
+                "(e.g. 2gb, 512mb)"
+            )
+        self.maxmemory = maxmemory
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -73,6 +88,8 @@ class RedisServer:
             "--protected-mode", "yes",
             "--logfile", str(self.log_path),
         ]  # fmt: skip
+        if self.maxmemory is not None:
+            args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"]
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.DEVNULL,

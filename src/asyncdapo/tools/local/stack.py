@@ -39,6 +39,7 @@ class StackOptions:
     max_concurrency: int | None = None  # each gateway's --max-concurrency (None: the gateway's default)
     verifier_workers: int = 1
     redis_url: str | None = None  # use this Redis instead of launching one
+    redis_maxmemory: str | None = None  # the launched Redis' maxmemory (noeviction); None: no cap
     engine: str = "vllm"
     max_model_len: int | None = None  # None: data.max_prompt_length + data.max_response_length
     gateway_ready_timeout_s: float = 300.0
@@ -161,7 +162,12 @@ class LocalStack:
             self.ep.redis_url = self.opts.redis_url
             return
         password = ensure_secret(self.run_dir / "secrets" / "redis-password")
-        self.redis = RedisServer(self.run_dir / "redis", password=password, env=dict(self.sup.env))
+        self.redis = RedisServer(
+            self.run_dir / "redis",
+            password=password,
+            env=dict(self.sup.env),
+            maxmemory=self.opts.redis_maxmemory,
+        )
         self.redis.start()
         assert self.redis.proc is not None
         self.sup.watch(self.redis.proc.pid)  # its own process group: stopped if we are killed
