@@ -102,7 +102,8 @@ def test_default_render(default_docs: list[dict[str, Any]]) -> None:
         (text,) = cm["data"].values()
         assert json.loads(text)["panels"]
     op = objs[("Deployment", "asyncdapo-operator")]["spec"]["template"]["spec"]["containers"][0]
-    assert op["args"] == ["operator", "run", "--all-namespaces"]
+    monitoring = "--monitoring-namespace-selector=kubernetes.io/metadata.name=monitoring"
+    assert op["args"] == ["operator", "run", "--all-namespaces", monitoring]
     env = {e["name"]: e.get("value") for e in op["env"]}
     assert env["ASYNCDAPO_OPERATOR_REDIS_URL"] == "redis://asyncdapo-redis.asyncdapo.svc:6379/0"
     assert env["ASYNCDAPO_OPERATOR_CPU_IMAGE"] == "ghcr.io/asyncdapo/asyncdapo-cpu:0.1.0"
@@ -121,7 +122,7 @@ def test_custom_render(custom_docs: list[dict[str, Any]]) -> None:
     assert ("ClusterRoleBinding", "asyncdapo-operator") not in objs  # namespaced: no cluster-wide writes
     op = objs[("Deployment", "asyncdapo-operator")]
     c = op["spec"]["template"]["spec"]["containers"][0]
-    assert c["args"] == ["operator", "run", "--namespace=ml", "--namespace=research"]
+    assert c["args"][:4] == ["operator", "run", "--namespace=ml", "--namespace=research"]
     assert c["image"].endswith("@sha256:" + "a" * 64) and c["imagePullPolicy"] == "Always"
     assert "annotations" not in op["metadata"]  # nothing to skip: digest pinned, pull Always
     env = {e["name"]: e.get("value") for e in c["env"]}

@@ -21,15 +21,16 @@ app.kubernetes.io/name: {{ include "asyncdapo.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* Usage: include "asyncdapo.labels" (list $ "component") */}}
+{{/* Every object's labels: `commonLabels` under the chart's own (which win: selectors depend on
+     them), then, when given, extra labels of the object (e.g. a Prometheus' selector label).
+     Usage: include "asyncdapo.labels" (list $ "component" [extra]) */}}
 {{- define "asyncdapo.labels" -}}
 {{- $ := index . 0 -}}
-{{ include "asyncdapo.selectorLabels" $ }}
-app.kubernetes.io/component: {{ index . 1 }}
-app.kubernetes.io/part-of: asyncdapo
-app.kubernetes.io/version: {{ $.Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ $.Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version }}
+{{- $ours := dict "app.kubernetes.io/component" (index . 1) "app.kubernetes.io/part-of" "asyncdapo" "app.kubernetes.io/version" $.Chart.AppVersion "app.kubernetes.io/managed-by" $.Release.Service "helm.sh/chart" (printf "%s-%s" $.Chart.Name $.Chart.Version) -}}
+{{- $ours = merge $ours (include "asyncdapo.selectorLabels" $ | fromYaml) -}}
+{{- $extra := dict -}}
+{{- if gt (len .) 2 }}{{ $extra = index . 2 | default dict }}{{ end -}}
+{{- toYaml (merge (dict) $ours $extra ($.Values.commonLabels | default dict)) -}}
 {{- end -}}
 
 {{- define "asyncdapo.componentSelector" -}}
@@ -157,7 +158,8 @@ http://{{ include "asyncdapo.fullname" . }}-verifier.{{ .Release.Namespace }}.sv
 {{- toJson (uniq $ns) -}}
 {{- end -}}
 
-{{/* Restricted Pod Security Standard. Usage: include "asyncdapo.podSecurityContext" 10001 */}}
+{{/* The fixed restricted contexts (UID 10001), for templates that take no values for them.
+     Usage: include "asyncdapo.podSecurityContext" 10001 */}}
 {{- define "asyncdapo.podSecurityContext" -}}
 runAsNonRoot: true
 runAsUser: {{ . }}
@@ -181,14 +183,46 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* A component's pod / container securityContext: its own when it sets one, else the chart's
+     (`podSecurityContext` / `securityContext`, restricted with UID 10001 by default). A component's
+     object replaces the chart's whole (no merge), so removing a key (OpenShift: runAsUser: null)
+     is done in one place. Usage: include "asyncdapo.podSecurity" (list $ .Values.component) */}}
+{{- define "asyncdapo.podSecurity" -}}
+{{- $ := index . 0 -}}
+{{- $c := index . 1 -}}
+{{- toYaml ($c.podSecurityContext | default $.Values.podSecurityContext) -}}
+{{- end -}}
+
+{{- define "asyncdapo.containerSecurity" -}}
+{{- $ := index . 0 -}}
+{{- $c := index . 1 -}}
+{{- toYaml ($c.securityContext | default $.Values.securityContext) -}}
+{{- end -}}
+
+{{/* Names of the pull secrets: global ones first; each entry a name or {name: x} (both forms
+     are in use across charts). */}}
+{{- define "asyncdapo.imagePullSecretNames" -}}
+{{- $names := list -}}
+{{- range concat (.Values.global.imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
+{{- if kindIs "string" . }}{{ $names = append $names . }}{{ else }}{{ $names = append $names .name }}{{ end -}}
+{{- end -}}
+{{- toJson (uniq $names) -}}
+{{- end -}}
+
 {{- define "asyncdapo.imagePullSecrets" -}}
-{{- $all := concat (.Values.global.imagePullSecrets | default list) .Values.imagePullSecrets | uniq -}}
-{{- with $all }}
+{{- with include "asyncdapo.imagePullSecretNames" . | fromJsonArray }}
 imagePullSecrets:
 {{- range . }}
   - name: {{ . }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* Label selector as `key=value,…` (the operator's --monitoring-namespace-selector). */}}
+{{- define "asyncdapo.selectorFlag" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . }}{{ $pairs = append $pairs (printf "%s=%s" $k $v) }}{{ end -}}
+{{- join "," $pairs -}}
 {{- end -}}
 
 {{/* checkov skip annotations, only for the checks the workload fails, with the reason.

@@ -88,12 +88,41 @@ def _default_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-image", default=_env("REDIS_IMAGE", d.redis_image))
     p.add_argument("--pull-policy", default=_env("PULL_POLICY", d.pull_policy))
     p.add_argument("--redis-url", default=_env("REDIS_URL"), help="Redis of runs that set no spec.redis")
+    p.add_argument(
+        "--monitoring-namespace-selector",
+        default=_env("MONITORING_NAMESPACE_SELECTOR", "kubernetes.io/metadata.name=monitoring"),
+        metavar="KEY=VALUE,...",
+        help="labels of the namespaces that may scrape a run's dedicated verifier (NetworkPolicy)",
+    )
+    p.add_argument(
+        "--pod-security-context",
+        default=_env("POD_SECURITY_CONTEXT"),
+        metavar="JSON",
+        help="securityContext of every run pod (default: restricted, UID 10001)",
+    )
+    p.add_argument(
+        "--container-security-context",
+        default=_env("CONTAINER_SECURITY_CONTEXT"),
+        metavar="JSON",
+        help="securityContext of every run container (default: restricted, UID 10001)",
+    )
+    p.add_argument(
+        "--pull-secrets",
+        default=_env("PULL_SECRETS"),
+        metavar="NAME,...",
+        help="imagePullSecrets of runs whose spec.images.pullSecrets is empty",
+    )
 
 
 def _defaults(
     args: argparse.Namespace, kuberay: bool, redis_password: str | None = None
 ):  # -> OperatorDefaults
     from asyncdapo.services.operator.desired import OperatorDefaults
+    from asyncdapo.services.operator.pod_settings import (
+        parse_pull_secrets,
+        parse_security_context,
+        parse_selector,
+    )
 
     return OperatorDefaults(
         control_plane_image=args.control_plane_image,
@@ -104,6 +133,12 @@ def _defaults(
         redis_url=args.redis_url or None,
         redis_password=redis_password,
         kuberay=kuberay,
+        monitoring_namespace_selector=parse_selector(args.monitoring_namespace_selector),
+        pod_security_context=parse_security_context(args.pod_security_context, "--pod-security-context"),
+        container_security_context=parse_security_context(
+            args.container_security_context, "--container-security-context"
+        ),
+        pull_secrets=parse_pull_secrets(args.pull_secrets),
     )
 
 

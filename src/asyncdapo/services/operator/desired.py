@@ -37,6 +37,7 @@ from asyncdapo.services.operator.objects import (
     redis_env,
     redis_url,
 )
+from asyncdapo.services.operator.pod_settings import apply_pod_settings
 from asyncdapo.services.operator.pods import env, pod_spec, resources, template_metadata, volumes
 from asyncdapo.services.operator.rollout_workloads import gateway, scheduler, verifier
 from asyncdapo.services.operator.spec import TrainingRunSpec
@@ -116,20 +117,26 @@ def desired_state(
         objs.append(_prepare_job(spec, ref, defaults))
     if lifecycle is Lifecycle.PREPARING:
         redis_url(spec, ref, defaults)  # surface a missing Redis before the prepare Job runs
-        return _unshared(objs + network_policies(spec, ref, defaults, rollout=False))
+        return _unshared(objs + network_policies(spec, ref, defaults, rollout=False), defaults)
     active = lifecycle is Lifecycle.RUNNING
     objs += verifier(spec, ref, defaults, active)
     objs += gateway(spec, ref, defaults, active)
     objs += scheduler(spec, ref, defaults, active)
     objs += trainer(spec, ref, defaults, lifecycle)
     objs += network_policies(spec, ref, defaults, rollout=True)
-    return _unshared(objs)
+    return _unshared(objs, defaults)
 
 
-def _unshared(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Independent plain-JSON copies (no sub-dict shared between objects, no YAML anchors), each
-    workload annotated with its justified policy-scanner exceptions."""
+def _unshared(objs: list[dict[str, Any]], defaults: OperatorDefaults) -> list[dict[str, Any]]:
+    """Independent plain-JSON copies (no sub-dict shared between objects, no YAML anchors), with
+    the operator's pod settings, each workload annotated with its justified policy-scanner exceptions."""
     out = json.loads(json.dumps(objs))
+    apply_pod_settings(
+        out,
+        pod_security_context=defaults.pod_security_context,
+        container_security_context=defaults.container_security_context,
+        pull_secrets=defaults.pull_secrets,
+    )
     for obj in out:
         skips = scanner_skips(list(_containers(obj)))
         if skips:

@@ -110,11 +110,7 @@ def network_policies(
         )
     )
     if not spec.verifier.url:
-        monitoring = {
-            "namespaceSelector": {
-                "matchLabels": {"kubernetes.io/metadata.name": defaults.monitoring_namespace}
-            }
-        }
+        monitoring = {"namespaceSelector": {"matchLabels": dict(defaults.monitoring_namespace_selector)}}
         out.append(
             _policy(
                 ref,

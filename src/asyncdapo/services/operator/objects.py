@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from asyncdapo.contracts.config import WeightTransport
+from asyncdapo.services.operator.pod_settings import DEFAULT_MONITORING_SELECTOR
 from asyncdapo.services.operator.pods import (
     GRPC_PORT,
     REDIS_PASSWORD_ENV,
@@ -57,7 +58,13 @@ class OperatorDefaults:
     # The default Redis' password (the chart's Secret): copied into each run's `{run}-redis-auth`
     # Secret by reconcile.py; never rendered into a manifest (desired state only names the Secret).
     redis_password: str | None = field(default=None, repr=False)
-    monitoring_namespace: str = "monitoring"  # may reach a dedicated verifier's /metrics
+    # Namespaces (matchLabels) that may reach a dedicated verifier's /metrics.
+    monitoring_namespace_selector: tuple[tuple[str, str], ...] = DEFAULT_MONITORING_SELECTOR
+    # The run pods' securityContexts (None: pods.py's restricted ones, UID 10001), and the
+    # imagePullSecrets of runs whose spec.images names none (pod_settings.py).
+    pod_security_context: Mapping[str, Any] | None = None
+    container_security_context: Mapping[str, Any] | None = None
+    pull_secrets: tuple[str, ...] = ()
     kuberay: bool = False  # is the ray.io/v1 RayJob API served?
 
 
