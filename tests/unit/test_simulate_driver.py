@@ -200,6 +200,20 @@ def test_weight_update_modes_other_than_keep(update: str) -> None:
         assert min(st.sync_s for st in res.steps) > min(st.sync_s for st in keep.steps[:4])
 
 
+def test_a_request_aborted_by_pauses_max_tries_times_drops_its_group_as_the_scheduler_does() -> None:
+    """The dispatcher gives up a request after `max_tries` dispatches, pause aborts included, and
+    the core drops its group (`gateway_error`); the simulator runs the same queue, so long responses
+    that span more weight updates than that are lost there too — and the run still trains B groups
+    a step."""
+    cfg = mode_config(RunConfig.model_validate(RUN), "async-s4")
+    cfg.rollout.weight_update_mode = PauseMode.ABORT
+    sim = Simulation(cfg, load_cluster("h100-7b", 8), load_workload("seer-tail"), 4)
+    sim.dispatch.max_tries = 2  # the default 8 needs responses longer than 7 versions
+    res = sim.simulate()
+    assert res.counts.outcomes["dropped:gateway_error"] > 0
+    assert all(len(st.staleness) == B for st in res.steps)
+
+
 def test_replay_of_a_problem_trace_follows_the_trainers_order_and_requeues_the_same_problem(
     tmp_path: Path,
 ) -> None:

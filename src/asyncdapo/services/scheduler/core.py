@@ -39,7 +39,7 @@ from dataclasses import replace
 
 from asyncdapo.contracts.config import FilterMetric, LongTailPolicy, RolloutMode, RunConfig
 from asyncdapo.contracts.prompts import PromptRecord, PromptRecordError
-from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
+from asyncdapo.contracts.v1 import common_pb2
 from asyncdapo.services.scheduler.claim_records import Claim
 
 # the core's vocabulary, re-exported: drivers and tests import every name from this module
@@ -72,6 +72,7 @@ from asyncdapo.services.scheduler.tasks import (
     LengthStats,
     PromptTask,
     Request,
+    ResponseView,
     Score,
     TaskKey,
     build_group,
@@ -333,7 +334,7 @@ class RolloutCore(CoreOutcomes):
         return label if self.pool_exists(label) else ""
 
     # ------------------------------------------------------------------ responses and scores
-    def response(self, req: Request, gateway: str, resp: gateway_pb2.GenerateResponse) -> list[Command]:
+    def response(self, req: Request, gateway: str, resp: ResponseView) -> list[Command]:
         """A finished (stop/length) response of a live request, train or eval, from the gateway at
         address `gateway`: score it — unless pdsr continues a train response on the heavy pool."""
         task = req.task
@@ -348,7 +349,7 @@ class RolloutCore(CoreOutcomes):
         out.append(ScoreResponse(req.rid, resp.token_ids, task.ground_truth, task, req.idx))
         return out
 
-    def _long_tail(self, req: Request, resp: gateway_pb2.GenerateResponse) -> tuple[list[Command], bool]:
+    def _long_tail(self, req: Request, resp: ResponseView) -> tuple[list[Command], bool]:
         """pdsr (cap and migrate): a fast-pool response that reached its cap is not final — it
         continues on the heavy pool from its partial tokens, uncapped; every final response's
         length feeds the window that sets L_cut (a continuing one: as "≥ its partial tokens" until it

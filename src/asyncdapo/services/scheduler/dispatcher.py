@@ -1,11 +1,11 @@
-"""Dispatch I/O: the queue of requests waiting for a gateway, Generate requests over one
-`GenerateStream` per gateway, their failures, and the abort fan-out. Decisions come from the pure
-`dispatch.pick`.
+"""Dispatch I/O: Generate requests over one `GenerateStream` per gateway, their failures, and the
+abort fan-out. Which request goes where, in what order, and what is dropped or re-queued is the
+pure `dispatch_queue.DispatchQueue` (which the simulator drives too); the dispatcher is its
+transport (`refresh_views`, `start_request`).
 
 Invariants:
-- the queue is served head first and a prompt's queued requests are placed together, so the
-  prompt admitted first is generated first (prompt-level FIFO); re-dispatched requests go to the
-  head;
+- the queue's (dispatch_queue.py): served head first, a prompt's queued requests placed together
+  (prompt-level FIFO), re-dispatched requests at the head, stale ones dropped;
 - a request is handed to `on_response` at most once, only with a finished (stop/length) response
   and only while its task is current (not cancelled, not closed, the request not superseded);
   the abort reply of a cancelled task's current request goes to `on_aborted` with the tokens the
@@ -14,6 +14,8 @@ Invariants:
 - a request that failed at the transport level or was aborted by someone else (a pause, a drain)
   is dispatched again — with its partial tokens when the gateway returned them — until
   `max_tries`, then `on_give_up` is called;
+- every message from a gateway (replies, errors) and every lost stream pumps the queue: the
+  capacity it freed is used at once;
 - `gw.calls` holds exactly the requests in flight on the gateway's live stream (`gw.in_flight`
   is its size); a broken stream empties it and re-dispatches them all, oldest first, after
   the gateway is marked down;
@@ -34,12 +36,13 @@ from dataclasses import replace
 import grpc
 
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2
+from asyncdapo.services.scheduler.dispatch_queue import DEFAULT_MAX_TRIES, DispatchQueue, is_current
 from asyncdapo.services.scheduler.eligible import EligibleIndex
 from asyncdapo.services.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.services.scheduler.gateway_stream import GatewayStream
 from asyncdapo.services.scheduler.metrics import SchedulerMetrics
-from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy, pick
-from asyncdapo.services.scheduler.tasks import PromptTask, Request, request_seed
+from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy
+from asyncdapo.services.scheduler.tasks import PromptTask, Request, request_seed, version_run_messages
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class Dispatcher:
         on_aborted: Callable[[Request, int], None] | None = None,
         on_cut: Callable[[Request, gateway_pb2.GenerateResponse], None] | None = None,
         seed_base: int | None = None,
-        max_tries: int = 8,
+        max_tries: int = DEFAULT_MAX_TRIES,
         keep_latencies: int = 1_000_000,
     ) -> None:
         self.pool = pool
@@ -70,8 +73,6 @@ class Dispatcher:
         self.on_aborted = on_aborted
         self.on_cut = on_cut
         self.seed_base = seed_base
-        self.max_tries = max_tries
-        self.pending: deque[Request] = deque()
         self.dispatch_s: list[float] = []  # added dispatch latency samples, for benchmarks
         self.abort_fanout_s: list[float] = []
         self.aborted_tokens = 0
@@ -79,7 +80,6 @@ class Dispatcher:
         self.abort_requested = 0  # ids we asked them to abort (some may have just finished)
         self.closed = False
         self._keep = keep_latencies
-        self._pumping = False
         self._t_capacity = 0.0
         self._streams: dict[Gateway, GatewayStream] = {}
         # request id -> the stream (and through `stream.gw`, the gateway) it is in flight on
@@ -89,6 +89,16 @@ class Dispatcher:
         pool.on_change = self.index.update
         for gw in pool.members:
             self.index.update(gw)
+        self.queue = DispatchQueue(self.index, self, max_tries)
+
+    @property
+    def pending(self) -> deque[Request]:
+        """The requests waiting for a gateway, head first."""
+        return self.queue.pending
+
+    @property
+    def max_tries(self) -> int:
+        return self.queue.max_tries
 
     def set_min_weight_version(self, version: int) -> None:
         self.policy = replace(self.policy, min_weight_version=version)
@@ -96,54 +106,32 @@ class Dispatcher:
 
     def resubmit(self, req: Request) -> None:
         """Dispatch a request again at the head of the queue (a long-tail continuation)."""
-        req.tries += 1
         req.t_ready = time.perf_counter()
-        req.task.live[req.idx] = req
-        self.pending.appendleft(req)
+        self.queue.resubmit(req)
         self.pump()
 
     def submit(self, reqs: Iterable[Request]) -> None:
         now = time.perf_counter()
+        reqs = list(reqs)
         for r in reqs:
             r.t_ready = now
-            self.pending.append(r)
+        self.queue.submit(reqs)
         self.pump()
 
     def pump(self) -> None:
-        """Place queued requests on gateways, head first, until the queue is empty or every
-        eligible gateway is full."""
-        if self._pumping or not self.pending or self.closed:
+        """Place queued requests on gateways (`DispatchQueue.pump`)."""
+        if self.closed:
             return
-        self._pumping = True
-        try:
-            pending = self.pending
-            while pending:
-                head = pending[0]
-                task = head.task
-                if task.cancelled or task.live.get(head.idx) is not head:
-                    pending.popleft()
-                    continue
-                count = 1
-                while (
-                    count < len(pending)
-                    and count < task.n
-                    and pending[count].task is task
-                    and pending[count].pool == head.pool
-                ):
-                    count += 1
-                if not self.index.count(head.pool):
-                    break  # every gateway is full, down, paused or behind: O(1) at saturation
-                candidates = self.index.candidates(head.pool, task.gateways)
-                decision = pick(candidates, self.index.policy_for(head.pool), count, frozenset(task.gateways))
-                if not decision.addresses:
-                    break
-                for addr in decision.addresses:
-                    self._start(pending.popleft(), self.pool.gateways[addr])
-                if len(decision.addresses) < count:
-                    break
-        finally:
-            self._pumping = False
-        self.metrics.dispatch_queue.set(len(self.pending))
+        self.queue.pump()
+        self.metrics.dispatch_queue.set(len(self.queue))
+
+    # ------------------------------------------------------------------ the queue's transport
+    def refresh_views(self) -> None:
+        """Nothing to do: the index is told of every change as it happens (the pool's reports
+        through `Gateway.on_change`, in-flight changes here)."""
+
+    def start_request(self, req: Request, address: str) -> None:
+        self._start(req, self.pool.gateways[address])
 
     def _stream(self, gw: Gateway) -> GatewayStream:
         s = self._streams.get(gw)
@@ -168,12 +156,11 @@ class Dispatcher:
             c = req.continuation
             msg.continuation_token_ids.extend(c.token_ids)
             msg.continuation_logprobs.extend(c.logprobs)
-            msg.continuation_versions.extend(c.version_runs)
+            msg.continuation_versions.extend(version_run_messages(c))
         self.placed[req.rid] = stream
         gw.calls[req.rid] = req
         gw.in_flight += 1
         self.index.update(gw)
-        task.gateways.add(gw.address)
         # added latency counts from when the request could go somewhere: ready, and a slot free
         if self._t_capacity > req.t_ready:
             req.t_ready = self._t_capacity
@@ -251,7 +238,7 @@ class Dispatcher:
         detail: str = "",
     ) -> None:
         task = req.task
-        if task.live.get(req.idx) is not req or task.cancelled or task.closed:
+        if not is_current(req):
             current = task.cancelled and task.live.get(req.idx) is req
             if resp is not None and resp.finish_reason == FINISH_ABORT:
                 self.aborted_tokens += len(resp.token_ids)
@@ -277,15 +264,12 @@ class Dispatcher:
     def _redispatch(
         self, req: Request, why: str, partial: gateway_pb2.GenerateResponse | None, detail: str = ""
     ) -> None:
-        req.tries += 1
-        req.continuation = partial
-        if req.tries >= self.max_tries:
+        req.t_ready = time.perf_counter()
+        if not self.queue.retry(req, partial):
             last = f"; last: {detail}" if detail else ""
             self.on_give_up(req, f"request failed {req.tries} times ({why}{last})")
             return
         self.metrics.redispatched.labels(why).inc()
-        req.t_ready = time.perf_counter()
-        self.pending.appendleft(req)
 
     def cancel_calls(self, gw: Gateway) -> None:
         """The gateway is down: cancel its stream and re-dispatch what was in flight there."""

@@ -123,14 +123,17 @@ class EligibleIndex:
     ) -> list[DispatchView]:
         """What `dispatch.pick` should score for one prompt (see the module docstring). The exact
         case keeps the gateways' first-seen order (ties go to the earlier one, as a scan of the
-        pool would); a seeded index samples reproducibly."""
+        pool would); a seeded index samples reproducibly, the prompt's own gateways after the
+        sample in address order."""
         _, slots = self._slots(label)
         items = slots.items
         if len(items) <= (self.exact_limit if exact_limit is None else exact_limit):
             return sorted(items, key=lambda g: self._order[g.address])
         chosen = self._rng.sample(items, sample_size)
         seen = {g.address for g in chosen}
-        for address in affinity:
+        # sorted: a prompt's gateways are a set of strings, which iterates in a per-process hash
+        # order, and the order of the candidates breaks ties in `pick`
+        for address in sorted(affinity):
             i = slots.pos.get(address)
             if i is not None and address not in seen:
                 chosen.append(items[i])

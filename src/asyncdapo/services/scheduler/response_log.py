@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from asyncdapo.contracts.errors import AsyncdapoError
-from asyncdapo.contracts.v1 import gateway_pb2
-from asyncdapo.services.scheduler.tasks import PromptTask
+from asyncdapo.services.scheduler.tasks import PromptTask, ResponseView
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +95,7 @@ class LoggedResponse:
     generate_s: float
 
     @classmethod
-    def of(
-        cls, task: PromptTask, idx: int, tokens: int, resp: gateway_pb2.GenerateResponse | None
-    ) -> LoggedResponse:
+    def of(cls, task: PromptTask, idx: int, tokens: int, resp: ResponseView | None) -> LoggedResponse:
         """`tokens` is passed, not read from `resp`: a scored response is logged after RECORD's
         round trip, and by then its task may no longer hold it (`resp` None: no timing, 0 s) —
         logging must never raise on the scoring path."""

@@ -17,11 +17,40 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, rollout_pb2
 from asyncdapo.services.scheduler.group_records import GroupProgress
 
 TaskKey = tuple[str, int]  # (prompt id, attempt): one attempt of one prompt
+
+
+class VersionRunView(Protocol):
+    """A response's run of tokens generated under one weight version (`common_pb2.VersionRun`)."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+
+
+class ResponseView(Protocol):
+    """What the scheduler reads of a finished generation: a gateway's `GenerateResponse`, or the
+    simulator's `SimResponse`, which carries the length (a `range` for the token ids) and the
+    version runs but no tokens."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def logprobs(self) -> Sequence[float]: ...
+    @property
+    def version_runs(self) -> Sequence[VersionRunView]: ...
+    @property
+    def finish_reason(self) -> common_pb2.FinishReason: ...
+    @property
+    def queue_s(self) -> float: ...
+    @property
+    def generate_s(self) -> float: ...
 
 
 class Kind(Enum):
@@ -34,7 +63,7 @@ class Request:
     task: PromptTask
     idx: int
     tries: int = 0  # dispatches so far
-    continuation: gateway_pb2.GenerateResponse | None = None  # partial tokens to continue from
+    continuation: ResponseView | None = None  # partial tokens to continue from
     rid: str = ""  # of its latest dispatch (`make_rid`)
     t_ready: float = 0.0
     pool: str = ""  # gateway pool label to place it in ("" = any)
@@ -46,7 +75,7 @@ class Request:
         task: PromptTask,
         idx: int,
         tries: int = 0,
-        continuation: gateway_pb2.GenerateResponse | None = None,
+        continuation: ResponseView | None = None,
         rid: str = "",
         t_ready: float = 0.0,
         pool: str = "",
@@ -75,10 +104,8 @@ class Score:
     reward: float
     overlong_penalty: float
 
-    # One per response. The `__init__` a dataclass generates is Python even where mypyc compiles
-    # this module (the simulator's build), ~10x the cost of a compiled one; written out, it
-    # compiles. tests/unit/test_record_inits.py keeps every written-out `__init__` equal to its
-    # dataclass's fields.
+    # One per response: `__init__` written out, cheaper per object than the generated one
+    # (tests/unit/test_record_inits.py says why, and keeps it equal to the dataclass's fields).
     def __init__(self, score: float, acc: float, pred: str, reward: float, overlong_penalty: float) -> None:
         self.score = score
         self.acc = acc
@@ -100,7 +127,7 @@ class PromptTask:
     prompt_text: str = ""
     sampling: common_pb2.SamplingParams = field(default_factory=common_pb2.SamplingParams)
     version_admitted: int = 0
-    responses: list[gateway_pb2.GenerateResponse | None] = field(default_factory=list)
+    responses: list[ResponseView | None] = field(default_factory=list)
     response_gateway: list[str] = field(default_factory=list)
     scores: list[Score | None] = field(default_factory=list)
     live: dict[int, Request] = field(default_factory=dict)  # queued or in flight
@@ -146,7 +173,7 @@ def request_seed(base: int | None, pid: str, idx: int, attempt: int = 1) -> int 
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
-def version_range(resp: gateway_pb2.GenerateResponse, default: int) -> tuple[int, int]:
+def version_range(resp: ResponseView, default: int) -> tuple[int, int]:
     """(oldest, newest) weight version that generated tokens of `resp`; `default` for both when
     none did. One pass, no list: this runs per response."""
     lo = hi = default
@@ -162,6 +189,11 @@ def version_range(resp: gateway_pb2.GenerateResponse, default: int) -> tuple[int
             elif v > hi:
                 hi = v
     return lo, hi
+
+
+def version_run_messages(resp: ResponseView) -> list[common_pb2.VersionRun]:
+    """`resp`'s version runs as messages (a gateway's response holds them as such already)."""
+    return [common_pb2.VersionRun(version=r.version, num_tokens=r.num_tokens) for r in resp.version_runs]
 
 
 def build_group(run: str, task: PromptTask) -> rollout_pb2.Group:
@@ -186,7 +218,7 @@ def build_group(run: str, task: PromptTask) -> rollout_pb2.Group:
             rollout_pb2.Response(
                 token_ids=resp.token_ids,
                 logprobs=resp.logprobs,
-                version_runs=resp.version_runs,
+                version_runs=version_run_messages(resp),
                 finish_reason=resp.finish_reason,
                 reward=sc.reward,
                 score=sc.score,

@@ -4,16 +4,20 @@ a modelled verifier and a modelled trainer.
 What runs for real (imported, never copied): `RolloutCore` (admission policy, claims to tasks, pdsr
 cap-and-migrate routing, the commit ledger, early stop, requeue), the in-memory store with the Lua
 scripts' semantics (`memstore`: claims, group statistics, FINISH with its bound and staleness
-checks, the requeue at the queue head), and the dispatch decision (`eligible.EligibleIndex` →
-`dispatch.pick`: filter → score → pick over `GatewayView`s). What is modelled: the engines
+checks, the requeue at the queue head), and the dispatcher's queue (`dispatch_queue.DispatchQueue`:
+head first, a prompt's requests in one `dispatch.pick` over the `eligible.EligibleIndex`'s
+`GatewayView`s, stale requests dropped, re-dispatches and retries at the head, a request given up
+after `max_tries`), placing requests through `transport.SimTransport`. What is modelled: the engines
 (`engine.Engine`), the verifier (a pool of workers, a fixed cost per call and per item), the
 trainer (step time from trained tokens, the checkpoint/snapshot, the weight fan-out with the
 run's `weight_update_mode`) and the round trips to Redis (`ClusterProfile.redis_rtt_s`).
 
-The driver does what `scheduler.rollout.Rollout` does with asyncio: an admission round claims what
-`core.admissible` allows, a finisher round writes `core.next_finish_batch` and applies the store's
-answers, scored responses are recorded in verifier-sized batches. Each of those rounds is an event
-on the `VirtualClock`, one round trip after whatever woke it. A response carries its length
+The driver does what `scheduler.rollout.Rollout` and `scheduler.dispatcher.Dispatcher` do with
+asyncio and gRPC: an admission round claims what `core.admissible` allows, a finisher round writes
+`core.next_finish_batch` and applies the store's answers, scored responses are recorded in
+verifier-sized batches, every reply from a gateway (a response, an abort's answer) pumps the
+dispatch queue. Each of those rounds is an event on the `VirtualClock`, one round trip after
+whatever woke it. A response (`records.SimResponse`, a `tasks.ResponseView`) carries its length
 (`range(n)` stands in for the token ids: `len` is all the core reads) and its version runs.
 """
 
@@ -27,9 +31,11 @@ from typing import Any
 from asyncdapo.contracts.config import LongTailPolicy, PauseMode, RolloutMode, RunConfig
 from asyncdapo.contracts.v1 import common_pb2
 from asyncdapo.services.scheduler.core import Abort, Command, Dispatch, Redispatch, RolloutCore, ScoreResponse
+from asyncdapo.services.scheduler.dispatch_queue import DispatchQueue, is_current
 from asyncdapo.services.scheduler.eligible import EligibleIndex
 from asyncdapo.services.scheduler.memstore import MemoryGroupStore, MemoryQueue, MemoryRun
-from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy, GatewayView, pick
+from asyncdapo.services.scheduler.outcome_records import DropReason
+from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy
 from asyncdapo.services.scheduler.policy.long_tail import FAST, HEAVY
 from asyncdapo.services.scheduler.tasks import PromptTask, Request
 from asyncdapo.tools.simulate.clock import VirtualClock
@@ -39,11 +45,15 @@ from asyncdapo.tools.simulate.profile import ClusterProfile
 from asyncdapo.tools.simulate.prompt_feed import PromptFeed
 from asyncdapo.tools.simulate.records import Counts, SimResponse, SimResult, StepRecord, TrainedGroup
 from asyncdapo.tools.simulate.simulation_error import SimulationError
-from asyncdapo.tools.simulate.transport import DispatchTransport, Gw
+from asyncdapo.tools.simulate.transport import Gw, SimTransport
 from asyncdapo.tools.simulate.verifier_model import VerifierModel
 from asyncdapo.tools.simulate.workload import Attempt, Sampler
 
-STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
+STOP, LENGTH, ABORT = (
+    common_pb2.FINISH_REASON_STOP,
+    common_pb2.FINISH_REASON_LENGTH,
+    common_pb2.FINISH_REASON_ABORT,
+)
 CLAIM_CHUNK = 64  # Rollout's default claim_chunk
 TRAIN_TICK_S = 0.005  # CPU profiles: how often the trainer's contended rate is re-read
 
@@ -98,20 +108,23 @@ class Simulation:
         )
         self.policy = DispatchPolicy(max_in_flight=ro.max_concurrent_per_gateway)
         self.index = EligibleIndex(self.policy, seed=1)
-        # an ordered set (a dict): which gateway's view is refreshed first decides the eligible
-        # index's order, hence the seeded sample of gateways; a set of objects hashed by address
-        # made that order, and the run, differ between processes
-        self._dirty: dict[Gw, None] = {}
-        for g in self.gws:
-            self._update_view(g)
-        self.pending: deque[Request] = deque()
         # the answers of each attempt in flight, by task (a task is its attempt: identity, no key tuple)
         self.attempts: dict[PromptTask, Attempt] = {}
+        # the dispatcher's queue, placing through the simulated gateways; the transport's
+        # latencies: a dispatched request's way to its engine, and the time a finished response
+        # takes to reach the scheduler
+        self.transport = SimTransport(
+            self.clock,
+            self.gws,
+            self.index,
+            self._natural,
+            self.cap,
+            cluster.dispatch_s,
+            cluster.dispatch_per_request_s,
+        )
+        self.dispatch = DispatchQueue(self.index, self.transport)
         # id(request) -> where it runs and its natural length (the core never reads it)
-        self._placed: dict[int, tuple[Gw, Seq, int]] = {}
-        # the transport's latencies: a dispatched request's way to its engine, and the time a
-        # finished response takes to reach the scheduler
-        self.transport = DispatchTransport(self.clock, cluster.dispatch_s, cluster.dispatch_per_request_s)
+        self._placed: dict[int, tuple[Gw, Seq, int]] = self.transport.placed
         self._transit = self.transport.transit  # id(seq) of the requests on their way
         self.reply_s = cluster.reply_s
         self.verifier = VerifierModel(
@@ -175,22 +188,22 @@ class Simulation:
 
     # ------------------------------------------------------------------ commands
     def _do(self, commands: list[Command]) -> None:
-        pumped = False
+        """Carry out what the core decided, as `Rollout._run` and the dispatcher do: each Dispatch
+        and Redispatch pumps the queue."""
+        dispatch = self.dispatch
         for c in commands:
             if isinstance(c, ScoreResponse):  # the common case first
                 self.verifier.queue.append(c)
             elif isinstance(c, Dispatch):
-                self.pending.extend(c.requests)
-                pumped = True
+                dispatch.submit(c.requests)
+                dispatch.pump()
             elif isinstance(c, Redispatch):
-                c.request.tries += 1
-                self.pending.appendleft(c.request)
-                pumped = True
+                dispatch.resubmit(c.request)
+                dispatch.pump()
             elif isinstance(c, Abort):
                 for t in c.tasks:
                     self._abort_task(t)
-        if pumped:
-            self._pump()
+                dispatch.pump()  # the abort replies freed their gateways (abort_s 0: at once)
         self.verifier.send_soon()
 
     def _abort_task(self, task: PromptTask) -> None:
@@ -202,7 +215,7 @@ class Simulation:
                 # the abort travels to the engine, which steps the request until it arrives
                 self.clock.after(self.cluster.abort_s, self._abort_arrives, req)
             else:
-                self._abort_arrives(req)
+                self._abort_reply(req)
         # nothing reads a cancelled task's live requests again (the dispatcher skips them, late
         # finishes are dropped): without them the task and its requests form no reference cycle
         # and are freed as soon as the core lets go of the task
@@ -210,12 +223,18 @@ class Simulation:
         self.attempts.pop(task, None)
 
     def _abort_arrives(self, req: Request) -> None:
+        """An abort reaches `req`'s engine after abort_s: its reply frees the gateway, and, as
+        every reply to the dispatcher does, pumps the queue."""
+        self._abort_reply(req)
+        self.dispatch.pump()
+
+    def _abort_reply(self, req: Request) -> None:
         """An abort reaches `req`'s engine (or catches it on its way there); a request that finished
         meanwhile is left to its reply, which drops it."""
         placed = self._placed.get(id(req))
         if placed is None or placed[1].state == DONE:
             return
-        del self._placed[id(req)]
+        self.transport.release(req)
         g, seq, _ = placed
         if self.transport.recall(seq):  # aborted before it reached its engine
             seq.state = DONE
@@ -223,60 +242,8 @@ class Simulation:
         else:
             self.aborted_tokens += g.engine.abort(seq)
         self.core.aborted(req, seq.gen)  # the abort reply's length, as the dispatcher passes it
-        g.in_flight -= 1
-        self._view(g)
 
     # ------------------------------------------------------------------ dispatch
-    def _view(self, g: Gw) -> None:
-        """The dispatcher's view of `g` changed: refreshed before the next pick (views are read
-        only there)."""
-        self._dirty[g] = None
-
-    def _flush_views(self) -> None:
-        for g in self._dirty:
-            self._update_view(g)
-        self._dirty.clear()
-
-    def _update_view(self, g: Gw) -> None:
-        self.index.update(
-            GatewayView(
-                address=g.address,
-                paused=g.paused,
-                pool=g.pool,
-                in_flight=g.in_flight,
-                kv_cache_usage=g.engine.kv_usage(),
-                weight_version=g.version,
-            )
-        )
-
-    def _pump(self) -> None:
-        """Place pending requests (a prompt's consecutive requests in one `pick`, as the
-        dispatcher does) until none is left or no gateway takes one."""
-        pending = self.pending
-        while pending:
-            head = pending[0]
-            task = head.task
-            if task.cancelled or task.closed or task.live.get(head.idx) is not head:
-                pending.popleft()
-                continue
-            batch = [pending.popleft()]
-            while (
-                pending and pending[0].task is task and pending[0].pool == head.pool and len(batch) < task.n
-            ):
-                batch.append(pending.popleft())
-            if self._dirty:
-                self._flush_views()
-            # sorted: a set of strings iterates in a per-process hash order (tie-breaks in `pick`)
-            views = self.index.candidates(head.pool, sorted(task.gateways))
-            policy = self.index.policy_for(head.pool)
-            decision = pick(views, policy, len(batch), frozenset(task.gateways))
-            placed = decision.addresses
-            for req, address in zip(batch, placed, strict=False):
-                self._start(req, self.gws[int(address[2:])])
-            if len(placed) < len(batch):
-                pending.extendleft(reversed(batch[len(placed) :]))
-                return
-
     def _attempt(self, task: PromptTask) -> Attempt:
         a = self.attempts.get(task)
         if a is None:
@@ -285,19 +252,9 @@ class Simulation:
             )
         return a
 
-    def _start(self, req: Request, g: Gw) -> None:
-        task = req.task
-        natural = self._attempt(task).lengths[req.idx]
-        limit = req.max_tokens or self.cap
-        cont = req.continuation
-        gen = len(cont.token_ids) if cont is not None else 0
-        runs = [[r.version, r.num_tokens] for r in cont.version_runs] if cont is not None else None
-        seq = Seq(req, len(task.prompt_token_ids), gen, min(natural, limit), runs)
-        self._placed[id(req)] = (g, seq, natural)
-        task.gateways.add(g.address)
-        g.in_flight += 1
-        self._dirty[g] = None  # _view(g)
-        self.transport.send(g, seq)
+    def _natural(self, req: Request) -> int:
+        """The length `req`'s response has when nothing cuts it (its workload sample)."""
+        return self._attempt(req.task).lengths[req.idx]
 
     def _busy_engines(self) -> int:
         return sum(1 for g in self.gws if g.engine.running)
@@ -311,20 +268,20 @@ class Simulation:
             self._replied(seq)
 
     def _replied(self, seq: Seq) -> None:
-        """The scheduler holds a finished response: the core takes it."""
+        """The scheduler holds a finished response: the core takes it (unless it is stale), and the
+        queue is pumped, as after every reply."""
         req: Request = seq.owner
-        g, _, natural = self._placed.pop(id(req))
-        g.in_flight -= 1
-        self._dirty[g] = None  # _view(g)
+        placed = self.transport.release(req)
+        assert placed is not None, "a reply comes from the gateway its request was placed on"
+        g, _, natural = placed
         task = req.task
-        if task.cancelled or task.closed or task.live.get(req.idx) is not req:
-            if task.cancelled:  # it finished while its abort was on the way: generated for nothing
-                self.aborted_tokens += seq.gen
-            return
-        reason = STOP if seq.gen >= natural else LENGTH
-        del task.live[req.idx]
-        self._do(self.core.response(req, g.address, SimResponse(seq.gen, seq.runs, reason)))  # type: ignore[arg-type]
-        self._pump()
+        if is_current(req):
+            reason = STOP if seq.gen >= natural else LENGTH
+            del task.live[req.idx]
+            self._do(self.core.response(req, g.address, SimResponse(seq.gen, seq.runs, reason)))
+        elif task.cancelled:  # it finished while its abort was on the way: generated for nothing
+            self.aborted_tokens += seq.gen
+        self.dispatch.pump()
 
     def _on_drained(self, engine: Engine) -> None:
         g = self.by_engine[id(engine)]
@@ -487,7 +444,7 @@ class Simulation:
         e = self.cluster.engine
         for g in self.gws:
             g.paused = True
-            self._view(g)
+            self.transport.changed(g)
             if mode is PauseMode.WAIT:
                 g.engine.pause("wait")
                 if not g.engine.running:
@@ -496,17 +453,22 @@ class Simulation:
                 continue
             returned = g.engine.pause(mode.value)
             for seq in returned:  # pause abort: the partial responses continue elsewhere
-                req: Request = seq.owner
-                g.in_flight -= 1
-                task = req.task
-                self._placed.pop(id(req), None)
-                if task.cancelled or task.closed or task.live.get(req.idx) is not req:
-                    continue
-                req.tries += 1
-                req.continuation = SimResponse(seq.gen, seq.runs, common_pb2.FINISH_REASON_ABORT)  # type: ignore[assignment]
-                self.pending.appendleft(req)
+                self._aborted_by_gateway(seq)
             g.resuming = True
             self.clock.after(e.pause_s + e.reload_s, self._resume_one, g)
+        self.dispatch.pump()  # after the abort replies, as the dispatcher does (every gateway is paused)
+
+    def _aborted_by_gateway(self, seq: Seq) -> None:
+        """A weight update with pause abort stopped `seq`: the dispatcher retries it from its
+        partial tokens at the head of the queue, or gives it up after `max_tries` dispatches
+        (the core drops its group, as `Rollout` does for a request the dispatcher gave up)."""
+        req: Request = seq.owner
+        self.transport.release(req)
+        if not is_current(req):
+            return
+        if not self.dispatch.retry(req, SimResponse(seq.gen, seq.runs, ABORT)):
+            detail = f"request failed {req.tries} times (aborted_by_gateway)"
+            self._do(self.core.fail(req.task, DropReason.GATEWAY_ERROR, detail))
 
     def _resume_one(self, g: Gw) -> None:
         new = self.version + 1
@@ -537,15 +499,13 @@ class Simulation:
             )
         )
         self.index.set_policy(DispatchPolicy(max_in_flight=self.policy.max_in_flight, min_weight_version=new))
-        self._dirty.clear()
-        for x in self.gws:
-            self._update_view(x)
+        self.transport.refresh_all()
         if self.load is not None:
             self.load.cpu_work(self.load.host.version_cpu_s)
         self.core.weights_published(new, f"sim://v{new}")
         self.trainer_busy = False
         self.t_free = self.clock.now
-        self._pump()
+        self.dispatch.pump()
         self._kick_admission()
         self._maybe_train()
 

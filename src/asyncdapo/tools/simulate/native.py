@@ -4,8 +4,8 @@
 with mypyc into a cache directory named by a digest of every `asyncdapo` source file, mypy's
 version and the interpreter: the simulator's clock, engine model, dispatch transport, verifier
 model and driver, and the scheduler's decision code they run (the rollout core, the in-memory
-store, the admission, dispatch and long-tail policies, the task, group and outcome
-records). `activate()` (run when `asyncdapo.tools.simulate` is imported) loads those compiled
+store, the dispatch queue, the admission, dispatch and long-tail policies, the task, group and
+outcome records). `activate()` (run when `asyncdapo.tools.simulate` is imported) loads those compiled
 modules in place of the plain ones when a build for the current digest exists, and does nothing
 otherwise. So a source edit anywhere in `asyncdapo` — a compiled module, or a class whose
 declared types the compiled code checks — means the plain modules run until the next build; a
@@ -49,8 +49,8 @@ NATIVE_MODULES = tuple(
     [f"asyncdapo.tools.simulate.{m}" for m in ("clock", "records", "engine_model", "transport", "verifier_model",
                                          "prompt_feed", "driver")]
     + [f"asyncdapo.services.scheduler.{m}" for m in ("core", "core_outcomes", "core_commands", "memstore", "tasks",
-                                            "group_records", "outcome_records", "eligible", "policy.dispatch",
-                                            "policy.long_tail", "policy.admission")]
+                                            "group_records", "outcome_records", "eligible", "dispatch_queue",
+                                            "policy.dispatch", "policy.long_tail", "policy.admission")]
 )  # fmt: skip
 BUILD_INFO = "BUILD.json"
 FORMAT = 2  # bump when what a build directory holds changes

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from asyncdapo.contracts.v1 import common_pb2
 from asyncdapo.services.scheduler.policy.long_tail import LongTailAction
 
 
@@ -23,16 +24,20 @@ class VersionRun:
 
 
 class SimResponse:
-    """What the core reads of a gateway's GenerateResponse: the token ids' length, the version runs,
-    the finish reason."""
+    """A simulated gateway's response, as the scheduler reads one (`tasks.ResponseView`): the token
+    ids' length (a `range`), the version runs, the finish reason; no logprobs, no gateway timing."""
 
-    __slots__ = ("finish_reason", "logprobs", "token_ids", "version_runs")
+    __slots__ = ("finish_reason", "generate_s", "logprobs", "queue_s", "token_ids", "version_runs")
 
-    def __init__(self, length: int, runs: Sequence[Sequence[int]], finish_reason: int) -> None:
+    def __init__(
+        self, length: int, runs: Sequence[Sequence[int]], finish_reason: common_pb2.FinishReason
+    ) -> None:
         self.token_ids = range(length)
         self.logprobs: tuple[float, ...] = ()
         self.version_runs = [VersionRun(r[0], r[1]) for r in runs]
         self.finish_reason = finish_reason
+        self.queue_s = 0.0
+        self.generate_s = 0.0
 
 
 @dataclass(slots=True)

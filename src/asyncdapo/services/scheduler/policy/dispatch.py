@@ -59,9 +59,8 @@ V = TypeVar("V", bound=DispatchView)
 
 @dataclass(slots=True)
 class GatewayView:
-    """What the dispatcher knows about one gateway at decision time. Read-only by convention, with
-    its `__init__` written out: the simulator builds one per gateway update (see
-    tests/unit/test_record_inits.py for why, and the check that keeps it equal to the fields)."""
+    """What the dispatcher knows about one gateway at decision time. Read-only by convention (the
+    simulator builds one per gateway update)."""
 
     address: str
     up: bool = True
@@ -74,32 +73,6 @@ class GatewayView:
     kv_cache_usage: float = 0.0
     capacity: int = 0  # the gateway's configured concurrency (0: unknown)
     weight_version: int = 0
-
-    def __init__(
-        self,
-        address: str,
-        up: bool = True,
-        draining: bool = False,
-        paused: bool = False,
-        pool: str = "",
-        in_flight: int = 0,
-        running: int = 0,
-        waiting: int = 0,
-        kv_cache_usage: float = 0.0,
-        capacity: int = 0,
-        weight_version: int = 0,
-    ) -> None:
-        self.address = address
-        self.up = up
-        self.draining = draining
-        self.paused = paused
-        self.pool = pool
-        self.in_flight = in_flight
-        self.running = running
-        self.waiting = waiting
-        self.kv_cache_usage = kv_cache_usage
-        self.capacity = capacity
-        self.weight_version = weight_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,15 +129,10 @@ def score(view: DispatchView, policy: DispatchPolicy, affinity: bool, extra_in_f
 
 @dataclass(slots=True)
 class Decision:
-    """Read-only by convention, `__init__` written out: one per dispatched prompt (see
-    tests/unit/test_record_inits.py)."""
+    """Read-only by convention: one per dispatched prompt."""
 
     addresses: list[str]  # one per placed request, in order; shorter than asked when capacity ran out
     rejected: dict[str, RejectReason]
-
-    def __init__(self, addresses: list[str], rejected: dict[str, RejectReason]) -> None:
-        self.addresses = addresses
-        self.rejected = rejected
 
 
 def pick(
