@@ -63,6 +63,13 @@ def _raw(port: int, command: bytes) -> bytes:
         return sock.recv(200)
 
 
+def _http_get(port: int, path: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return r.read().decode(errors="replace")
+
+
 def _flag(cmdline: list[str], flag: str) -> str:
     return cmdline[cmdline.index(flag) + 1]
 
@@ -125,7 +132,21 @@ def test_up_protects_its_redis_and_leaves_nothing_behind(
         assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
         for f in ("redis-password", "token", "../redis/auth.conf"):
             assert stat.S_IMODE((secrets_dir / f).stat().st_mode) == 0o600, f
-        assert not [argv for argv in services.values() if any(password in a for a in argv)]
+        token = (secrets_dir / "token").read_text().strip()
+        assert len(token) >= 32
+        secrets = {"the Redis password": password, "the gRPC token": token}
+        pages = 0
+        for what, secret in secrets.items():  # never on a command line, in a metric, or in a log
+            assert not [argv for argv in services.values() if any(secret in a for a in argv)], what
+            for name, argv in services.items():  # the verifier serves /metrics on its own port
+                flag = (
+                    "--metrics-port" if "--metrics-port" in argv else "--port" if name == "verifier" else ""
+                )
+                if flag:
+                    page = _http_get(int(_flag(argv, flag)), "/metrics")
+                    assert "# TYPE" in page and secret not in page, f"{what} in {name}'s /metrics"
+                    pages += 1
+        assert pages >= 2 * 3, pages  # verifier, gateway, scheduler at least
         url = f"redis://127.0.0.1:{_flag(services['redis'], '--port')}/0"
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url(url).ping()
@@ -145,6 +166,14 @@ def test_up_protects_its_redis_and_leaves_nothing_behind(
             assert "interrupted: stopping every service" in out.read_text()
         left = survivors(tree, within_s=10.0)
         assert not left, f"alive 10 s after up got {sig.name}: {left}"
+        # every file the run wrote (logs, reports, metrics, config) but the secrets' own 0600 files
+        own = {secrets_dir / "redis-password", secrets_dir / "token", run_dir / "redis" / "auth.conf"}
+        files = [f for f in run_dir.rglob("*") if f.is_file() and f not in own]
+        assert any(f.suffix == ".log" for f in files), sorted(map(str, files))
+        for f in files:
+            data = f.read_bytes()
+            for what, secret in secrets.items():
+                assert secret.encode() not in data, f"{what} in {f.relative_to(run_dir)}"
         assert not with_env(RUN_DIR_ENV, str(run_dir.resolve()))
     finally:
         for p in descendants(proc.pid):
