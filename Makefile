@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install sim-native redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak bench-weights bench-summary chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak bench-weights bench-summary fuzz chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests
 
 install: $(STAMP) redis prometheus sim-native
 
@@ -180,6 +180,13 @@ RECORD = $(BIN)/python bench/results.py run
 
 bench-summary:
 	$(PY) bench/results.py summary
+
+# tests/fuzz with its counts raised (FUZZ_EXAMPLES generated inputs per surface: >= 10,000 in all);
+# the last line is `RESULT inputs=… surfaces=4 failures=… max_answer_ms=… bound_ms=…`.
+FUZZ_EXAMPLES ?= 2600
+fuzz: install
+	@FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=build/fuzz/report.json $(BIN)/pytest -q -p no:cacheprovider tests/fuzz; \
+	  rc=$$?; $(BIN)/python tests/fuzz/fuzz_report.py build/fuzz/report.json && exit $$rc
 
 # The chaos soak: the whole loop (SIMULATOR gateways) under a seeded random schedule of faults,
 # checked against the durability invariants; `make chaos CHAOS_ARGS="--seed 3"` for another

@@ -280,3 +280,31 @@ def test_validation_prompts_are_fitted_like_training_ones() -> None:
         eval_request(
             parse_run_config({"data": {"max_prompt_length": 4, "truncation": "error"}}), examples, encode
         )
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("[" * 100_000, "nested too deeply"),  # past the JSON parser's recursion limit
+        ('{"prompt": "x", "reward_model": {"ground_truth": ' + "9" * 5000 + "}}", "digits"),
+        (
+            '{"prompt": "x", "reward_model": {"ground_truth": NaN}}',
+            "ground_truth: nan given; must be a finite",
+        ),
+        ('{"prompt": "x", "reward_model": {"ground_truth": -Infinity}}', "ground_truth: -inf given"),
+    ],
+)
+def test_unreadable_json_and_non_finite_answers_are_dataset_errors(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    """Found by tests/fuzz: these escaped as RecursionError / ValueError or loaded a `nan` answer."""
+    path = tmp_path / "junk.jsonl"
+    path.write_text(f"{json.dumps(_gsm8k(0))}\n{line}\n")
+    with pytest.raises(DatasetError, match=f"{path}(:2| row 1): .*{problem}"):
+        load_examples([path])
+
+
+def test_an_integer_answer_past_a_floats_range_is_kept_as_written(tmp_path: Path) -> None:
+    """Found by tests/fuzz: float() of it overflowed."""
+    path = _write([{**_gsm8k(0), "reward_model": {"ground_truth": 10**400}}], tmp_path / "big.jsonl")
+    assert load_examples([path])[0].ground_truth == "1" + "0" * 400

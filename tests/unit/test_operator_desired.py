@@ -595,3 +595,19 @@ def test_pool_names_must_be_unique_labels() -> None:
         )
     with pytest.raises(ValueError, match="pools"):
         parse_spec(_spec(gateway__pools=[{"name": "Fast", "replicas": 1}]), "tiny-math")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"run": True}, r"^spec\.run: true given; must be a mapping"),
+        ({"run": ["rollout"]}, r"^spec\.run: \[\"rollout\"\] given; must be a mapping"),
+        ({"": 1}, r'^spec\."": unknown key'),
+        ({"int": 1}, r"^spec\.int: unknown key"),
+    ],
+)
+def test_a_spec_of_the_wrong_shape_names_the_field(edit: dict[str, Any], message: str) -> None:
+    """Found by tests/fuzz: a non-mapping `run` escaped as TypeError, and an unknown key that is
+    empty or reads like a type name (`int`) was reported without its name."""
+    with pytest.raises(SpecError, match=message):
+        parse_spec({**_spec(), **edit}, "tiny-math")

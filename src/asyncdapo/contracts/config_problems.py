@@ -174,6 +174,11 @@ def problems_of(
                 out.append(Problem(**{**p, "field": _join(_join(prefix, path), p["field"])}))
             continue
         if e["type"] == "extra_forbidden":
+            # the last part of loc is the unknown key as written, never a union member: named even
+            # when it reads like one (`int`) or is empty
+            last = loc[-1] if loc else ""
+            key_text = f"[{last}]" if isinstance(last, int) else (last or '""')
+            path = _join(_path(loc[:-1]), key_text)
             for key in _leaves(value, path):
                 meant = did_you_mean(key, model)
                 out.append(

@@ -18,6 +18,7 @@ the layout raise `DatasetError` naming the file, the row, the field, what it hol
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -85,24 +86,32 @@ def _read_rows(path: Path) -> list[Any]:
                 f"{path}: not UTF-8 text (byte {err.start}); JSON datasets are UTF-8"
             ) from None
         if suffix == ".json" and text.lstrip().startswith("["):
-            try:
-                rows = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DatasetError(f"{path}: not valid JSON: {err.msg} (line {err.lineno})") from None
-            return list(rows)
-        out = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise DatasetError(f"{path}:{lineno}: not valid JSON: {err.msg}") from None
-        return out
+            return list(_parse_json(text, f"{path}", whole_file=True))
+        return [
+            _parse_json(line, f"{path}:{lineno}")
+            for lineno, line in enumerate(text.splitlines(), 1)
+            if line.strip()
+        ]
     raise DatasetError(
         f"{path}: unsupported dataset format {suffix or '(no suffix)'!r} given; "
         "use .parquet, .jsonl or .json (JSON Lines or an array)"
     )
+
+
+def _parse_json(text: str, where: str, whole_file: bool = False) -> Any:
+    """One JSON document; what Python's parser refuses beyond syntax (nesting deeper than its
+    recursion limit, an integer of more than 4300 digits) is a DatasetError as well."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        line = f" (line {err.lineno})" if whole_file else ""
+        raise DatasetError(f"{where}: not valid JSON: {err.msg}{line}") from None
+    except RecursionError:
+        raise DatasetError(
+            f"{where}: JSON nested too deeply to read; a row is a flat mapping of columns"
+        ) from None
+    except ValueError as err:  # int digits over sys.get_int_max_str_digits()
+        raise DatasetError(f"{where}: not readable JSON: {err}") from None
 
 
 def _kind(value: Any) -> str:
@@ -146,7 +155,15 @@ def _ground_truth(value: Any, where: str) -> str:
             f"{where}: reward_model.ground_truth: {_kind(value)} given; must be a string or a number "
             "(one reference answer)"
         )
-    text = value if isinstance(value, str) else (str(int(value)) if float(value).is_integer() else str(value))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DatasetError(
+            f"{where}: reward_model.ground_truth: {value} given; must be a finite number or a string"
+        )
+    # an int as written (a float() of it may overflow); a float without a fractional part as an int
+    if isinstance(value, str | int):
+        text = str(value)
+    else:
+        text = str(int(value)) if value.is_integer() else str(value)
     if not text.strip():
         raise DatasetError(f"{where}: reward_model.ground_truth: an empty string given; must hold the answer")
     return text.strip()

@@ -522,7 +522,18 @@ def parse_spec(spec: dict[str, Any], name: str) -> TrainingRunSpec:
     Raises SpecError naming every wrong field by its dotted path.
     """
     spec = dict(spec)
-    run = dict(spec.get("run") or {})
+    given = spec.get("run") or {}
+    if not isinstance(given, dict):  # pydantic would say so too, but `run.name` is read first
+        raise SpecError(
+            [
+                Problem(
+                    "spec.run",
+                    f"{show(given)} given",
+                    "must be a mapping: the run's configuration (RunConfig)",
+                )
+            ]
+        )
+    run = dict(given)
     if run.setdefault("name", name) != name:
         raise SpecError(
             [

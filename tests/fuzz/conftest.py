@@ -1,0 +1,19 @@
+"""Fuzz tier hooks: count failed tests and write the tally (`FUZZ_REPORT`) when the session ends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import fuzz_budget
+import pytest
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        fuzz_budget.failures += 1
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if out := os.environ.get("FUZZ_REPORT"):
+        fuzz_budget.write_report(Path(out))
