@@ -395,11 +395,24 @@ def test_redis_requires_a_password_and_admits_named_namespaces_only(
     secret = objs[("Secret", "asyncdapo-redis-auth")]
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert len(secret["data"]["password"]) >= 40
-    redis = objs[("StatefulSet", "asyncdapo-redis")]["spec"]["template"]["spec"]["containers"][0]
+    pod = objs[("StatefulSet", "asyncdapo-redis")]["spec"]["template"]["spec"]
+    (redis,) = pod["containers"]
     assert "--protected-mode" not in redis["args"]
-    assert redis["args"][redis["args"].index("--requirepass") + 1] == "$(ASYNCDAPO_REDIS_PASSWORD)"
-    assert redis["env"] == [{"name": "ASYNCDAPO_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
-        "name": "asyncdapo-redis-auth", "key": "password"}}}]  # fmt: skip
+    # the password from the Secret as a file, through a memory-backed config file: never in a
+    # command line or an env value (tests/integration/test_redis_auth_file.py runs the script)
+    assert "requirepass" not in json.dumps(redis) and "env" not in redis
+    assert redis["args"][0] == "/run/redis/auth.conf"
+    (init,) = pod["initContainers"]
+    assert init["command"][-2:] == ["/run/secrets/redis/password", "/run/redis/auth.conf"]
+    assert "env" not in init and "ASYNCDAPO_REDIS_PASSWORD" not in json.dumps(pod)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["redis-password"]["secret"] == {
+        "secretName": "asyncdapo-redis-auth",
+        "items": [{"key": "password", "path": "password"}],
+        "defaultMode": 0o440,
+    }
+    assert volumes["redis-auth"]["emptyDir"]["medium"] == "Memory"
+    assert {"name": "redis-auth", "mountPath": "/run/redis", "readOnly": True} in redis["volumeMounts"]
     for docs, names in ((default_docs, ["asyncdapo"]), (admin_docs, ["ml", "research"])):
         pols = _by_kind(docs)
         full = "ad" if docs is admin_docs else "asyncdapo"
@@ -415,6 +428,42 @@ def test_redis_requires_a_password_and_admits_named_namespaces_only(
     watched = _by_kind(chart.render({"operator": {"watchNamespaces": ["ml"]}}))
     (rule,) = watched[("NetworkPolicy", "asyncdapo-redis")]["spec"]["ingress"]
     assert rule["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["asyncdapo", "ml"]
+
+
+def _redis_args(values: dict[str, Any]) -> list[str]:
+    (sts,) = [d for d in chart.render(values) if d["kind"] == "StatefulSet"]
+    args: list[str] = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_redis_maxmemory_from_its_memory_limit_or_given_with_noeviction() -> None:
+    def maxmemory(values: dict[str, Any]) -> str:
+        args = _redis_args({"redis": values})
+        assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+        return args[args.index("--maxmemory") + 1]
+
+    assert maxmemory({}) == str(6 * 2**30)  # 75 % of the default 8Gi limit
+    for limit, percent, expected in (
+        ("1.5Gi", 75, int(1.5 * 2**30 * 0.75)),
+        ("512Mi", 50, 256 * 2**20),
+        ("2G", 75, 1_500_000_000),
+        ("800k", 100, 800_000),
+        (1073741824, 75, 805306368),  # bytes, as a YAML number
+    ):
+        assert maxmemory({"resources": {"limits": {"memory": limit}}, "maxmemoryPercent": percent}) == str(
+            expected
+        )
+    assert maxmemory({"maxmemory": "6gb"}) == "6gb"  # explicit: the limit is not consulted
+    assert maxmemory({"maxmemory": "2gb", "resources": {"limits": {"memory": None}}}) == "2gb"
+    with pytest.raises(
+        helm.HelmRenderError, match=r"redis\.resources\.limits\.memory .* or redis\.maxmemory"
+    ):
+        chart.render({"redis": {"resources": {"limits": {"memory": None}}}})
+    with pytest.raises(helm.HelmRenderError, match=r'"1e9".*set redis\.maxmemory'):
+        chart.render({"redis": {"resources": {"limits": {"memory": "1e9"}}}})
+    for bad in ({"maxmemory": "6 GB"}, {"maxmemoryPercent": 0}, {"maxmemoryPercent": 101}):
+        with pytest.raises(helm.HelmValuesError):
+            chart.render({"redis": bad})
 
 
 def test_helm_test_hooks(default_docs: list[dict[str, Any]]) -> None:

@@ -127,6 +127,35 @@ def test_a_components_security_context_replaces_the_charts() -> None:
     assert '"runAsUser":2000' in _operator_env(docs)["ASYNCDAPO_OPERATOR_POD_SECURITY_CONTEXT"]
 
 
+def test_redis_takes_the_charts_security_contexts_or_its_own() -> None:
+    def redis_pod(values: dict[str, Any]) -> dict[str, Any]:
+        docs = chart.render(values)
+        _validate(docs)
+        (sts,) = [
+            d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "asyncdapo-redis"
+        ]
+        pod: dict[str, Any] = sts["spec"]["template"]["spec"]
+        return pod
+
+    openshift = redis_pod(OPENSHIFT)  # the chart-wide override reaches Redis and its init container
+    assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(openshift["securityContext"])
+    for c in [*openshift["initContainers"], *openshift["containers"]]:
+        assert not {"runAsUser", "runAsGroup"} & set(c["securityContext"])
+        assert c["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
+    own_pod = {
+        "runAsNonRoot": True,
+        "runAsUser": 999,
+        "fsGroup": 999,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    own = redis_pod({"redis": {"podSecurityContext": own_pod, "securityContext": {"runAsUser": 999}}})
+    assert own["securityContext"] == own_pod
+    assert all(
+        c["securityContext"] == {"runAsUser": 999} for c in [*own["initContainers"], *own["containers"]]
+    )
+    assert redis_pod({"verifier": {"podSecurityContext": own_pod}})["securityContext"]["runAsUser"] == 10001
+
+
 def test_image_pull_secrets_in_both_forms_reach_chart_and_run_pods(monkeypatch: pytest.MonkeyPatch) -> None:
     values = {
         "global": {"imagePullSecrets": [{"name": "mirror"}]},
@@ -216,6 +245,7 @@ def test_values_schema_refuses_a_typo_in_each_new_section() -> None:
         ({"podSecurityContext": {"runAsUsr": 1}}, "runAsUsr"),
         ({"operator": {"securityContext": {"readOnlyRootFileSystem": True}}}, "readOnlyRootFileSystem"),
         ({"runs": {"podSecurityContexts": {}}}, "podSecurityContexts"),
+        ({"redis": {"securityContext": {"runAsUsr": 1}}}, "runAsUsr"),
         ({"imagePullSecrets": [{"nam": "regcred"}]}, "/imagePullSecrets/0"),
         ({"commonLabels": {"team": 1}}, "/commonLabels/team"),
         ({"monitoring": {"serviceMonitor": {"namespce": "monitoring"}}}, "namespce"),

@@ -463,9 +463,21 @@ def test_managed_redis_requires_a_password_with_protected_mode_on() -> None:
     redis = _container(objs, "StatefulSet", "tiny-math-redis")
     args = redis["args"]
     assert "--protected-mode" not in args  # Redis' default (yes) stays
-    assert args[args.index("--requirepass") + 1] == "$(ASYNCDAPO_REDIS_PASSWORD)"
+    # the password reaches Redis as a file only (tests/integration/test_redis_auth_file.py runs it)
+    assert "requirepass" not in json.dumps(redis) and "env" not in redis
+    assert args[0] == "/run/redis/auth.conf"
+    pod = objs[("StatefulSet", "tiny-math-redis")]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"][-2:] == ["/run/secrets/redis/password", "/run/redis/auth.conf"]
+    assert "env" not in init
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["redis-password"]["secret"] == {
+        "secretName": "tiny-math-redis-auth",
+        "items": [{"key": "password", "path": "password"}],
+        "defaultMode": 0o440,
+    }
+    assert volumes["redis-auth"]["emptyDir"]["medium"] == "Memory"
     secret = {"secretKeyRef": {"name": "tiny-math-redis-auth", "key": "password"}}
-    assert redis["env"] == [{"name": "ASYNCDAPO_REDIS_PASSWORD", "valueFrom": secret}]
     for kind, name in (
         ("Deployment", "tiny-math-scheduler"),
         ("Job", "tiny-math-trainer"),

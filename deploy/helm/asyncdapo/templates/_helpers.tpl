@@ -239,7 +239,7 @@ checkov.io/skip{{ $n }}: CKV_K8S_15=IfNotPresent by default as release tags are 
 {{- end }}
 {{- if .secretEnv }}
 {{- $n = add1 $n }}
-checkov.io/skip{{ $n }}: CKV_K8S_35=the Redis password is read from the ASYNCDAPO_REDIS_PASSWORD variable by every asyncdapo process and by redis-server requirepass
+checkov.io/skip{{ $n }}: CKV_K8S_35=the Redis password is read from the ASYNCDAPO_REDIS_PASSWORD variable by every asyncdapo process (redis-server itself reads it from a file)
 {{- end }}
 {{- if .oneShot }}
 {{- $n = add1 $n }}

@@ -1,7 +1,10 @@
 """A per-run Redis (`spec.redis.managed`): StatefulSet with AOF on a PVC and a Service (its
-NetworkPolicy is in network.py). It requires a password (`--requirepass`) from the run's
-`{run}-redis-auth` Secret, which reconcile.py creates once with a random value; protected mode stays
-on (Redis' default). Its AOF volume goes with the run: it holds rollout state that a restarted run
+NetworkPolicy is in network.py). It requires a password (`requirepass`) from the run's Secret
+(`{run}-redis-auth`, which reconcile.py creates once with a random value, or spec.redis's
+passwordSecretRef); protected mode stays on (Redis' default). The password never appears in a command
+line or an env value (`ps`, the pod spec, /proc/*/environ): an init container reads it from the Secret
+mounted as a file and writes a config file into a memory-backed emptyDir, which redis-server loads
+first (`AUTH_SCRIPT`; the chart's Redis runs the same script). Its AOF volume goes with the run: it holds rollout state that a restarted run
 rebuilds (the trainer resumes from the workspace's checkpoints), not user data.
 
 Its data set is capped at `MAXMEMORY_FRACTION` of the container's memory limit with `maxmemory-policy
@@ -20,11 +23,10 @@ from asyncdapo.services.operator.objects import (
     RunRef,
     meta,
     pull_policy,
-    redis_env,
+    redis_password_ref,
     service,
 )
 from asyncdapo.services.operator.pods import (
-    REDIS_PASSWORD_ENV,
     REDIS_PORT,
     UID,
     container_security,
@@ -36,6 +38,19 @@ from asyncdapo.services.operator.pods import (
 )
 from asyncdapo.services.operator.spec import Resources, TrainingRunSpec
 
+# The init container's script (`sh -c AUTH_SCRIPT redis-auth PASSWORD_FILE CONFIG_FILE`): every byte of
+# the password hex-escaped inside double quotes, which Redis' config parser reads back exactly (quotes,
+# spaces, backslashes, newlines included); the file readable by its owner only (the same UID runs
+# redis-server). An empty password would turn authentication off, so it fails the pod instead.
+AUTH_SCRIPT = r"""set -eu
+umask 0377
+rm -f "$2"
+[ -s "$1" ] || { echo "redis-auth: the Redis password ($1, from its Secret) is empty or missing" >&2; exit 1; }
+hex=$(od -An -v -tx1 "$1" | tr -d ' \n')
+printf 'requirepass "%s"\n' "$(printf '%s' "$hex" | sed 's/../\\x&/g')" > "$2"
+"""
+AUTH_CONF = "/run/redis/auth.conf"
+PASSWORD_FILE = "/run/secrets/redis/password"
 MAXMEMORY_FRACTION = 0.75  # of the container's memory limit (the rest: see the module docstring)
 _SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
@@ -58,6 +73,7 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
     res = resources(Resources(), CPU_DEFAULTS["redis"])
     args = [
         "redis-server",
+        AUTH_CONF,  # requirepass (see AUTH_SCRIPT), loaded before the options below
         "--port", str(REDIS_PORT),
         "--dir", "/data",
         "--appendonly", "yes",
@@ -66,21 +82,41 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
         # under the memory limit: Redis refuses writes (waited out by every service), never OOM-killed
         "--maxmemory", str(maxmemory_bytes(res["limits"]["memory"])),
         "--maxmemory-policy", "noeviction",
-        # $(VAR) is expanded by the kubelet; the NetworkPolicy admits this run's clients only.
-        "--requirepass", f"$({REDIS_PASSWORD_ENV})",
     ]  # fmt: skip
+    # A managed Redis always has a password: the run's generated one or passwordSecretRef.
+    secret = redis_password_ref(spec, ref, defaults)
+    assert secret is not None
+    image = managed.image or defaults.redis_image
+    auth_init = {
+        "name": "redis-auth",
+        "image": image,
+        "imagePullPolicy": pull_policy(spec, defaults),
+        "command": ["sh", "-c", AUTH_SCRIPT, "redis-auth", PASSWORD_FILE, AUTH_CONF],
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"cpu": "100m", "memory": "32Mi"},
+        },
+        "securityContext": container_security(),
+        "volumeMounts": [
+            {"name": "redis-password", "mountPath": PASSWORD_FILE.rsplit("/", 1)[0], "readOnly": True},
+            {"name": "redis-auth", "mountPath": AUTH_CONF.rsplit("/", 1)[0]},
+        ],
+    }
     tcp = {"tcpSocket": {"port": REDIS_PORT}}
     container = {
         "name": "redis",
-        "image": managed.image or defaults.redis_image,
+        "image": image,
         "imagePullPolicy": pull_policy(spec, defaults),
         "command": args[:1],
         "args": args[1:],
-        "env": redis_env(spec, ref, defaults),
         "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
         "resources": res,
         "securityContext": container_security(),
-        "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "data", "mountPath": "/data"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "redis-auth", "mountPath": AUTH_CONF.rsplit("/", 1)[0], "readOnly": True},
+        ],
         "readinessProbe": {**tcp, "periodSeconds": 5},
         "livenessProbe": {**tcp, "periodSeconds": 20, "failureThreshold": 6},
     }
@@ -112,8 +148,21 @@ def managed_redis(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults
                         "fsGroup": UID,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
+                    "initContainers": [auth_init],
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                    "volumes": [
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                        {
+                            "name": "redis-password",
+                            "secret": {
+                                "secretName": secret["name"],
+                                "items": [{"key": secret["key"], "path": PASSWORD_FILE.rsplit("/", 1)[1]}],
+                                "defaultMode": 0o440,  # group: fsGroup, the UID's own group
+                            },
+                        },
+                        # memory-backed: the password never reaches the node's disk
+                        {"name": "redis-auth", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                    ],
                 },
             },
             "volumeClaimTemplates": [
