@@ -96,7 +96,7 @@ proto-check: $(STAMP)
 # RunConfig), the Grafana dashboards, the Helm chart rendered into plain manifests, and what the
 # operator renders for each example TrainingRun (golden files).
 deploy-manifests: | $(STAMP)
-	$(BIN)/asyncdapo operator crd -o deploy/helm/asyncdapo/crds/trainingruns.yaml
+	$(BIN)/asyncdapo operator crd -o deploy/helm/asyncdapo/files/trainingruns.crd.yaml
 	$(BIN)/asyncdapo operator dashboards --out deploy/dashboards
 	$(BIN)/asyncdapo operator manifests --out deploy/k8s/asyncdapo.yaml
 	$(BIN)/asyncdapo operator examples --examples deploy/k8s/examples

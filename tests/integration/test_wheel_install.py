@@ -178,7 +178,7 @@ def test_gateway_scheduler_operator_extras(
         text=True,
         env=_env(),
     )
-    assert crd.stdout == (REPO / "deploy/helm/asyncdapo/crds/trainingruns.yaml").read_text()
+    assert crd.stdout == (REPO / "deploy/helm/asyncdapo/files/trainingruns.crd.yaml").read_text()
     port = _free_port()
     log = tmp_path / "gateway.log"
     with log.open("wb") as f:

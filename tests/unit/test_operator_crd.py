@@ -23,7 +23,7 @@ from asyncdapo.services.operator.openapi import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-CHART_CRD = REPO / "deploy" / "helm" / "asyncdapo" / "crds" / "trainingruns.yaml"
+CHART_CRD = REPO / "deploy" / "helm" / "asyncdapo" / "files" / "trainingruns.crd.yaml"  # templates/crds.yaml
 EXAMPLES = sorted((REPO / "deploy" / "k8s" / "examples").glob("*.yaml"))
 
 

@@ -13,6 +13,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[4]  # src/asyncdapo/services/operator/chart.py
 CHART_DIR = REPO / "deploy" / "helm" / "asyncdapo"
+# The generated TrainingRun CRD (`asyncdapo operator crd`), read by templates/crds.yaml.
+CHART_CRD = CHART_DIR / "files" / "trainingruns.crd.yaml"
 PLAIN_MANIFESTS = REPO / "deploy" / "k8s" / "asyncdapo.yaml"
 RELEASE = "asyncdapo"
 NAMESPACE = "asyncdapo"
@@ -43,18 +45,26 @@ def render(
     chart_dir: Path = CHART_DIR,
     release: str = RELEASE,
     namespace: str = NAMESPACE,
-    include_crds: bool = True,
+    upgrade: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every object the chart installs (CRDs included), as dicts, in template order."""
+    """Every object the chart installs (the CRD too, with `crds.install`), as dicts, in template
+    order; `upgrade`: as `helm upgrade` renders them (revision 2) instead of `helm install`.
+
+    The chart has no crds/ folder (the CRD is a template, templates/crds.yaml), so Helm's
+    install-only CRD objects are not read here."""
     import helm_python as helm
 
     with helm.Chart.load(str(chart_dir)) as chart:
         chart.validate_schema(values or {})
-        rendered = chart.render(values or {}, name=release, namespace=namespace, is_install=True)
-        crds = chart.crds if include_crds else []
+        rendered = chart.render(
+            values or {},
+            name=release,
+            namespace=namespace,
+            is_install=not upgrade,
+            is_upgrade=upgrade,
+            revision=2 if upgrade else 1,
+        )
     docs: list[dict[str, Any]] = []
-    for crd in crds:
-        docs += [d for d in yaml.safe_load_all(crd["data"]) if d]
     for name in sorted(rendered):
         if name.endswith(".txt"):  # NOTES.txt
             continue

@@ -2,8 +2,8 @@
 
 `spec.run` comes from `run_config_json_schema()` (RunConfig), the workload fields and the status
 from `spec.py`; all go through `openapi.to_structural`. The committed copy in the Helm chart
-(deploy/helm/asyncdapo/crds/trainingruns.yaml) is `asyncdapo operator crd` output; a test keeps it
-fresh.
+(deploy/helm/asyncdapo/files/trainingruns.crd.yaml, rendered by templates/crds.yaml so that
+`helm upgrade` upgrades it) is `asyncdapo operator crd` output; a test keeps it fresh.
 
 Cross-field rules (CEL, `RUN_RULES` / `SPEC_RULES`): the invariants pydantic checks across fields
 (RunConfig's, the trainer's start-up checks, the workload's) are CEL rules too, so `kubectl apply`
