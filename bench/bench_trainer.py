@@ -99,8 +99,9 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     from asyncdapo.services.trainer.algos import grpo_advantages
     from asyncdapo.services.trainer.batch import build_batch
     from asyncdapo.services.trainer.dist import DistContext
-    from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
+    from asyncdapo.services.trainer.loop import Trainer
     from asyncdapo.services.trainer.model import compute_log_probs
+    from asyncdapo.services.trainer.trainer_options import TrainerOptions
     from asyncdapo.services.trainer.update import old_log_probs, ppo_update, rows_of_rank
     from asyncdapo.tools.data.synth import synth_splits
     from asyncdapo.tools.local.redis_server import RedisServer

@@ -42,6 +42,7 @@ def verifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VerifierServe
 def test_verifier_answers_every_request_in_bound(verifier: VerifierServer, case: schemathesis.Case) -> None:
     with answered(SURFACE, (case.method, case.path, case.body)):
         response = case.call(base_url=verifier.url, timeout=BOUND_MS / 1000)
+    assert response.status_code < 500 or response.status_code == 503, (case.method, case.path, response.text)
     if response.status_code == 503:  # documented: the pool is busy or not ready; retry later
         return
-    case.validate_response(response, checks=CHECKS)
+    case.validate_response(response, checks=CHECKS)  # raises on a response its schema does not allow

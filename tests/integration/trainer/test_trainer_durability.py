@@ -33,9 +33,10 @@ from asyncdapo.services.trainer.crash_points import CrashPoint
 from asyncdapo.services.trainer.data_feed import PromptFeed
 from asyncdapo.services.trainer.fence import TrainerFence, TrainerFenced
 from asyncdapo.services.trainer.groups_reader import GroupDropReason, GroupsReader
-from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
+from asyncdapo.services.trainer.loop import Trainer
 from asyncdapo.services.trainer.publish import VersionNotifier
 from asyncdapo.services.trainer.redis_io import TRAINER_REDIS_BACKOFF
+from asyncdapo.services.trainer.trainer_options import TrainerOptions
 from asyncdapo.tools.local.ports import free_port
 
 KEYS = RunKeys("durability")

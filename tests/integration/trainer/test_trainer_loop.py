@@ -15,8 +15,9 @@ from asyncdapo.contracts.prompts import PromptRecord
 from asyncdapo.contracts.redis_keys import GROUPS_CONSUMER_GROUP, RunKeys
 from asyncdapo.services.trainer.batch import build_batch
 from asyncdapo.services.trainer.dist import DistContext
-from asyncdapo.services.trainer.loop import Trainer, TrainerConfigError, TrainerOptions
+from asyncdapo.services.trainer.loop import Trainer
 from asyncdapo.services.trainer.model import compute_log_probs, load_policy, resolve_precision
+from asyncdapo.services.trainer.trainer_options import TrainerConfigError, TrainerOptions
 from asyncdapo.services.trainer.update import UpdateSettings, ppo_update
 
 

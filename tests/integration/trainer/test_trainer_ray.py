@@ -12,7 +12,8 @@ import required
 
 from asyncdapo.contracts.redis_keys import GROUP_FIELD, RunKeys
 from asyncdapo.services.trainer.launch import launch_ray
-from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
+from asyncdapo.services.trainer.loop import Trainer
+from asyncdapo.services.trainer.trainer_options import TrainerOptions
 
 
 @pytest.mark.slow

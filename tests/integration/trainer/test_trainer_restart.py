@@ -19,7 +19,8 @@ import yaml
 
 from asyncdapo.contracts.redis_keys import GROUP_FIELD, GROUPS_CONSUMER_GROUP, RunKeys
 from asyncdapo.services.trainer.crash_points import ENV, SimulatedCrash
-from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
+from asyncdapo.services.trainer.loop import Trainer
+from asyncdapo.services.trainer.trainer_options import TrainerOptions
 
 STEPS = 4
 # publish (and so checkpoint) every 2 steps: steps 1 and 3 live only in memory until 2 and 4

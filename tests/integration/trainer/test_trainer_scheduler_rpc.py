@@ -23,8 +23,9 @@ from prometheus_client import generate_latest
 
 from asyncdapo.contracts.redis_keys import RunKeys
 from asyncdapo.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
-from asyncdapo.services.trainer.loop import Trainer, TrainerOptions, TrainerStateError
+from asyncdapo.services.trainer.loop import Trainer
 from asyncdapo.services.trainer.publish import PublishError, VersionNotifier
+from asyncdapo.services.trainer.trainer_options import TrainerOptions, TrainerStateError
 from asyncdapo.tools.local.ports import free_port
 
 TOKEN = "s3cret"

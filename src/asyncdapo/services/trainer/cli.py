@@ -65,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     from asyncdapo.runtime.grpc_security import ClientTls, read_token_file
     from asyncdapo.runtime.redis_conn import apply_password_flag, check_auth, sync_client
     from asyncdapo.services.trainer.launch import run_training
-    from asyncdapo.services.trainer.loop import TrainerOptions
+    from asyncdapo.services.trainer.trainer_options import TrainerOptions
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

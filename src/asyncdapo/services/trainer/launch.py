@@ -22,7 +22,8 @@ from typing import Any
 
 from asyncdapo.contracts.config import RunConfig
 from asyncdapo.services.trainer.checkpoint import TrainerState
-from asyncdapo.services.trainer.loop import Trainer, TrainerOptions
+from asyncdapo.services.trainer.loop import Trainer
+from asyncdapo.services.trainer.trainer_options import TrainerOptions
 
 log = logging.getLogger(__name__)
 

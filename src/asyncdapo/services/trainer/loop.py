@@ -29,14 +29,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from asyncdapo.contracts.config import OldLogProbSource, RunConfig, WeightTransport
-from asyncdapo.contracts.errors import AsyncdapoError
 from asyncdapo.contracts.redis_keys import RunKeys
 from asyncdapo.contracts.v1 import rollout_pb2, scheduler_pb2
 from asyncdapo.runtime.redis_outage import RedisWaiter
@@ -46,7 +45,7 @@ from asyncdapo.services.trainer.checkpoint import CheckpointStore, TrainerState
 from asyncdapo.services.trainer.crash_points import CrashPoint, SimulatedCrash, maybe_crash
 from asyncdapo.services.trainer.data_feed import Cursor, PromptFeed, make_encoder
 from asyncdapo.services.trainer.dist import DistContext
-from asyncdapo.services.trainer.fence import DEFAULT_LEASE_S, TrainerFence, TrainerFenced, default_trainer_id
+from asyncdapo.services.trainer.fence import TrainerFence, TrainerFenced
 from asyncdapo.services.trainer.fsdp import Sharding, hf_model, unwrap
 from asyncdapo.services.trainer.groups_reader import (
     Entry,
@@ -74,56 +73,14 @@ from asyncdapo.services.trainer.publish import (
 from asyncdapo.services.trainer.redis_io import TRAINER_REDIS_BACKOFF, connect
 from asyncdapo.services.trainer.tracking import open_tracking
 from asyncdapo.services.trainer.tracking.rollout_metrics import scheduler_status_source
+from asyncdapo.services.trainer.trainer_options import (
+    TrainerOptions,
+    TrainerStateError,
+    check_config,
+)
 from asyncdapo.services.trainer.update import UpdateSettings, old_log_probs, ppo_update, rows_of_rank
 
 log = logging.getLogger(__name__)
-
-
-class TrainerConfigError(AsyncdapoError, ValueError):
-    """The run config cannot work with this trainer setup; the message names the fields."""
-
-
-class TrainerStateError(AsyncdapoError, RuntimeError):
-    """Durable state (checkpoints, Redis, scheduler) is inconsistent; the message says how."""
-
-
-@dataclass
-class TrainerOptions:
-    redis_url: str
-    out_dir: Path  # metrics.jsonl, trained.jsonl; checkpoints go to cfg.trainer.checkpoint_dir
-    scheduler: str | None = None
-    token: str | None = None
-    scheduler_tls_ca: str | None = None  # PEM CA: call the scheduler over TLS
-    metrics_port: int | None = None
-    consumer: str = "trainer-0"
-    poll_ms: int = 500
-    max_wait_s: float | None = None  # give up when no group arrives for this long (None: wait forever)
-    max_steps: int | None = None  # stop after this many steps in this process (None: until total_steps)
-    # the lease holder's id: unique per process by default; the same id takes its own lease over at
-    # once (a restart of the same container), any other waits for it to expire
-    trainer_id: str = field(default_factory=default_trainer_id)
-    lease_s: float = DEFAULT_LEASE_S
-    # trainer.weight_transport stream: where the WeightStore listens, and the address gateways dial
-    # (None: the listen host with the bound port)
-    weight_store_listen: str = "127.0.0.1:0"
-    weight_store_advertise: str | None = None
-
-
-def check_config(cfg: RunConfig) -> None:
-    t, s = cfg.trainer, cfg.rollout.max_staleness
-    # on the exact s, not its window: steps v .. v + k - 1 train on groups of version v, so the bound
-    # floor((v + 1 + s)·B) must reach (v + k)·B
-    if t.publish_every > 1 and s < t.publish_every - 1:
-        raise TrainerConfigError(
-            f"trainer.publish_every={t.publish_every} needs rollout.max_staleness >= {t.publish_every - 1}: "
-            "groups are produced by published versions only, so with less staleness the trainer waits forever"
-        )
-    rows = t.ppo_mini_batch_size * cfg.rollout.n
-    if t.workers > rows:
-        raise TrainerConfigError(
-            f"trainer.workers={t.workers} exceeds the {rows} responses of a mini-batch "
-            "(trainer.ppo_mini_batch_size x rollout.n)"
-        )
 
 
 class Trainer:
