@@ -12,7 +12,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: src-path install sim-native redis prometheus demo demo-assets test test-unit test-integration test-e2e lint proto proto-check \
-        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-redis-fsync bench-soak bench-weights bench-summary fuzz chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests
+        bench-verifier bench-gateway bench-scheduler bench-trainer bench-e2e bench-longtail bench-simulator bench-simulator-longtail bench-simulator-whatif bench-sim-papers bench-redis-fsync bench-soak bench-weights bench-summary fuzz chaos chaos-vllm gpu-check gpu-check-bundle clean deploy-manifests image-locks
 
 install: $(STAMP) redis prometheus sim-native
 
@@ -167,6 +167,11 @@ bench-redis-fsync: install
 # gateway to gateway) vs a snapshot directory, on real vllm-cpu gateways: the tiny model and a random
 # Qwen2.5-0.5B-shaped one (built once, cached under runs/cache), 2 and 4 gateways, 3 interleaved runs.
 bench-weights: install $(CACHE)/tiny-model/config.json
+# The simulator against published speed-ups (asyncdapo.tools.simulate.published): both arms of each
+# published comparison on 3 seeds, then each modelled cost switched off (~4 min, simulated only).
+bench-sim-papers: install
+	$(RECORD) bench_sim_papers -- $(BIN)/python bench/bench_sim_papers.py
+
 	$(BIN)/python bench/bench_weights.py
 
 # Redis memory and AOF size over hundreds of versions of the whole loop (real processes, sim gateways).

@@ -1,19 +1,28 @@
 """What one simulated mode measured, the ideal it is held against, and the comparison's outputs
 (a table, JSON, a PNG, `RESULT` lines).
 
-The ideal of a step is what an oracle scheduler could not beat on this cluster: the B groups it
-trains, chosen without bias (the first B valid groups in queue order, first attempts — what sync
-trains), cost at least their critical path (the longest response decoded alone) and their token
-volume on the cluster's decode throughput (every engine at the concurrency the KV cache and
-`max_num_seqs` allow, or that B·n responses fill). It leaves out the filtered groups every real
-policy must generate to find the valid ones: an efficiency of 1 is out of reach by design. A mode
-with s = 0 cannot overlap training with rollout, so its ideal step is ideal rollout + train + sync;
-with s ≥ 1 it is the larger of the two, and a response may span s + 1 versions, so the critical
-path counts 1 / (s + 1) per step. An efficiency above 1 is possible only by training a biased
-selection (shorter answers: see the bias column) — the ideal is for an unbiased one.
+The ideal step is one lower bound per workload and cluster, the same for every mode at equal
+trained length: no scheduler, whatever its staleness, trains B groups of n responses of mean
+length L in less than
 
-Trained-length bias: the mean response length the mode trained on against the unbiased selection
-(and against sync, when sync ran): a policy that wins by training on shorter answers shows it here.
+    max(volume(L), train(L) + weight update)
+
+- volume: the B·n·L trained tokens on the cluster's best decode throughput (every engine at the
+  largest concurrency its KV cache and `max_num_seqs` allow, each decoder's context taken at the
+  prompt plus half its response: a token-weighted mean context is never shorter);
+- train + weight update: the trainer's step on those tokens, its publish, and the update until
+  every engine serves the new weights (`ClusterProfile.weight_update_s`) — the trainer starts no
+  step before that.
+
+It leaves out what some modes pay and others hide: the critical path (the longest response decoded
+alone, a floor for sync; with s ≥ 1 it spreads over versions), the filtered groups every policy
+must generate to find the valid ones, prefills. So an efficiency of 1 is out of reach by design,
+and a mode's efficiency above 1 means the bound is wrong: the report refuses it
+(`EfficiencyError`). A mode that trains shorter answers is held to the ideal at its own trained
+length; its speed-up is shown beside the length-matched one (trained tokens per second against
+sync's) and the trained-length bias (the mean response length it trained on against the unbiased
+selection — the first B valid groups in queue order, first attempts, what sync trains — and
+against sync).
 """
 
 from __future__ import annotations
@@ -29,32 +38,80 @@ from typing import Any
 import numpy as np
 
 from asyncdapo.contracts.config import RunConfig
-from asyncdapo.tools.simulate.profile import ClusterProfile
+from asyncdapo.tools.simulate.profile import ClusterProfile, Placement
 from asyncdapo.tools.simulate.records import SimResult
+from asyncdapo.tools.simulate.simulation_error import SimulationError
 from asyncdapo.tools.simulate.workload import Sampler
 
 IDEAL_START = 20_000_000  # prompt indices of the ideal's samples, away from any run's own
 
 
+class EfficiencyError(SimulationError):
+    """A mode measured faster than the ideal step, which is a lower bound: a bug in the model or
+    the bound, never a figure to print."""
+
+
+@dataclass(frozen=True)
+class StepFloor:
+    """The ideal step at one trained length (see the module docstring)."""
+
+    length: float  # mean trained response length (tokens)
+    volume_s: float
+    train_s: float  # the trainer's step and publish
+    update_s: float  # the weight update until every engine serves it
+    concurrency: int  # decoders per engine the volume assumes
+
+    @property
+    def step_s(self) -> float:
+        return max(self.volume_s, self.train_s + self.update_s)
+
+
+def step_floor(cfg: RunConfig, cluster: ClusterProfile, length: float, prompt: float) -> StepFloor:
+    """The ideal step for B groups of n responses of mean `length` after prompts of mean `prompt`."""
+    B, n = cfg.data.train_batch_size, cfg.rollout.n
+    e = cluster.engine
+    ctx = prompt + length / 2
+    m = max(1, min(e.max_num_seqs, int(e.kv_capacity_tokens // max(ctx, 1.0))))
+    tput = cluster.engines * m / e.step_s(m, int(m * ctx))
+    seqs = B * n
+    t = cluster.trainer
+    train = t.step_s(int(seqs * (prompt + length)), seqs) + t.publish_s + cluster.weight_sync.trainer_write_s
+    if cluster.placement is Placement.COLOCATED:
+        train += cluster.switch_s
+    return StepFloor(length, seqs * length / tput, train, cluster.weight_update_s(), m)
+
+
 @dataclass
 class Ideal:
-    rollout_s: float  # mean over the sampled steps
-    critical_path_s: float
+    """The unbiased selection's figures on one cluster: what the step floor is computed from."""
+
+    rollout_s: float  # mean over the sampled steps: max(critical path, volume at the concurrency B·n fills)
+    critical_path_s: float  # the longest response decoded alone: sync's floor, hidden by s >= 1
     volume_s: float
     mean_length: float  # unbiased trained response length
     concurrency: int  # sequences per engine assumed
     per_step: list[tuple[float, float]] = field(default_factory=list)  # (critical path, volume)
+    prompt_length: float = 0.0  # mean prompt of the trained groups
+    cfg: RunConfig | None = None
+    cluster: ClusterProfile | None = None
 
     def rollout_for(self, staleness: float) -> float:
         """With s >= 1 a response may span s + 1 versions: its critical path is spread over them."""
         return statistics.fmean(max(c / (staleness + 1), v) for c, v in self.per_step)
+
+    def floor(self, length: float | None = None) -> StepFloor:
+        """The ideal step at a trained `length` (default: the unbiased one)."""
+        assert self.cfg is not None and self.cluster is not None, "an Ideal made by ideal()"
+        return step_floor(
+            self.cfg, self.cluster, self.mean_length if length is None else length, self.prompt_length
+        )
 
 
 def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, steps: int = 8) -> Ideal:
     B, n, cap = cfg.data.train_batch_size, cfg.rollout.n, cfg.data.max_response_length
     e = cluster.engine
     i = IDEAL_START
-    cps, vols, lens, concs = [], [], [], []
+    cps, vols, lens, concs, proms = [], [], [], [], []
     for _ in range(steps):
         picked: list[np.ndarray] = []
         prompts: list[int] = []
@@ -81,6 +138,7 @@ def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, steps: int
         cps.append(lmax * e.step_s(1, int(prompt + lmax / 2)))
         lens.append(mean)
         concs.append(m)
+        proms.append(prompt)
     per_step = [max(c, v) for c, v in zip(cps, vols, strict=True)]
     return Ideal(
         rollout_s=statistics.fmean(per_step),
@@ -89,6 +147,9 @@ def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, steps: int
         mean_length=statistics.fmean(lens),
         concurrency=int(statistics.median(concs)),
         per_step=list(zip(cps, vols, strict=True)),
+        prompt_length=statistics.fmean(proms),
+        cfg=cfg,
+        cluster=cluster,
     )
 
 
@@ -105,6 +166,7 @@ class ModeReport:
     ideal_step_s: float
     efficiency: float
     speedup_vs_sync: float | None
+    speedup_length_matched: float | None  # trained tokens per second against sync's
     tokens_generated: int
     tokens_aborted: int
     tokens_trained: int
@@ -142,15 +204,18 @@ def mode_report(
     train = statistics.fmean(s.train_s for s in steps)
     sync = statistics.fmean(s.sync_s for s in steps)
     s_bound = cfg.rollout.max_staleness
-    ideal_rollout = ideal_.rollout_for(s_bound)
-    # the bound lets rollout make min(s, 1)·B of the next step's groups while a step trains; the rest
-    # waits for the publish (s = 0: all of it, s >= 1: none)
-    overlap = min(s_bound, 1.0)
-    ideal_step = max(ideal_rollout, train + sync + (1.0 - overlap) * ideal_rollout)
     step_s = statistics.fmean(body)
     stale: Counter[int] = Counter(x for s in steps for x in s.staleness)
     trained_tokens = sum(s.tokens for s in steps)
     trained_len = trained_tokens / max(1, sum(len(s.staleness) for s in steps) * cfg.rollout.n)
+    ideal_step = ideal_.floor(trained_len).step_s
+    efficiency = ideal_step / step_s if step_s > 0 else float("nan")
+    if efficiency > 1.0 + 1e-9:
+        raise EfficiencyError(
+            f"{mode}: a step of {step_s:.3f} s beats the ideal {ideal_step:.3f} s at its trained length "
+            f"{trained_len:.0f} (efficiency {efficiency:.3f}): the ideal is a lower bound, so the model or "
+            "the bound is wrong; no figure is printed"
+        )
     return ModeReport(
         mode=mode,
         staleness_bound=s_bound,
@@ -161,8 +226,9 @@ def mode_report(
         train_s=train,
         sync_s=sync,
         ideal_step_s=ideal_step,
-        efficiency=ideal_step / step_s if step_s > 0 else float("nan"),
+        efficiency=efficiency,
         speedup_vs_sync=None,
+        speedup_length_matched=None,
         tokens_generated=res.decode_tokens,
         tokens_aborted=res.aborted_tokens,
         tokens_trained=trained_tokens,
@@ -202,19 +268,21 @@ def compare(reports: list[ModeReport]) -> None:
     for r in reports:
         r.speedup_vs_sync = sync.step_s / r.step_s
         r.length_bias_vs_sync = r.trained_length / sync.trained_length - 1.0
+        r.speedup_length_matched = r.speedup_vs_sync * r.trained_length / sync.trained_length
 
 
 def table(reports: list[ModeReport]) -> str:
     lines = [
-        f"{'mode':<16} {'step s':>9} {'wait s':>9} {'ideal s':>9} {'eff':>6} {'vs sync':>7} "
+        f"{'mode':<16} {'step s':>9} {'wait s':>9} {'ideal s':>9} {'eff':>6} {'vs sync':>7} {'len-m':>6} "
         f"{'gen tok':>10} {'abort tok':>10} {'att':>6} {'idle':>6} {'len':>8} {'bias':>7} stale"
     ]
     for r in reports:
         vs = f"{r.speedup_vs_sync:.2f}x" if r.speedup_vs_sync is not None else "-"
         bias = f"{r.length_bias_vs_sync:+.1%}" if r.length_bias_vs_sync is not None else "-"
+        lm = f"{r.speedup_length_matched:.2f}x" if r.speedup_length_matched is not None else "-"
         stale = ",".join(f"{k}:{v}" for k, v in r.staleness.items())
         lines.append(
-            f"{r.mode:<16} {r.step_s:>9.1f} {r.rollout_s:>9.1f} {r.ideal_step_s:>9.1f} {r.efficiency:>6.2f} {vs:>7} "
+            f"{r.mode:<16} {r.step_s:>9.1f} {r.rollout_s:>9.1f} {r.ideal_step_s:>9.1f} {r.efficiency:>6.2f} {vs:>7} {lm:>6} "
             f"{r.tokens_generated:>10.3g} {r.tokens_aborted:>10.3g} {r.attempts_per_trained_prompt:>6.2f} "
             f"{r.engine_idle_fraction:>6.2f} {r.trained_length:>8.0f} {bias:>7} {stale}"
         )
@@ -226,9 +294,10 @@ def result_lines(reports: list[ModeReport], extra: dict[str, Any]) -> list[str]:
     for r in reports:
         vs = f"{r.speedup_vs_sync:.3f}" if r.speedup_vs_sync is not None else "na"
         bias = f"{r.length_bias_vs_sync:+.4f}" if r.length_bias_vs_sync is not None else "na"
+        lm = f"{r.speedup_length_matched:.3f}" if r.speedup_length_matched is not None else "na"
         out.append(
             f"RESULT mode={r.mode} step_s={r.step_s:.2f} rollout_s={r.rollout_s:.2f} ideal_step_s={r.ideal_step_s:.2f} "
-            f"efficiency={r.efficiency:.3f} speedup_vs_sync={vs} tokens_generated={r.tokens_generated} "
+            f"efficiency={r.efficiency:.3f} speedup_vs_sync={vs} speedup_length_matched={lm} tokens_generated={r.tokens_generated} "
             f"tokens_aborted={r.tokens_aborted} attempts={r.attempts_per_trained_prompt:.3f} "
             f"idle={r.engine_idle_fraction:.3f} trained_length={r.trained_length:.1f} length_bias_vs_sync={bias} "
             f"max_staleness={max(r.staleness) if r.staleness else 0}"

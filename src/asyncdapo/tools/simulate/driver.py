@@ -41,7 +41,7 @@ from asyncdapo.services.scheduler.tasks import PromptTask, Request
 from asyncdapo.tools.simulate.clock import VirtualClock
 from asyncdapo.tools.simulate.engine_model import DONE, Engine, Seq, seq_cost_table
 from asyncdapo.tools.simulate.host_load import HostLoad
-from asyncdapo.tools.simulate.profile import ClusterProfile
+from asyncdapo.tools.simulate.profile import ClusterProfile, Placement
 from asyncdapo.tools.simulate.prompt_feed import PromptFeed
 from asyncdapo.tools.simulate.records import Counts, SimResponse, SimResult, StepRecord, TrainedGroup
 from asyncdapo.tools.simulate.simulation_error import SimulationError
@@ -63,6 +63,7 @@ class Simulation:
 
     def __init__(self, cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, versions: int) -> None:
         ro = cfg.rollout
+        check_supported(cfg, cluster)
         self.cfg = cfg
         self.cluster = cluster
         self.workload = workload
@@ -148,6 +149,7 @@ class Simulation:
         self._sync_left = 0
         self._sync_t0 = 0.0
         self._step: dict[str, Any] = {}
+        self._transfer_s = 0.0  # the weight update in progress: its bytes' transfer with engines paused
         self.credited = 0
 
     # ------------------------------------------------------------------ run
@@ -287,7 +289,7 @@ class Simulation:
         g = self.by_engine[id(engine)]
         if self._step.get("mode") == "wait" and g.paused and not g.resuming:
             g.resuming = True
-            self.clock.after(self.cluster.engine.reload_s, self._resume_one, g)
+            self.clock.after(self._transfer_s + self.cluster.engine.reload_s, self._resume_one, g)
 
     # ------------------------------------------------------------------ verifier
     def _scored(self, jobs: list[ScoreResponse]) -> None:
@@ -397,7 +399,14 @@ class Simulation:
         batch = [self.stream.popleft() for _ in range(self.B)]
         tokens = sum(sum(g.lengths) + g.prompt * len(g.lengths) for g in batch)
         resp_tokens = sum(sum(g.lengths) for g in batch)
-        train_s = self.cluster.trainer.step_s(tokens, self.B * self.n) + self.cluster.trainer.publish_s
+        cl = self.cluster
+        # a snapshot is written before PublishWeights; colocated GPUs switch to training and back
+        train_s = (
+            cl.trainer.step_s(tokens, self.B * self.n)
+            + cl.trainer.publish_s
+            + cl.weight_sync.trainer_write_s
+            + (cl.switch_s if cl.placement is Placement.COLOCATED else 0.0)
+        )
         self.trainer_busy = True
         lengths = [x for g in batch for x in g.lengths]
         self._step = {
@@ -437,10 +446,22 @@ class Simulation:
         if self.load is not None:
             self.load.training = False
         self._step["t_trained"] = self.clock.now
+        self._sync_t0 = self.clock.now
+        # the bytes' way to the engines: fetched while they generate (stream), or with them paused
+        ws = self.cluster.weight_sync
+        transfer = ws.transfer_s(len(self.gws))
+        if ws.overlaps_generation and transfer > 0:
+            self.clock.after(transfer, self._pause_all, 0.0)
+        else:
+            self._pause_all(transfer)
+
+    def _pause_all(self, transfer_s: float) -> None:
+        """Pause every gateway for the update; each resumes `pause_s + transfer_s + reload_s` later
+        (`wait`: once drained, `transfer_s + reload_s` after)."""
         mode = self.cfg.rollout.weight_update_mode
         self._step["mode"] = mode.value
-        self._sync_t0 = self.clock.now
         self._sync_left = len(self.gws)
+        self._transfer_s = transfer_s
         e = self.cluster.engine
         for g in self.gws:
             g.paused = True
@@ -449,13 +470,13 @@ class Simulation:
                 g.engine.pause("wait")
                 if not g.engine.running:
                     g.resuming = True
-                    self.clock.after(e.pause_s + e.reload_s, self._resume_one, g)
+                    self.clock.after(e.pause_s + transfer_s + e.reload_s, self._resume_one, g)
                 continue
             returned = g.engine.pause(mode.value)
             for seq in returned:  # pause abort: the partial responses continue elsewhere
                 self._aborted_by_gateway(seq)
             g.resuming = True
-            self.clock.after(e.pause_s + e.reload_s, self._resume_one, g)
+            self.clock.after(e.pause_s + transfer_s + e.reload_s, self._resume_one, g)
         self.dispatch.pump()  # after the abort replies, as the dispatcher does (every gateway is paused)
 
     def _aborted_by_gateway(self, seq: Seq) -> None:
@@ -520,7 +541,16 @@ def _feed_index(pid: str, rows: int | None) -> int:
     return int(epoch) * rows + int(row) if rows else int(row)
 
 
-def check_supported(cfg: RunConfig) -> None:
+def check_supported(cfg: RunConfig, cluster: ClusterProfile | None = None) -> None:
+    if (
+        cluster is not None
+        and cluster.placement is Placement.COLOCATED
+        and cfg.rollout.mode is not RolloutMode.SYNC
+    ):
+        raise SimulationError(
+            f"cluster {cluster.name!r} is colocated (the trainer takes the engines' GPUs in turns): "
+            "only sync mode runs there; give async modes a disaggregated cluster"
+        )
     if cfg.rollout.mode is RolloutMode.SYNC and cfg.rollout.long_tail.policy is LongTailPolicy.PDSR:
         raise SimulationError("pdsr in sync mode is not a configuration the scheduler runs")
     if not math.isfinite(cfg.data.max_response_length):

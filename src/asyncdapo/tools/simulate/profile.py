@@ -29,7 +29,9 @@ arithmetic and assumptions in their `source` fields (docs/simulator.md lists the
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,109 @@ class TrainerProfile(_Model):
 
     def step_s(self, tokens: int, sequences: int) -> float:
         return self.base_s + self.per_token_s * tokens + self.per_sequence_s * sequences
+
+
+def trainer_from_flops(
+    params: float,
+    gpus: int,
+    peak_flops: float,
+    mfu: float,
+    *,
+    old_log_prob: bool = True,
+    base_s: float = 2.0,
+    publish_s: float = 0.0,
+) -> TrainerProfile:
+    """A trainer stated from first principles: 6 x `params` FLOPs per trained token (forward 2P,
+    backward 4P), plus 2P for the old-log-prob forward pass when the algorithm recomputes it (verl's
+    sync loop does; its fully_async recipe uses the rollout's log-probs instead), on `gpus` GPUs of
+    `peak_flops` dense FLOP/s each at model FLOPs utilisation `mfu`. Attention's own FLOPs (~12 x
+    layers x width x context per token) are left out: a stated MFU absorbs them."""
+    if not (0.0 < mfu <= 1.0) or gpus < 1 or params <= 0 or peak_flops <= 0:
+        raise ProfileError(
+            f"trainer_from_flops: params {params}, gpus {gpus}, peak {peak_flops}, mfu {mfu}: "
+            "need params > 0, gpus >= 1, peak > 0, 0 < mfu <= 1"
+        )
+    flops_per_token = (8.0 if old_log_prob else 6.0) * params
+    return TrainerProfile(
+        base_s=base_s, per_token_s=flops_per_token / (gpus * peak_flops * mfu), publish_s=publish_s
+    )
+
+
+class WeightTransport(StrEnum):
+    """How new weights reach the engines (`WeightSyncProfile`)."""
+
+    STREAM = "stream"  # ours (trainer.weight_transport stream): chunks over gRPC, relayed engine to engine
+    NCCL = "nccl"  # a collective broadcast from the trainer's ranks (verl's fully_async / one-step-off)
+    SNAPSHOT = "snapshot"  # the trainer writes a snapshot to shared storage, every engine reads it
+    COLOCATED = "colocated"  # trainer and engines share GPUs: a reshard over the node's links
+
+
+class WeightSyncProfile(_Model):
+    """What a weight update costs beyond the engine's own pause and in-place load
+    (`EngineProfile.pause_s`, `reload_s`): moving `weight_bytes` to every engine.
+
+    - `stream`: every engine fetches the chunks (4 MiB) before it pauses (LoadWeights fetch_only),
+      relayed along a tree of engines: `weight_bytes / link + hops x chunk / link`, hops =
+      ceil(log2(engines + 1)). The engines keep generating meanwhile.
+    - `nccl`: a pipelined broadcast, `weight_bytes / link` (+ `setup_s`); the engines are paused
+      for it (they load the tensors as they arrive).
+    - `snapshot`: the trainer writes once (`weight_bytes / write`, part of its publish), then every
+      engine reads from the shared volume, which serves `storage_bytes_per_s` in all: each read
+      takes `weight_bytes / min(link, storage / engines)`; paused meanwhile.
+    - `colocated`: the trainer's shards are gathered into the engines on the same GPUs:
+      `weight_bytes / link` over the node's links; paused (the GPUs are the trainer's meanwhile).
+
+    The trainer is not free before every engine has the new weights (PublishWeights returns then),
+    whichever transport."""
+
+    transport: WeightTransport = WeightTransport.STREAM
+    weight_bytes: float = Field(0.0, ge=0.0, description="The policy's weights as served (bytes).")
+    link_bytes_per_s: float = Field(
+        float("inf"), gt=0.0, description="One engine's share of the path the weights take (bytes/s)."
+    )
+    storage_bytes_per_s: float = Field(
+        float("inf"),
+        gt=0.0,
+        description="snapshot: the shared volume's read bandwidth, all readers together.",
+    )
+    write_bytes_per_s: float = Field(
+        float("inf"), gt=0.0, description="snapshot: the trainer's write bandwidth to the shared volume."
+    )
+    setup_s: float = Field(0.0, ge=0.0, description="Fixed cost of one update (communicator, manifest).")
+    chunk_bytes: float = Field(4 * 1024 * 1024, gt=0.0, description="stream: chunk size (bytes).")
+
+    def transfer_s(self, engines: int) -> float:
+        """Seconds from PublishWeights until every engine holds the bytes (the engines' own load
+        aside)."""
+        b, link = self.weight_bytes, self.link_bytes_per_s
+        if b <= 0:
+            return self.setup_s
+        if self.transport is WeightTransport.STREAM:
+            hops = math.ceil(math.log2(engines + 1))
+            return self.setup_s + b / link + hops * self.chunk_bytes / link
+        if self.transport is WeightTransport.SNAPSHOT:
+            return self.setup_s + b / min(link, self.storage_bytes_per_s / engines)
+        return self.setup_s + b / link  # nccl, colocated
+
+    @property
+    def overlaps_generation(self) -> bool:
+        """Whether the engines keep generating while the bytes travel (only `stream` fetches
+        before it pauses)."""
+        return self.transport is WeightTransport.STREAM
+
+    @property
+    def trainer_write_s(self) -> float:
+        """snapshot: the trainer's write, before PublishWeights (added to its publish)."""
+        if self.transport is WeightTransport.SNAPSHOT and self.weight_bytes > 0:
+            return self.weight_bytes / self.write_bytes_per_s
+        return 0.0
+
+
+class Placement(StrEnum):
+    """Where the trainer runs relative to the engines."""
+
+    DISAGGREGATED = "disaggregated"  # its own GPUs: rollout and training can overlap
+    COLOCATED = "colocated"  # the engines' GPUs, in turns (verl's hybrid engine): sync only
 
 
 class VerifierProfile(_Model):
@@ -296,10 +401,31 @@ class ClusterProfile(_Model):
     heavy_fraction: float = Field(
         0.25, gt=0.0, lt=1.0, description="pdsr: share of the engines in the heavy pool."
     )
+    weight_sync: WeightSyncProfile = Field(
+        default_factory=WeightSyncProfile,
+        description="How new weights reach the engines (default: no bytes to move, only the engines' "
+        "pause_s and reload_s).",
+    )
+    placement: Placement = Field(
+        Placement.DISAGGREGATED,
+        description="colocated: the trainer takes the engines' GPUs in turns (sync mode only), paying "
+        "switch_s per step.",
+    )
+    switch_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="colocated: the GPUs' switch from rollout to training and back per step (the "
+        "engines' KV cache released and re-allocated, the trainer's state moved on and off) (s).",
+    )
     host: HostCpuContention | None = Field(
         None, description="CPU profiles: the host's cores shared by engines and control plane (None: GPUs)."
     )
     source: str = Field("", description="Where the figures come from, and the arithmetic.")
+
+    def weight_update_s(self) -> float:
+        """The least time from the trainer's publish until every engine serves the new weights."""
+        e = self.engine
+        return e.pause_s + self.weight_sync.transfer_s(self.engines) + e.reload_s
 
     def with_engines(self, engines: int) -> ClusterProfile:
         """The same cluster shape at `engines` engines: the trainer keeps its share of the GPUs
@@ -349,9 +475,8 @@ H100_32B_TP4 = EngineProfile(
 
 
 def _trainer(params: float, gpus: int, mfu: float = 0.40, publish_s: float = 5.0) -> TrainerProfile:
-    """8 x parameters FLOPs per trained token (forward + backward 6P, the old log-prob pass 2P) on
-    `gpus` H100s at `mfu`."""
-    return TrainerProfile(base_s=2.0, per_token_s=8 * params / (gpus * 989e12 * mfu), publish_s=publish_s)
+    """`trainer_from_flops` on `gpus` H100s (989 TFLOP/s bf16 dense) with the old log-prob pass."""
+    return trainer_from_flops(params, gpus, 989e12, mfu, publish_s=publish_s)
 
 
 _GPU_SOURCE = (

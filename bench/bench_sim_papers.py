@@ -1,0 +1,188 @@
+"""SIMULATOR against published results: each published comparison (asyncdapo.tools.simulate.published)
+simulated in its sync arm and its async arm, on 3 seeds interleaved; the simulated speed-up held
+against the published one (goal: simulated / published in 0.8-1.25), the sync arm's rollout phase
+against the paper's, and the trained-length bias beside a length-matched speed-up (trained tokens
+per second). Then, seed 0, each modelled cost switched off in turn: how far it moves the speed-up
+says which cost explains a miss.
+
+Usage: python bench/bench_sim_papers.py [--versions 8] [--seeds 0,1,2] [--out runs/bench-sim-papers]
+
+Everything here is simulated; the published figures are the papers'. Last line:
+RESULT papers=N within=K max_ratio_err=E ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from asyncdapo.contracts.config import RunConfig
+from asyncdapo.tools.simulate.comparison import ModeReport, ideal, mode_report
+from asyncdapo.tools.simulate.driver import Simulation
+from asyncdapo.tools.simulate.modes import mode_config
+from asyncdapo.tools.simulate.profile import ClusterProfile
+from asyncdapo.tools.simulate.published import PUBLISHED, Arm, PublishedResult
+from asyncdapo.tools.simulate.workload import Workload
+
+LOW, HIGH = 0.8, 1.25
+
+
+def _merge(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in upd.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def simulate_arm(res: PublishedResult, arm: Arm, seed: int, versions: int) -> ModeReport:
+    base = RunConfig.model_validate(res.run)
+    cfg = mode_config(base, arm.mode)
+    if arm.config:
+        cfg = RunConfig.model_validate(_merge(cfg.model_dump(mode="json"), arm.config))
+    wl = Workload(res.workload, seed)
+    out = Simulation(cfg, arm.cluster, wl, versions).simulate()
+    return mode_report(arm.mode, cfg, out, ideal(cfg, arm.cluster, wl), 0.0)
+
+
+Switch = Callable[[ClusterProfile, bool], ClusterProfile]
+
+
+def _engine(cl: ClusterProfile, **upd: Any) -> ClusterProfile:
+    return cl.model_copy(update={"engine": cl.engine.model_copy(update=upd)})
+
+
+# each modelled cost, switched off: (cluster, is_sync_arm) -> cluster
+SWITCHES: dict[str, Switch] = {
+    "trainer (both arms)": lambda cl, _s: cl.model_copy(
+        update={
+            "trainer": cl.trainer.model_copy(update={"base_s": 0.0, "per_token_s": 0.0, "publish_s": 0.0})
+        }
+    ),
+    "old-log-prob pass (sync arm)": lambda cl, s: (
+        cl.model_copy(
+            update={"trainer": cl.trainer.model_copy(update={"per_token_s": cl.trainer.per_token_s * 6 / 8})}
+        )
+        if s
+        else cl
+    ),
+    "colocated switch (sync arm)": lambda cl, _s: cl.model_copy(update={"switch_s": 0.0}),
+    "weight transfer (both)": lambda cl, _s: cl.model_copy(
+        update={"weight_sync": cl.weight_sync.model_copy(update={"weight_bytes": 0.0})}
+    ),
+    "prefill incl. resume (both)": lambda cl, _s: _engine(cl, prefill_per_token_s=0.0),
+    "KV preemption (both)": lambda cl, _s: _engine(cl, kv_capacity_tokens=1 << 40),
+}
+
+
+def _with(res: PublishedResult, switch: Switch) -> PublishedResult:
+    return replace(
+        res,
+        sync=replace(res.sync, cluster=switch(res.sync.cluster, True)),
+        asynchronous=replace(res.asynchronous, cluster=switch(res.asynchronous.cluster, False)),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--versions", type=int, default=8)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--only", default="", help="comma-separated result names (default: all)")
+    ap.add_argument("--no-switches", action="store_true", help="skip the cost attribution")
+    ap.add_argument("--out", default="runs/bench-sim-papers")
+    args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    chosen = [PUBLISHED[n] for n in args.only.split(",")] if args.only else list(PUBLISHED.values())
+    c0, load0 = time.process_time(), os.getloadavg()[0]
+    rows: list[dict[str, Any]] = []
+    print(
+        "SIMULATOR against published results (every simulated figure is simulated; published ones are the papers')"
+    )
+    for res in chosen:
+        runs: list[tuple[ModeReport, ModeReport]] = []
+        for seed in seeds:  # the two arms interleaved, seed by seed
+            runs.append(
+                (
+                    simulate_arm(res, res.sync, seed, args.versions),
+                    simulate_arm(res, res.asynchronous, seed, args.versions),
+                )
+            )
+        sp = [s.step_s / a.step_s for s, a in runs]
+        lm = [x * a.trained_length / s.trained_length for x, (s, a) in zip(sp, runs, strict=True)]
+        med = statistics.median(sp)
+        ratio = med / res.published_speedup
+        row: dict[str, Any] = {
+            "name": res.name,
+            "source": res.source,
+            "published_speedup": round(res.published_speedup, 3),
+            "simulated_speedup": round(med, 3),
+            "speedup_spread": [round(min(sp), 3), round(max(sp), 3)],
+            "ratio": round(ratio, 3),
+            "within": LOW <= ratio <= HIGH,
+            "length_matched_speedup": round(statistics.median(lm), 3),
+            "length_bias": round(
+                statistics.median(a.trained_length / s.trained_length - 1 for s, a in runs), 4
+            ),
+            "sync_step": [res.sync.published_step_s, round(statistics.median(s.step_s for s, _ in runs), 1)],
+            "sync_gen": [res.sync.published_gen_s, round(statistics.median(s.rollout_s for s, _ in runs), 1)],
+            "sync_train": round(statistics.median(s.train_s for s, _ in runs), 1),
+            "async_step": [
+                res.asynchronous.published_step_s,
+                round(statistics.median(a.step_s for _, a in runs), 1),
+            ],
+            "async_train": round(statistics.median(a.train_s for _, a in runs), 1),
+            "efficiency": [
+                round(statistics.median(s.efficiency for s, _ in runs), 3),
+                round(statistics.median(a.efficiency for _, a in runs), 3),
+            ],
+            "assumptions": list(res.assumptions),
+        }
+        print(
+            f"\n{res.name}  ({res.source})\n"
+            f"  sync  step: published {row['sync_step'][0]:.1f} s, simulated {row['sync_step'][1]:.1f} s "
+            f"(rollout {row['sync_gen'][0]:.1f} vs {row['sync_gen'][1]:.1f} s; train {row['sync_train']:.1f} s)\n"
+            f"  async step: published {row['async_step'][0]:.1f} s, simulated {row['async_step'][1]:.1f} s "
+            f"(train {row['async_train']:.1f} s)\n"
+            f"  speed-up: published {res.published_speedup:.2f}x, simulated {med:.2f}x "
+            f"[{min(sp):.2f}-{max(sp):.2f} over seeds {args.seeds}], ratio {ratio:.2f} "
+            f"({'within' if row['within'] else 'OUTSIDE'} {LOW}-{HIGH}); length-matched {row['length_matched_speedup']:.2f}x "
+            f"at a trained-length bias of {row['length_bias']:+.1%}",
+            flush=True,
+        )
+        if not args.no_switches:
+            moved = {}
+            for label, switch in SWITCHES.items():
+                alt = _with(res, switch)
+                s = simulate_arm(alt, alt.sync, seeds[0], args.versions)
+                a = simulate_arm(alt, alt.asynchronous, seeds[0], args.versions)
+                moved[label] = round(s.step_s / a.step_s, 3)
+                print(
+                    f"    without {label:<30} speed-up {s.step_s / a.step_s:5.2f}x "
+                    f"(sync {s.step_s:7.1f} s, async {a.step_s:7.1f} s)",
+                    flush=True,
+                )
+            row["speedup_without"] = moved
+            row["speedup_seed0"] = round(sp[0], 3)
+        rows.append(row)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "papers.json").write_text(json.dumps(rows, indent=1) + "\n")
+    errs = [max(r["ratio"], 1 / r["ratio"]) - 1 for r in rows]
+    within = sum(r["within"] for r in rows)
+    print(f"\nwrote {out / 'papers.json'}")
+    print(
+        f"RESULT papers={len(rows)} within={within} max_ratio_err={max(errs):.3f} "
+        + " ".join(f"ratio_{r['name']}={r['ratio']}" for r in rows)
+        + f" versions={args.versions} seeds={len(seeds)} cpu_s={time.process_time() - c0:.1f} "
+        f"loadavg={load0:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
