@@ -1,8 +1,8 @@
 """SIMULATOR against published results: each published comparison (asyncdapo.tools.simulate.published)
-simulated in its sync arm and its async arm, on 3 seeds interleaved; the simulated speed-up held
-against the published one (goal: simulated / published in 0.8-1.25), the sync arm's rollout phase
-against the paper's, and the trained-length bias beside a length-matched speed-up (trained tokens
-per second). Then, seed 0, each modelled cost switched off in turn: how far it moves the speed-up
+simulated in its sync arm and its async arm, on 3 seeds interleaved; the simulated speed-up at equal
+trained length (trained tokens per second, as the papers' modes train every sample they generate)
+held against the published one (goal: simulated / published in 0.8-1.25), the raw step-time
+speed-up and the trained-length bias beside it, the sync arm's rollout phase against the paper's. Then, seed 0, each modelled cost switched off in turn: how far it moves the speed-up
 says which cost explains a miss.
 
 Usage: python bench/bench_sim_papers.py [--versions 8] [--seeds 0,1,2] [--out runs/bench-sim-papers]
@@ -27,7 +27,6 @@ from asyncdapo.contracts.config import RunConfig
 from asyncdapo.tools.simulate.comparison import ModeReport, ideal, mode_report
 from asyncdapo.tools.simulate.driver import Simulation
 from asyncdapo.tools.simulate.modes import mode_config
-from asyncdapo.tools.simulate.profile import ClusterProfile
 from asyncdapo.tools.simulate.published import PUBLISHED, Arm, PublishedResult
 from asyncdapo.tools.simulate.workload import Workload
 
@@ -51,42 +50,42 @@ def simulate_arm(res: PublishedResult, arm: Arm, seed: int, versions: int) -> Mo
     return mode_report(arm.mode, cfg, out, ideal(cfg, arm.cluster, wl), 0.0)
 
 
-Switch = Callable[[ClusterProfile, bool], ClusterProfile]
+Switch = Callable[[Arm, bool], Arm]
 
 
-def _engine(cl: ClusterProfile, **upd: Any) -> ClusterProfile:
-    return cl.model_copy(update={"engine": cl.engine.model_copy(update=upd)})
+def _cluster(arm: Arm, **upd: Any) -> Arm:
+    return replace(arm, cluster=arm.cluster.model_copy(update=upd))
 
 
-# each modelled cost, switched off: (cluster, is_sync_arm) -> cluster
+def _engine(arm: Arm, **upd: Any) -> Arm:
+    return _cluster(arm, engine=arm.cluster.engine.model_copy(update=upd))
+
+
+def _flops_trainer(arm: Arm, _sync: bool) -> Arm:
+    assert arm.flops_trainer is not None
+    return _cluster(arm, trainer=arm.flops_trainer)
+
+
+# each modelled cost switched off, or an input replaced: (arm, is_sync_arm) -> arm
 SWITCHES: dict[str, Switch] = {
-    "trainer (both arms)": lambda cl, _s: cl.model_copy(
-        update={
-            "trainer": cl.trainer.model_copy(update={"base_s": 0.0, "per_token_s": 0.0, "publish_s": 0.0})
-        }
+    "trainer from FLOPs at 40 % MFU": _flops_trainer,
+    "no trainer (both arms)": lambda a, _s: _cluster(
+        a, trainer=a.cluster.trainer.model_copy(update={"base_s": 0.0, "per_token_s": 0.0, "publish_s": 0.0})
     ),
-    "old-log-prob pass (sync arm)": lambda cl, s: (
-        cl.model_copy(
-            update={"trainer": cl.trainer.model_copy(update={"per_token_s": cl.trainer.per_token_s * 6 / 8})}
-        )
-        if s
-        else cl
+    "no trainer streaming (async arm)": lambda a, _s: _cluster(
+        a, trainer=a.cluster.trainer.model_copy(update={"stream_chunks": 1})
     ),
-    "colocated switch (sync arm)": lambda cl, _s: cl.model_copy(update={"switch_s": 0.0}),
-    "weight transfer (both)": lambda cl, _s: cl.model_copy(
-        update={"weight_sync": cl.weight_sync.model_copy(update={"weight_bytes": 0.0})}
+    "no colocated rest (sync arm)": lambda a, _s: _cluster(a, switch_s=0.0),
+    "no weight transfer (both)": lambda a, _s: _cluster(
+        a, weight_sync=a.cluster.weight_sync.model_copy(update={"weight_bytes": 0.0})
     ),
-    "prefill incl. resume (both)": lambda cl, _s: _engine(cl, prefill_per_token_s=0.0),
-    "KV preemption (both)": lambda cl, _s: _engine(cl, kv_capacity_tokens=1 << 40),
+    "no prefill incl. resume (both)": lambda a, _s: _engine(a, prefill_per_token_s=0.0),
+    "no KV preemption (both)": lambda a, _s: _engine(a, kv_capacity_tokens=1 << 40),
 }
 
 
 def _with(res: PublishedResult, switch: Switch) -> PublishedResult:
-    return replace(
-        res,
-        sync=replace(res.sync, cluster=switch(res.sync.cluster, True)),
-        asynchronous=replace(res.asynchronous, cluster=switch(res.asynchronous.cluster, False)),
-    )
+    return replace(res, sync=switch(res.sync, True), asynchronous=switch(res.asynchronous, False))
 
 
 def main() -> None:
@@ -116,7 +115,12 @@ def main() -> None:
         sp = [s.step_s / a.step_s for s, a in runs]
         lm = [x * a.trained_length / s.trained_length for x, (s, a) in zip(sp, runs, strict=True)]
         med = statistics.median(sp)
-        ratio = med / res.published_speedup
+        # held at equal trained length: verl's fully_async trains every sample it generates (stale up to
+        # its threshold, partial rollouts resumed), as its sync loop does, while our bound requeues the
+        # groups that outlast it; so its published ratio is set against ours in trained tokens per second
+        med_lm = statistics.median(lm)
+        ratio = med_lm / res.published_speedup
+        raw_ratio = med / res.published_speedup
         row: dict[str, Any] = {
             "name": res.name,
             "source": res.source,
@@ -125,7 +129,9 @@ def main() -> None:
             "speedup_spread": [round(min(sp), 3), round(max(sp), 3)],
             "ratio": round(ratio, 3),
             "within": LOW <= ratio <= HIGH,
-            "length_matched_speedup": round(statistics.median(lm), 3),
+            "raw_ratio": round(raw_ratio, 3),
+            "length_matched_speedup": round(med_lm, 3),
+            "length_matched_spread": [round(min(lm), 3), round(max(lm), 3)],
             "length_bias": round(
                 statistics.median(a.trained_length / s.trained_length - 1 for s, a in runs), 4
             ),
@@ -137,6 +143,11 @@ def main() -> None:
                 round(statistics.median(a.step_s for _, a in runs), 1),
             ],
             "async_train": round(statistics.median(a.train_s for _, a in runs), 1),
+            "async_wait": [
+                res.asynchronous.published_gen_s,
+                # the trainer's idle time per step: neither training nor waiting for the weight sync
+                round(statistics.median(a.step_s - a.train_s - a.sync_s for _, a in runs), 1),
+            ],
             "efficiency": [
                 round(statistics.median(s.efficiency for s, _ in runs), 3),
                 round(statistics.median(a.efficiency for _, a in runs), 3),
@@ -148,10 +159,11 @@ def main() -> None:
             f"  sync  step: published {row['sync_step'][0]:.1f} s, simulated {row['sync_step'][1]:.1f} s "
             f"(rollout {row['sync_gen'][0]:.1f} vs {row['sync_gen'][1]:.1f} s; train {row['sync_train']:.1f} s)\n"
             f"  async step: published {row['async_step'][0]:.1f} s, simulated {row['async_step'][1]:.1f} s "
-            f"(train {row['async_train']:.1f} s)\n"
-            f"  speed-up: published {res.published_speedup:.2f}x, simulated {med:.2f}x "
-            f"[{min(sp):.2f}-{max(sp):.2f} over seeds {args.seeds}], ratio {ratio:.2f} "
-            f"({'within' if row['within'] else 'OUTSIDE'} {LOW}-{HIGH}); length-matched {row['length_matched_speedup']:.2f}x "
+            f"(trainer waits {row['async_wait'][1]:.1f} s, published {row['async_wait'][0]:.1f} s; train {row['async_train']:.1f} s)\n"
+            f"  speed-up at equal trained length: published {res.published_speedup:.2f}x, simulated {med_lm:.2f}x "
+            f"[{min(lm):.2f}-{max(lm):.2f} over seeds {args.seeds}], ratio {ratio:.2f} "
+            f"({'within' if row['within'] else 'OUTSIDE'} {LOW}-{HIGH})\n"
+            f"  raw speed-up (step time): simulated {med:.2f}x [{min(sp):.2f}-{max(sp):.2f}], ratio {raw_ratio:.2f}, "
             f"at a trained-length bias of {row['length_bias']:+.1%}",
             flush=True,
         )
@@ -161,9 +173,10 @@ def main() -> None:
                 alt = _with(res, switch)
                 s = simulate_arm(alt, alt.sync, seeds[0], args.versions)
                 a = simulate_arm(alt, alt.asynchronous, seeds[0], args.versions)
-                moved[label] = round(s.step_s / a.step_s, 3)
+                lm_alt = s.step_s / a.step_s * a.trained_length / s.trained_length
+                moved[label] = round(lm_alt, 3)
                 print(
-                    f"    without {label:<30} speed-up {s.step_s / a.step_s:5.2f}x "
+                    f"    {label:<34} speed-up {lm_alt:5.2f}x at equal length "
                     f"(sync {s.step_s:7.1f} s, async {a.step_s:7.1f} s)",
                     flush=True,
                 )
@@ -178,6 +191,7 @@ def main() -> None:
     print(f"\nwrote {out / 'papers.json'}")
     print(
         f"RESULT papers={len(rows)} within={within} max_ratio_err={max(errs):.3f} "
+        f"raw_within={sum(LOW <= r['raw_ratio'] <= HIGH for r in rows)} "
         + " ".join(f"ratio_{r['name']}={r['ratio']}" for r in rows)
         + f" versions={args.versions} seeds={len(seeds)} cpu_s={time.process_time() - c0:.1f} "
         f"loadavg={load0:.2f}"

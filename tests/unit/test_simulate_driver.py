@@ -122,7 +122,7 @@ def test_report_holds_the_mode_against_the_ideal_at_its_trained_length() -> None
     cfg = sim.cfg
     ide = ideal(cfg, sim.cluster, sim.workload)
     rep = mode_report("sync", cfg, res, ide, 0.0)
-    assert rep.ideal_step_s == pytest.approx(ide.floor(rep.trained_length).step_s)
+    assert rep.ideal_step_s == pytest.approx(ide.floor(rep.trained_length, rep.trained_prompt).step_s)
     assert rep.efficiency == pytest.approx(rep.ideal_step_s / rep.step_s)
     assert 0 < rep.efficiency < 1
     assert rep.warmup_steps == 1 and rep.steps == VERSIONS - 1

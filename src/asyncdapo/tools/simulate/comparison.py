@@ -99,11 +99,15 @@ class Ideal:
         """With s >= 1 a response may span s + 1 versions: its critical path is spread over them."""
         return statistics.fmean(max(c / (staleness + 1), v) for c, v in self.per_step)
 
-    def floor(self, length: float | None = None) -> StepFloor:
-        """The ideal step at a trained `length` (default: the unbiased one)."""
+    def floor(self, length: float | None = None, prompt: float | None = None) -> StepFloor:
+        """The ideal step at a trained response `length` after prompts of mean `prompt` (default:
+        the unbiased selection's)."""
         assert self.cfg is not None and self.cluster is not None, "an Ideal made by ideal()"
         return step_floor(
-            self.cfg, self.cluster, self.mean_length if length is None else length, self.prompt_length
+            self.cfg,
+            self.cluster,
+            self.mean_length if length is None else length,
+            self.prompt_length if prompt is None else prompt,
         )
 
 
@@ -175,6 +179,7 @@ class ModeReport:
     preemptions: int
     staleness: dict[int, int]
     trained_length: float
+    trained_prompt: float  # mean prompt of the trained sequences (the ideal is taken at both)
     length_bias_vs_unbiased: float
     length_bias_vs_sync: float | None
     outcomes: dict[str, int]
@@ -207,8 +212,10 @@ def mode_report(
     step_s = statistics.fmean(body)
     stale: Counter[int] = Counter(x for s in steps for x in s.staleness)
     trained_tokens = sum(s.tokens for s in steps)
-    trained_len = trained_tokens / max(1, sum(len(s.staleness) for s in steps) * cfg.rollout.n)
-    ideal_step = ideal_.floor(trained_len).step_s
+    sequences = max(1, sum(len(s.staleness) for s in steps) * cfg.rollout.n)
+    trained_len = trained_tokens / sequences
+    trained_prompt = sum(s.prompt_tokens for s in steps) / sequences
+    ideal_step = ideal_.floor(trained_len, trained_prompt).step_s
     efficiency = ideal_step / step_s if step_s > 0 else float("nan")
     if efficiency > 1.0 + 1e-9:
         raise EfficiencyError(
@@ -237,6 +244,7 @@ def mode_report(
         preemptions=res.preemptions,
         staleness=dict(sorted(stale.items())),
         trained_length=trained_len,
+        trained_prompt=trained_prompt,
         length_bias_vs_unbiased=trained_len / ideal_.mean_length - 1.0,
         length_bias_vs_sync=None,
         outcomes=dict(res.counts.outcomes),

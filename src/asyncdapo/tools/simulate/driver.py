@@ -64,6 +64,15 @@ class Simulation:
     def __init__(self, cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, versions: int) -> None:
         ro = cfg.rollout
         check_supported(cfg, cluster)
+        if cluster.host is not None and cluster.trainer.stream_chunks > 1:
+            raise SimulationError(
+                "a CPU host profile trains a version at once: trainer.stream_chunks must be 1"
+            )
+        if cluster.trainer.stream_chunks > cfg.data.train_batch_size:
+            raise SimulationError(
+                f"trainer.stream_chunks {cluster.trainer.stream_chunks} exceeds the batch of "
+                f"{cfg.data.train_batch_size} groups"
+            )
         self.cfg = cfg
         self.cluster = cluster
         self.workload = workload
@@ -150,6 +159,9 @@ class Simulation:
         self._sync_t0 = 0.0
         self._step: dict[str, Any] = {}
         self._transfer_s = 0.0  # the weight update in progress: its bytes' transfer with engines paused
+        self._chunk = (
+            0  # the part of the version's batch the trainer takes next (TrainerProfile.stream_chunks)
+        )
         self.credited = 0
 
     # ------------------------------------------------------------------ run
@@ -394,33 +406,53 @@ class Simulation:
             self.run.counters.get("valid_produced", 0), self.run.counters.get("valid_credited", 0)
         ):
             self._kick_admission()
-        if len(self.stream) < self.B:
+        # the trainer takes the version's B groups in `stream_chunks` parts as they arrive (1: all at once)
+        chunks = self.cluster.trainer.stream_chunks
+        size = self.B * (self._chunk + 1) // chunks - self.B * self._chunk // chunks
+        if len(self.stream) < size:
             return
-        batch = [self.stream.popleft() for _ in range(self.B)]
+        batch = [self.stream.popleft() for _ in range(size)]
         tokens = sum(sum(g.lengths) + g.prompt * len(g.lengths) for g in batch)
         resp_tokens = sum(sum(g.lengths) for g in batch)
         cl = self.cluster
-        # a snapshot is written before PublishWeights; colocated GPUs switch to training and back
-        train_s = (
-            cl.trainer.step_s(tokens, self.B * self.n)
-            + cl.trainer.publish_s
-            + cl.weight_sync.trainer_write_s
-            + (cl.switch_s if cl.placement is Placement.COLOCATED else 0.0)
-        )
+        t = cl.trainer
+        train_s = t.step_s(tokens, size * self.n) - t.base_s * (1.0 - 1.0 / chunks)
+        last = self._chunk == chunks - 1
+        if last:  # a snapshot is written before PublishWeights; colocated GPUs switch to training and back
+            train_s += (
+                t.publish_s
+                + cl.weight_sync.trainer_write_s
+                + (cl.switch_s if cl.placement is Placement.COLOCATED else 0.0)
+            )
         self.trainer_busy = True
         lengths = [x for g in batch for x in g.lengths]
-        self._step = {
-            "t_free": self.t_free,
-            "t_data": self.clock.now,
-            "train_s": train_s,
-            "tokens": resp_tokens,
-            "lengths_mean": resp_tokens / max(len(lengths), 1),
-            "staleness": [self.version - g.min_version for g in batch],
-            "attempts": [g.attempt for g in batch],
-            "longest": max(lengths, default=0),
-        }
+        if self._chunk == 0:
+            self._step = {
+                "t_free": self.t_free,
+                "train_s": 0.0,
+                "tokens": 0,
+                "prompt_tokens": 0,
+                "sequences": 0,
+                "staleness": [],
+                "attempts": [],
+                "longest": 0,
+            }
+        st = self._step
+        st["t_data"] = self.clock.now
+        st["train_s"] += train_s
+        st["tokens"] += resp_tokens
+        st["prompt_tokens"] += tokens - resp_tokens
+        st["sequences"] += len(lengths)
+        st["lengths_mean"] = st["tokens"] / max(st["sequences"], 1)
+        st["staleness"] += [self.version - g.min_version for g in batch]
+        st["attempts"] += [g.attempt for g in batch]
+        st["longest"] = max(st["longest"], max(lengths, default=0))
         if self.load is None:
-            self.clock.after(train_s, self._trained)
+            if last:
+                self._chunk = 0
+                self.clock.after(train_s, self._trained)
+            else:
+                self.clock.after(train_s, self._chunk_trained)
             return
         # the trainer computes on cores the engines may be stepping on: its rate, 1 / stretch, follows
         # the engines' state through the step (re-read every TRAIN_TICK_S of virtual time), where the
@@ -428,6 +460,12 @@ class Simulation:
         self.load.training = True
         self._train_left = train_s  # uncontended seconds of training still to do
         self._train_tick()
+
+    def _chunk_trained(self, _: Any = None) -> None:
+        """A part of the version's batch is trained: the trainer takes the next as soon as it is there."""
+        self._chunk += 1
+        self.trainer_busy = False
+        self._maybe_train()
 
     def _train_tick(self, rate: float | None = None) -> None:
         assert self.load is not None
@@ -517,6 +555,7 @@ class Simulation:
                 staleness=st["staleness"],
                 attempts=st["attempts"],
                 longest=st["longest"],
+                prompt_tokens=st["prompt_tokens"],
             )
         )
         self.index.set_policy(DispatchPolicy(max_in_flight=self.policy.max_in_flight, min_weight_version=new))

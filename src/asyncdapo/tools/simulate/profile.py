@@ -143,6 +143,14 @@ class TrainerProfile(_Model):
     publish_s: float = Field(
         0.0, ge=0.0, description="Checkpoint + weight snapshot before PublishWeights (s)."
     )
+    stream_chunks: int = Field(
+        1,
+        ge=1,
+        description="The trainer takes a version's B groups in this many parts, each as soon as it has "
+        "arrived, and publishes after the last (verl fully_async's local updates: B / "
+        "(require_batches x ppo_mini_batch_size) parts); the fixed part of a step is spread over them. "
+        "1: all B at once, as asyncdapo's trainer does.",
+    )
 
     def step_s(self, tokens: int, sequences: int) -> float:
         return self.base_s + self.per_token_s * tokens + self.per_sequence_s * sequences

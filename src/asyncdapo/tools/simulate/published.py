@@ -5,14 +5,21 @@ nothing; every figure's source and every assumption is written beside it. `make 
 (bench/bench_sim_papers.py) simulates both arms and holds the simulated speed-up against the
 published one.
 
-Source of the three results: verl's fully_async_policy recipe README
-(`verl/experimental/fully_async_policy/README.md`, "colocate sync vs fully_async_policy",
-Qwen2.5-Math-7B on H20, DAPO-Math-17k, max_response_length 28k, n = 16, 512 prompts per
-parameter sync) and its launch scripts (`shell/dapo_7b_math_fsdp2_*.sh`: gen_tp 4,
+Source of the six results: verl's fully_async_policy recipe README
+(`verl/experimental/fully_async_policy/README.md`: the "colocate sync vs fully_async_policy" table
+at 32, 64 and 128 GPUs and the staleness_threshold ablation at 128 GPUs — Qwen2.5-Math-7B on H20,
+DAPO-Math-17k, max_response_length 28k, n = 16, 512 prompts per parameter sync) and its launch scripts (`shell/dapo_7b_math_fsdp2_*.sh`: gen_tp 4,
 gpu_memory_utilization 0.8 where set, max_num_batched_tokens prompt + response, staleness 0.5,
 partial_rollout on, no dynamic sampling). The published speed-up is the ratio of the rows' mean
 `step` columns (the 400-step total-time ratios the README headlines, 2.35-2.67x at 128 GPUs,
 differ by up to 0.5x from it: the first steps are shorter).
+
+What is stated from the paper and what is predicted: the trainer's time per step (its phase times)
+and the rest of the sync step are the paper's own; the simulator predicts the rollout — the sync
+arm's generation phase (long tail included) and how much of it the async arm hides behind training
+under its staleness bound, with the weight syncs and partial-rollout resumes in between. The
+trainer from first principles (FLOPs at 40 % MFU) is kept beside it (`Arm.flops_trainer`): the
+bench shows what the speed-up would be with it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from asyncdapo.tools.simulate.profile import (
     ClusterProfile,
     EngineProfile,
     Placement,
+    TrainerProfile,
     VerifierProfile,
     WeightSyncProfile,
     WeightTransport,
@@ -113,12 +121,6 @@ NCCL_7B = WeightSyncProfile(
 COLOCATED_7B = WeightSyncProfile(
     transport=WeightTransport.COLOCATED, weight_bytes=Q7_BYTES, link_bytes_per_s=4 * 450e9
 )
-# Colocated GPUs switch from rollout to training and back each step (vLLM's KV cache released and
-# re-allocated, the actor's state on and off): the README's 64- and 128-GPU sync rows leave 10.9 s
-# and 10.7 s of their step outside gen, old_log_prob and update_actor (that rest also holds the
-# reward and advantage computation); the 32-GPU row leaves 55 s, not explained here.
-COLOCATED_SWITCH_S = 10.0
-
 # The workload: DAPO-Math-17k answered by Qwen2.5-Math-7B at a 28k cap. The README states no length
 # distribution; its mean is taken from the 32-GPU sync row's trainer time (old_log_prob 107.71 s +
 # update_actor 269.80 s = 377.5 s on 32 H20) at the stated MFU: 377.5 x 32 x 148e12 x 0.40 / (8 x
@@ -151,6 +153,18 @@ RUN: dict[str, Any] = {
 }
 
 
+# Sequences and tokens of one parameter sync at the workload's mean (the trainer's phase times
+# below are per step: per token, they follow a mode's trained length).
+SEQUENCES = 512 * 16
+TOKENS_PER_SEQUENCE = 1435
+
+
+def phase_trainer(step_s: float, *, stream_chunks: int = 1) -> TrainerProfile:
+    """A trainer stated from a paper's own per-step phase time for this workload: that time per
+    trained token at the workload's mean sequence length."""
+    return TrainerProfile(per_token_s=step_s / (SEQUENCES * TOKENS_PER_SEQUENCE), stream_chunks=stream_chunks)
+
+
 @dataclass(frozen=True)
 class Arm:
     """One side of a published comparison."""
@@ -158,8 +172,9 @@ class Arm:
     mode: str  # a simulator mode (modes.py)
     cluster: ClusterProfile
     published_step_s: float
-    published_gen_s: float | None = None  # the rollout phase, where the paper states it
+    published_gen_s: float | None = None  # the rollout phase (sync) or the trainer's wait for data (async)
     config: dict[str, Any] = field(default_factory=dict)  # RunConfig changes after the mode's
+    flops_trainer: TrainerProfile | None = None  # the trainer from first principles, for comparison
 
 
 @dataclass(frozen=True)
@@ -177,59 +192,120 @@ class PublishedResult:
         return self.sync.published_step_s / self.asynchronous.published_step_s
 
 
-def _verl_7b(gpus: int, sync_step: float, sync_gen: float, async_step: float) -> PublishedResult:
-    """verl fully_async, Qwen2.5-Math-7B at `gpus` H20: colocated sync on all of them against
-    fully_async_policy on half for rollout and half for training."""
-    half = gpus // 2
-    sync = ClusterProfile(
-        name=f"h20-7b-colocated-{gpus}",
-        engines=gpus // 4,
+@dataclass(frozen=True)
+class SyncRow:
+    """A colocated sync row of the README's table: step and phase times (s)."""
+
+    gpus: int
+    step: float
+    gen: float
+    old_log_prob: float
+    update_actor: float
+
+    @property
+    def rest(self) -> float:
+        """The step outside rollout and training: the GPUs' switch between them, the reward and the
+        advantages (verl times no phase for them)."""
+        return self.step - self.gen - self.old_log_prob - self.update_actor
+
+
+@dataclass(frozen=True)
+class AsyncRow:
+    """A fully_async_policy row: step, the trainer's wait for samples (`gen`), its update (s)."""
+
+    staleness: float
+    step: float
+    gen: float
+    update_actor: float
+
+
+def _sync_arm(row: SyncRow) -> Arm:
+    g = row.gpus
+    cluster = ClusterProfile(
+        name=f"h20-7b-colocated-{g}",
+        engines=g // 4,
         engine=H20_7B_TP4,
-        # verl's sync loop recomputes the old log-probs: 8P FLOPs per token on all the GPUs
-        trainer=trainer_from_flops(Q7_PARAMS, gpus, H20_FLOPS, TRAINER_MFU, old_log_prob=True),
+        # the paper's own trainer phases: old_log_prob + update_actor on all the GPUs
+        trainer=phase_trainer(row.old_log_prob + row.update_actor),
         verifier=VerifierProfile(workers=64),
         weight_sync=COLOCATED_7B,
         placement=Placement.COLOCATED,
-        switch_s=COLOCATED_SWITCH_S,
-        source=f"{gpus} H20, TP 4 engines, trainer colocated on the same {gpus} GPUs.",
+        switch_s=row.rest,
+        source=f"{g} H20, TP 4 engines, trainer colocated on the same GPUs; trainer and the rest of the step "
+        "from the README's phase times.",
     )
-    asynchronous = ClusterProfile(
+    # verl's sync loop recomputes the old log-probs: 8P FLOPs per token on all the GPUs
+    flops = trainer_from_flops(Q7_PARAMS, g, H20_FLOPS, TRAINER_MFU, old_log_prob=True, base_s=0.0)
+    return Arm("sync", cluster, row.step, row.gen, flops_trainer=flops)
+
+
+def _async_arm(gpus: int, row: AsyncRow) -> Arm:
+    half = gpus // 2
+    cluster = ClusterProfile(
         name=f"h20-7b-disaggregated-{half}-{half}",
         engines=half // 4,
         engine=H20_7B_TP4,
-        # fully_async uses the rollout's log-probs (use_rollout_log_probs): 6P per token, half the GPUs
-        trainer=trainer_from_flops(Q7_PARAMS, half, H20_FLOPS, TRAINER_MFU, old_log_prob=False),
+        # the paper's own update_actor on half the GPUs, in 4 local updates of 128 prompts as samples
+        # arrive (require_batches 4 x ppo_mini_batch_size 32; trigger_parameter_sync_step 4)
+        trainer=phase_trainer(row.update_actor, stream_chunks=4),
         verifier=VerifierProfile(workers=64),
         weight_sync=NCCL_7B,
-        source=f"{half} H20 for rollout (TP 4 engines), {half} for the trainer, NCCL weight sync.",
+        source=f"{half} H20 for rollout (TP 4 engines), {half} for the trainer (update_actor from the README), "
+        "NCCL weight sync.",
     )
+    if row.staleness == 0:
+        # staleness 0: the rollouter generates exactly the 512 prompts of the version (no surplus to
+        # abort), and waits for the sync
+        mode, config = "async-fifo+m1.0", {}
+    else:
+        # partial_rollout: in-flight requests are aborted at a sync and continue from their tokens
+        # under the new weights (pause abort, resumed by prefill)
+        mode, config = f"fully-async-s{row.staleness:g}", {"rollout": {"weight_update_mode": "abort"}}
+    # fully_async uses the rollout's log-probs (use_rollout_log_probs): 6P per token on half the GPUs
+    flops = trainer_from_flops(Q7_PARAMS, half, H20_FLOPS, TRAINER_MFU, old_log_prob=False, base_s=0.0)
+    flops = flops.model_copy(update={"stream_chunks": 4})
+    return Arm(mode, cluster, row.step, row.gen, config=config, flops_trainer=flops)
+
+
+ASSUMPTIONS = (
+    "engines from first principles: H20 decode at 75 % of HBM bandwidth and 60 % of peak FLOP/s, TP 4",
+    "trainer from the README's own phase times per step (sync: old_log_prob + update_actor; fully_async: "
+    "update_actor), per token at the workload's mean of 1,435 tokens per sequence",
+    "the sync step's rest (step - gen - old_log_prob - update_actor) paid per step as the colocated switch",
+    "mean response ~1,290 tokens: the 32-GPU sync row's trainer time at 40 % MFU; long-tailed shape of rollpacker-14b",
+    "NCCL weight sync at verl's measured 0.12 s for 7B",
+)
+
+
+def _result(name: str, sync: SyncRow, row: AsyncRow, what: str) -> PublishedResult:
+    half = sync.gpus // 2
     return PublishedResult(
-        name=f"verl-fully-async-7b-{gpus}",
-        source="verl fully_async_policy README, table 'colocate sync vs fully_async_policy' "
-        f"(Qwen2.5-Math-7B, H20), rows {gpus} / {half}:{half}",
+        name=name,
+        source=f"verl fully_async_policy README, {what} (Qwen2.5-Math-7B, H20): colocate sync on {sync.gpus} "
+        f"GPUs against fully_async_policy {half}:{half}, staleness_threshold {row.staleness:g}",
         run=RUN,
         workload=DAPO_MATH_7B,
-        sync=Arm("sync", sync, sync_step, sync_gen),
-        # staleness_threshold 0.5 with partial_rollout: in-flight requests are aborted at a parameter
-        # sync and continue from their tokens under the new weights (pause abort, resumed by prefill)
-        asynchronous=Arm(
-            "fully-async-s0.5", asynchronous, async_step, config={"rollout": {"weight_update_mode": "abort"}}
-        ),
-        assumptions=(
-            "H20 decode at 75 % of HBM bandwidth and 60 % of peak FLOP/s; trainer MFU 40 % in both placements",
-            "mean response length from the 32-GPU sync row's trainer time at that MFU (~1,290 tokens)",
-            "colocated switch 10 s per step (the 64/128-GPU sync rows' unexplained rest)",
-            "NCCL weight sync at verl's measured 0.12 s for 7B",
-            "fully_async's 4 local updates per sync modelled as one step of 512 prompts",
-        ),
+        sync=_sync_arm(sync),
+        asynchronous=_async_arm(sync.gpus, row),
+        assumptions=ASSUMPTIONS,
     )
 
+
+# the README's tables, as published
+SYNC_32 = SyncRow(32, step=790.10, gen=357.41, old_log_prob=107.71, update_actor=269.80)
+SYNC_64 = SyncRow(64, step=365.28, gen=150.72, old_log_prob=70.26, update_actor=133.41)
+SYNC_128 = SyncRow(128, step=356.30, gen=177.85, old_log_prob=53.92, update_actor=113.81)
+SCALE = "table 'colocate sync vs fully_async_policy'"
+STALENESS = "staleness_threshold ablation table (128 GPUs)"
 
 PUBLISHED: dict[str, PublishedResult] = {
     r.name: r
     for r in (
-        _verl_7b(32, sync_step=790.10, sync_gen=357.41, async_step=294.77),
-        _verl_7b(64, sync_step=365.28, sync_gen=150.72, async_step=189.26),
-        _verl_7b(128, sync_step=356.30, sync_gen=177.85, async_step=150.63),
+        _result("verl-fully-async-7b-32", SYNC_32, AsyncRow(0.5, 294.77, 21.26, 313.81), SCALE),
+        _result("verl-fully-async-7b-64", SYNC_64, AsyncRow(0.5, 189.26, 28.46, 156.98), SCALE),
+        _result("verl-fully-async-7b-128", SYNC_128, AsyncRow(0.5, 150.63, 33.14, 113.16), SCALE),
+        _result("verl-fully-async-7b-128-s0", SYNC_128, AsyncRow(0.0, 231.34, 128.47, 98.77), STALENESS),
+        _result("verl-fully-async-7b-128-s0.1", SYNC_128, AsyncRow(0.1, 171.30, 58.17, 109.12), STALENESS),
+        _result("verl-fully-async-7b-128-s0.3", SYNC_128, AsyncRow(0.3, 146.11, 38.88, 103.22), STALENESS),
     )
 }

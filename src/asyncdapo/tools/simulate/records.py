@@ -65,6 +65,7 @@ class StepRecord:
     staleness: list[int]
     attempts: list[int]
     longest: int
+    prompt_tokens: int = 0  # prompt tokens of the trained sequences (each group's prompt n times)
 
 
 class Counts:
