@@ -91,6 +91,7 @@ _SIM_VALIDATION = ("max_rel_err", "ratio_abs_err", "goal_met", "paired_max_rel_e
 _CHAOS = ("seed", "faults", "prompts_lost", "groups_duplicated", "groups_lost", "stalls", "recovery_p99_s")
 KEY_FIELDS: dict[str, tuple[str, ...]] = {
     "bench_sim_papers": ("papers", "within", "max_ratio_err", "raw_within", "seeds"),
+    "simulate_whatif_published": ("rows", "batch", "versions", "cpu_s"),
     "bench_verifier": ("items_per_s", "ratio_per_core", "p50_ms", "p99_ms", "workers"),
     "bench_gateway": ("tokens_per_s", "direct_tokens_per_s", "ratio", "abort_p99_ms", "reload_ms"),
     "bench_scheduler": (
