@@ -103,7 +103,12 @@ def test_default_render(default_docs: list[dict[str, Any]]) -> None:
         assert json.loads(text)["panels"]
     op = objs[("Deployment", "asyncdapo-operator")]["spec"]["template"]["spec"]["containers"][0]
     monitoring = "--monitoring-namespace-selector=kubernetes.io/metadata.name=monitoring"
-    assert op["args"] == ["operator", "run", "--all-namespaces", monitoring]
+    election = [
+        "--leader-election",
+        "--leader-election-namespace=asyncdapo",
+        "--leader-election-lease-name=asyncdapo-operator",
+    ]
+    assert op["args"] == ["operator", "run", "--all-namespaces", monitoring, *election]
     env = {e["name"]: e.get("value") for e in op["env"]}
     assert env["ASYNCDAPO_OPERATOR_REDIS_URL"] == "redis://asyncdapo-redis.asyncdapo.svc:6379/0"
     assert env["ASYNCDAPO_OPERATOR_CPU_IMAGE"] == "ghcr.io/asyncdapo/asyncdapo-cpu:0.1.0"
@@ -117,7 +122,9 @@ def test_custom_render(custom_docs: list[dict[str, Any]]) -> None:
     objs = _by_kind(custom_docs)
     assert not [k for k in objs if k[1] == "asyncdapo-redis" and k[0] != "NetworkPolicy"]
     assert ("NetworkPolicy", "asyncdapo-redis") not in objs
-    bindings = [d for d in custom_docs if d["kind"] == "RoleBinding"]
+    bindings = [
+        d for d in custom_docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "research"]
     assert ("ClusterRoleBinding", "asyncdapo-operator") not in objs  # namespaced: no cluster-wide writes
     op = objs[("Deployment", "asyncdapo-operator")]

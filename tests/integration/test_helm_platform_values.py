@@ -1,7 +1,8 @@
 """What a platform team sets in the chart: securityContexts (restricted by default, OpenShift's
 random UID as an override), imagePullSecrets in both forms, commonLabels, the ServiceMonitor /
-PrometheusRule namespace and labels, the monitoring namespace selector (chart and operator), and a
-chart without symlinks. Rendered with Helm's engine, validated against the Kubernetes schemas."""
+PrometheusRule namespace and labels, the monitoring namespace selector (chart and operator), operator
+replicas with leader election, and a chart without symlinks. Rendered with Helm's engine, validated
+against the Kubernetes schemas."""
 
 from __future__ import annotations
 
@@ -241,6 +242,90 @@ def test_monitoring_namespace_selector_reaches_chart_and_run_policies(
     assert {"namespaceSelector": want} in verifier["spec"]["ingress"][0]["from"]
 
 
+def _lease_rbac(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        d["kind"]: d
+        for d in docs
+        if d["kind"] in ("Role", "RoleBinding")
+        and d["metadata"]["name"] == "asyncdapo-operator-leader-election"
+    }
+
+
+def test_two_operator_replicas_elect_a_leader_through_a_lease() -> None:
+    values = {"operator": {"replicas": 2}, "commonLabels": {"team": "ml-platform"}}
+    docs = chart.render(values)
+    _validate(docs)
+    assert chart.lint(values)["errors"] == []
+    op = _deployment(docs, "asyncdapo-operator")
+    assert op["spec"]["replicas"] == 2
+    assert op["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    c = op["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][-3:] == [
+        "--leader-election",
+        "--leader-election-namespace=asyncdapo",
+        "--leader-election-lease-name=asyncdapo-operator",
+    ]
+    pod_name = next(e for e in c["env"] if e["name"] == "POD_NAME")
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # the flags are the operator's own: its parser reads them as the chart means them
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(c["args"])
+    assert args.leader_election and args.leader_election_namespace == "asyncdapo"
+    assert args.leader_election_lease_name == "asyncdapo-operator"
+    # RBAC: the Lease in the release namespace only; create any, read and renew that one
+    rbac = _lease_rbac(docs)
+    role, binding = rbac["Role"], rbac["RoleBinding"]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "asyncdapo"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["asyncdapo-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "asyncdapo-operator-leader-election",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "asyncdapo-operator", "namespace": "asyncdapo"}
+    ]
+    (pdb,) = [
+        d
+        for d in docs
+        if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "asyncdapo-operator"
+    ]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == op["spec"]["selector"]["matchLabels"]
+    for d in (role, binding, pdb):
+        assert d["metadata"]["labels"]["team"] == "ml-platform"
+
+
+def test_one_operator_replica_keeps_recreate_and_still_elects() -> None:
+    """The default: one replica, replaced with Recreate; it still takes the Lease, so an old pod on a
+    lost node that still runs cannot reconcile alongside its replacement."""
+    docs = chart.render()
+    _validate(docs)
+    op = _deployment(docs, "asyncdapo-operator")
+    assert op["spec"]["replicas"] == 1 and op["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-election" in op["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert set(_lease_rbac(docs)) == {"Role", "RoleBinding"}
+    assert not [
+        d
+        for d in docs
+        if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "asyncdapo-operator"
+    ]
+
+
 def test_values_schema_refuses_a_typo_in_each_new_section() -> None:
     for bad, where in (
         ({"podSecurityContext": {"runAsUsr": 1}}, "runAsUsr"),
@@ -255,6 +340,8 @@ def test_values_schema_refuses_a_typo_in_each_new_section() -> None:
             "/monitoring/prometheusRule/namespace",
         ),
         ({"networkPolicy": {"monitoringNamespaceSelector": {"matchLabel": {"a": "b"}}}}, "matchLabel"),
+        ({"operator": {"replica": 2}}, "replica"),
+        ({"operator": {"replicas": 0}}, "/operator/replicas"),
     ):
         with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
             chart.render(bad)

@@ -1,7 +1,8 @@
 """`asyncdapo operator run|crd|dashboards|manifests|render`.
 
 - `run`: the kopf operator (in-cluster config, else ~/.kube/config). Defaults for specs that leave
-  them out come from flags or ASYNCDAPO_OPERATOR_* env vars (the Helm chart sets the env).
+  them out come from flags or ASYNCDAPO_OPERATOR_* env vars (the Helm chart sets the env). With
+  `--leader-election` only the replica holding the Lease runs kopf (lease_elector.py).
 - `crd`: print the TrainingRun CRD generated from RunConfig (the chart's copy is this output).
 - `dashboards`, `manifests`: regenerate deploy/dashboards/*.json and deploy/k8s/asyncdapo.yaml.
 - `render FILE`: print the manifests the operator would apply for a TrainingRun file (offline;
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from typing import overload
 
 
@@ -36,6 +38,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     _default_args(run)
     run.add_argument("--health-port", type=int, default=int(_env("HEALTH_PORT", "8080")))
     run.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "9090")))
+    run.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run kopf only while this replica holds a coordination.k8s.io Lease, so several replicas "
+        "can run: one leads, the others stand by (the chart turns it on)",
+    )
+    run.add_argument(
+        "--leader-election-namespace",
+        default=None,
+        help="namespace of the Lease (default: the pod's own namespace, else `default`)",
+    )
+    run.add_argument(
+        "--leader-election-lease-name",
+        default="asyncdapo-operator",
+        help="name of the Lease (the chart passes the release's `<fullname>-operator`)",
+    )
     run.set_defaults(func=_run)
 
     crd = osub.add_parser("crd", help="print the TrainingRun CustomResourceDefinition (YAML)")
@@ -275,16 +294,94 @@ def _run(args: argparse.Namespace) -> int:
     defaults = _defaults(args, kuberay=cluster.serves("ray.io/v1", "RayJob"), redis_password=password)
     start_http_server(args.metrics_port)
     memo = kopf.Memo(cluster=cluster, defaults=defaults, read_progress=read_progress)
-    asyncio.run(
-        kopf.operator(
-            standalone=True,  # one replica (Recreate); no kopf peering CRDs needed
+
+    async def operate() -> None:
+        await kopf.operator(
+            # only one kopf runs at a time (one replica, or the Lease's leader): no kopf peering,
+            # whose equal-priority peers all pause and which needs its own CRDs
+            standalone=True,
             clusterwide=not args.namespace,
             namespaces=args.namespace or (),
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
             memo=memo,
         )
     )
+
+    if not args.leader_election:
+        asyncio.run(operate())
+        return 0
+    return asyncio.run(_run_elected(args, operate))
+
+
+# The exit status of a leader that lost its Lease: Kubernetes restarts the container as a standby.
+EXIT_LEADERSHIP_LOST = 3
+_SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _own_namespace() -> str:
+    try:
+        with open(_SERVICE_ACCOUNT_NAMESPACE) as f:
+            return f.read().strip() or "default"
+    except OSError:  # out of cluster (a kubeconfig)
+        return "default"
+
+
+def _exit_on_lost_leadership(transition: object) -> None:
+    """The renewal failed or another replica holds the Lease: stop *now*, handlers and all (kopf's
+    graceful stop could outlive the Lease), so two leaders never act on the same run."""
+    import logging
+
+    logging.getLogger(__name__).critical(
+        "lost the operator Lease (%s): exiting with status %d so that Kubernetes restarts this "
+        "replica as a standby",
+        transition,
+        EXIT_LEADERSHIP_LOST,
     return 0
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_LEADERSHIP_LOST)
+
+
+async def _run_elected(args: argparse.Namespace, operate: Callable[[], Awaitable[None]]) -> int:
+    """Stand by (serving /healthz and /metrics) until this replica holds the Lease, then run kopf
+    while renewing it; release it when kopf stops on SIGTERM."""
+    import asyncio
+    import logging
+    import signal
+
+    from asyncdapo.services.operator.leader_election import LeaseRef
+    from asyncdapo.services.operator.lease_elector import (
+        KubeLeaseApi,
+        LeaseElector,
+        lead,
+        record_transition,
+        replica_identity,
+        standby_health,
+    )
+
+    ref = LeaseRef(args.leader_election_namespace or _own_namespace(), args.leader_election_lease_name)
+    elector = LeaseElector(KubeLeaseApi(), ref, replica_identity(), on_transition=record_transition)
+    logging.getLogger(__name__).info(
+        "leader election: %s waits for Lease %s/%s", elector.identity, ref.namespace, ref.name
+    )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:  # a standby stops cleanly; kopf installs its own handlers once it runs
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with standby_health(args.health_port):
+            leading = await elector.acquire(stop)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    if not leading:
+        return 0
+    if stop.is_set():  # the signal came while the Lease was being taken
+        await elector.release()
+        return 0
+    await lead(elector, operate, _exit_on_lost_leadership)
 
 
 def _check(args: argparse.Namespace) -> int:
