@@ -187,7 +187,7 @@ bench-summary:
 	$(PY) bench/results.py summary
 
 # tests/fuzz with its counts raised (FUZZ_EXAMPLES generated inputs per surface: >= 10,000 in all);
-# the last line is `RESULT inputs=… surfaces=4 failures=… max_answer_ms=… bound_ms=…`.
+# the last line is `RESULT inputs=… surfaces=5 failures=… max_answer_ms=… bound_ms=…`.
 FUZZ_EXAMPLES ?= 2600
 fuzz: install
 	@FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=build/fuzz/report.json $(BIN)/pytest -q -p no:cacheprovider tests/fuzz; \

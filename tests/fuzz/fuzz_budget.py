@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
-SURFACES = ("verifier_http", "grpc", "trainingrun_spec", "dataset_loader")
+SURFACES = ("verifier_http", "grpc", "scheduler_grpc", "trainingrun_spec", "dataset_loader")
 PER_SURFACE = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 BOUND_MS = float(os.environ.get("FUZZ_BOUND_MS", "10000"))
 

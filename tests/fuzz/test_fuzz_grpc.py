@@ -5,14 +5,13 @@ RESOURCE_EXHAUSTED, …), never INTERNAL, UNKNOWN or no answer; afterwards the s
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
 from fuzz_budget import BOUND_MS, answered, fuzz_settings
+from grpc_checks import REFUSED, LoopThread, check_status
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_messages import messages
 from hypothesis import given
@@ -31,24 +30,7 @@ AUTH = st.sampled_from(
         (("authorization", "Basic x"),),
     ]
 )
-REFUSED = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED}
 BOUND_S = BOUND_MS / 1000
-
-
-class LoopThread:
-    """An event loop on a daemon thread, where the servers under test run."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="fuzz-servers", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Any, timeout_s: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +69,6 @@ def gateway() -> Iterator[tuple[str, grpc.Channel]]:
     loop.stop()
 
 
-def _check_status(err: grpc.RpcError, what: object) -> None:
-    code = err.code()  # type: ignore[attr-defined]
-    assert code not in REFUSED, f"{code.name}: {err.details()!r:.300} for {what!r:.300}"  # type: ignore[attr-defined]
-
-
 UNARY = {
     "Generate": messages(gateway_pb2.GenerateRequest),
     "Abort": messages(gateway_pb2.AbortRequest),
@@ -114,7 +91,7 @@ def test_gateway_unary_rpcs_answer_in_bound(
         try:
             getattr(stub, method)(request, metadata=auth, timeout=BOUND_S)
         except grpc.RpcError as err:
-            _check_status(err, (method, request))
+            check_status(err, (method, request), details_fit=True)
     # a Pause the fuzz sent must not hold the next example's requests
     stub.Resume(
         gateway_pb2.ResumeRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=BOUND_S
@@ -130,7 +107,7 @@ def test_gateway_watch_load_answers_in_bound(gateway: tuple[str, grpc.Channel], 
         try:
             next(call)
         except grpc.RpcError as err:
-            _check_status(err, request)
+            check_status(err, request, details_fit=True)
         finally:
             call.cancel()
 
@@ -150,4 +127,4 @@ def test_gateway_generate_stream_answers_every_request(
                     code = grpc.StatusCode(next(c for c in grpc.StatusCode if c.value[0] == error.code))
                     assert code not in REFUSED, f"{code.name}: {error.message!r:.300}"
         except grpc.RpcError as err:
-            _check_status(err, batch)
+            check_status(err, batch, details_fit=True)

@@ -83,6 +83,22 @@ def test_bad_uris(tmp_path: Path) -> None:
     assert info.value.problem is WeightsProblem.NO_SAFETENSORS
 
 
+@pytest.mark.parametrize(
+    ("uri", "why"),
+    [
+        ("/" + "a" * 70_000, "File name too long"),  # one name past NAME_MAX, the whole past PATH_MAX
+        ("file://" + "x/" * 3000, "File name too long"),  # short names, the whole past PATH_MAX
+        ("snapshots/v1\x00", "NUL"),
+        ("file://", "names no path"),  # not the gateway's working directory
+    ],
+)
+def test_a_uri_no_path_can_have_is_a_bad_uri_with_a_short_message(uri: str, why: str) -> None:
+    with pytest.raises(WeightsError) as info:
+        resolve_uri(uri)
+    assert info.value.problem is WeightsProblem.BAD_URI and why in str(info.value)
+    assert len(str(info.value)) < 300  # the uri is echoed cut, not whole
+
+
 def test_corrupt_header_is_reported(tmp_path: Path) -> None:
     validator = WeightsValidator(_snapshot(tmp_path / "served", TENSORS))
     (tmp_path / "junk").mkdir()

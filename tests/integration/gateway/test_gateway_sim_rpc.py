@@ -145,6 +145,21 @@ async def test_load_weights_checks_the_snapshot_before_any_change(
         assert r.version_runs == [(3, 4)]
 
 
+async def test_load_weights_with_a_uri_too_long_for_any_path_is_invalid_argument(
+    sim_gateway_factory, gateway_token: str
+) -> None:
+    """The operating system refuses the name ("File name too long"): a caller's mistake, answered
+    with a short message that fits gRPC's metadata (whole, the echo would turn the answer into
+    RESOURCE_EXHAUSTED)."""
+    gw = sim_gateway_factory()
+    async with GatewayClient(gw.target, token=gateway_token) as c:
+        code, details = await _code(c.load_weights(1, "/" + "w" * 70_000))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT, details
+        assert "File name too long" in details and "70001 characters" in details and len(details) < 300
+        load = await c.get_load()
+        assert load.weight_version == 0 and not load.paused
+
+
 async def test_drain_aborts_at_the_deadline_and_refuses_new_work(
     sim_gateway_factory, gateway_token: str
 ) -> None:

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -345,6 +346,91 @@ async def test_watch_run_rejects_an_interval_out_of_bounds(redis_url: str, inter
                 assert st.run == "t"
                 break
             watch.cancel()
+
+
+async def test_inputs_the_fuzz_found_are_refused_clearly_and_change_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Inputs tests/fuzz/test_fuzz_scheduler_grpc.py found: each was answered UNKNOWN, lost to
+    RESOURCE_EXHAUSTED, or answered UNAVAILABLE after eight tries on the gateways."""
+    import redis
+
+    from asyncdapo.contracts.redis_keys import RunKeys
+    from asyncdapo.services.scheduler.rpc_input_checks import largest_version
+
+    snap = write_fake_snapshot(tmp_path / "v1")
+    cfg = run_config()
+    async with (
+        sim_gateways(1) as gws,
+        scheduler(cfg, redis_url, [g.address for g in gws], RuleScorer()) as ro,
+        served(ro) as (_, stub),
+    ):
+
+        async def refused(call: Any, code: grpc.StatusCode, *needles: str) -> str:
+            t0 = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            assert e.value.code() is code, e.value
+            assert all(n in e.value.details() for n in needles), e.value.details()
+            assert time.monotonic() - t0 < 2.0, f"refused only after {time.monotonic() - t0:.1f} s"
+            return e.value.details()
+
+        # a version past int64's bound was published (and persisted), then every GetRun failed
+        await refused(
+            stub.PublishWeights(
+                scheduler_pb2.PublishWeightsRequest(version=2**63 - 1, uri=snap), metadata=AUTH
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "out of range",
+            f"up to version {largest_version(cfg)}",
+        )
+        assert (await stub.GetRun(scheduler_pb2.GetRunRequest())).policy_version == 0
+        assert not redis.Redis.from_url(redis_url).hgetall(RunKeys("t").weights)
+        # a huge echoed run name or address: the status was too large for gRPC's metadata
+        for call in (
+            stub.GetRun(scheduler_pb2.GetRunRequest(run="é" * 70_000)),
+            stub.StartRun(scheduler_pb2.StartRunRequest(run="x" * 70_000), metadata=AUTH),
+            stub.DrainGateway(scheduler_pb2.DrainGatewayRequest(address="x" * 70_000), metadata=AUTH),
+        ):
+            assert len(await refused(call, grpc.StatusCode.NOT_FOUND, "(70000 characters)")) < 300
+        await refused(
+            stub.PublishWeights(
+                scheduler_pb2.PublishWeightsRequest(version=1, uri="x" * 70_000), metadata=AUTH
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "uri is 70000 characters long",
+        )
+        # evaluations every gateway refuses: INVALID_ARGUMENT at once, after one try at most
+        prompt = scheduler_pb2.EvalPrompt(prompt_token_ids=[5, 6], ground_truth="mixed")
+        await refused(
+            stub.Evaluate(
+                scheduler_pb2.EvaluateRequest(
+                    prompts=[prompt], n=2, sampling=common_pb2.SamplingParams(top_p=-0.0)
+                ),
+                metadata=AUTH,
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "sampling.top_p must be in (0, 1], got -0.0",
+        )
+        past_vocab = scheduler_pb2.EvalPrompt(prompt_token_ids=[5, 10**6], ground_truth="mixed")
+        await refused(
+            stub.Evaluate(scheduler_pb2.EvaluateRequest(prompts=[prompt, past_vocab], n=1), metadata=AUTH),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "prompts[1]: a gateway refused it",
+            "prompt_token_ids[1] = 1000000 is outside the vocabulary",
+        )
+        tries = ro.metrics.registry.get_sample_value(
+            "asyncdapo_scheduler_gateway_errors_total",
+            {"gateway": gws[0].address, "code": "INVALID_ARGUMENT"},
+        )
+        assert tries == 1
+        # the largest version the run can count is accepted, and its bound reported
+        top = await stub.PublishWeights(
+            scheduler_pb2.PublishWeightsRequest(version=largest_version(cfg), uri=snap), metadata=AUTH
+        )
+        assert top.version == largest_version(cfg) and all(r.ok for r in top.results)
+        st = await stub.GetRun(scheduler_pb2.GetRunRequest())
+        assert st.valid_groups_bound == cfg.valid_group_bound(largest_version(cfg)) <= 2**53
 
 
 async def test_tls_end_to_end_scheduler_gateways_and_the_trainers_client(

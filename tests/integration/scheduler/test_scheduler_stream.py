@@ -22,12 +22,14 @@ from asyncdapo.services.scheduler.tasks import Kind, PromptTask, Request
 class Sink:
     responses: list[tuple[Request, str, gateway_pb2.GenerateResponse]] = field(default_factory=list)
     given_up: list[tuple[Request, str]] = field(default_factory=list)
+    refused: list[bool] = field(default_factory=list)  # per give-up: refused at once (no retry)
 
     def on_response(self, req: Request, gw: Gateway, resp: gateway_pb2.GenerateResponse) -> None:
         self.responses.append((req, gw.address, resp))
 
-    def on_give_up(self, req: Request, detail: str) -> None:
+    def on_give_up(self, req: Request, detail: str, refused: bool) -> None:
         self.given_up.append((req, detail))
+        self.refused.append(refused)
 
 
 @contextlib.asynccontextmanager
@@ -49,11 +51,11 @@ async def dispatcher(addresses: Sequence[str], max_tries: int = 8) -> AsyncItera
         await pool.close()
 
 
-def tasks(count: int, n: int, max_tokens: int, prompt: Sequence[int] = (1, 2, 3)) -> list[PromptTask]:
+def tasks(
+    count: int, n: int, max_tokens: int, prompt: Sequence[int] = (1, 2, 3), kind: Kind = Kind.TRAIN
+) -> list[PromptTask]:
     sampling = common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return [
-        PromptTask(Kind.TRAIN, f"p{i}", 1, i, n, list(prompt), "gt", sampling=sampling) for i in range(count)
-    ]
+    return [PromptTask(kind, f"p{i}", 1, i, n, list(prompt), "gt", sampling=sampling) for i in range(count)]
 
 
 def requests(ts: Sequence[PromptTask]) -> list[Request]:
@@ -84,6 +86,7 @@ async def test_a_rejected_request_is_retried_then_given_up_with_the_gateways_rea
         good[0].pid = "good"
         d.submit(requests(bad) + requests(good))
         await wait_for(lambda: len(sink.given_up) == 2 and len(sink.responses) == 2, 10, "give-ups")
+        assert sink.refused == [False, False]  # a training request is the run's: retried first
         for req, detail in sink.given_up:
             assert req.task is bad[0] and req.tries == 3
             assert "INVALID_ARGUMENT" in detail and "sampling.max_tokens" in detail, detail
@@ -94,6 +97,26 @@ async def test_a_rejected_request_is_retried_then_given_up_with_the_gateways_rea
             {"gateway": gws[0].address, "code": "INVALID_ARGUMENT"},
         )
         assert errors == 6
+
+
+async def test_an_evaluation_request_refused_as_invalid_is_given_up_at_once() -> None:
+    """An evaluation's prompt and sampling are its caller's, and every gateway serves the same
+    model: a refusal is the answer, not a fault to retry elsewhere."""
+    async with sim_gateways(2) as gws, dispatcher([g.address for g in gws], max_tries=8) as (d, sink):
+        bad = tasks(1, 2, 4, prompt=(5, 10**6), kind=Kind.EVAL)  # past the sim vocabulary
+        d.submit(requests(bad))
+        await wait_for(lambda: len(sink.given_up) == 2, 10, "give-ups")
+        assert sink.refused == [True, True]
+        assert all("outside the vocabulary" in detail for _, detail in sink.given_up)
+        errors = sum(
+            d.metrics.registry.get_sample_value(
+                "asyncdapo_scheduler_gateway_errors_total", {"gateway": g.address, "code": "INVALID_ARGUMENT"}
+            )
+            or 0
+            for g in gws
+        )
+        assert errors == 2  # one try per request
+        assert all(g.up for g in d.pool.members)
 
 
 async def test_a_stream_broken_mid_flight_is_redispatched_to_the_other_gateway() -> None:

@@ -119,6 +119,11 @@ topologySpreadConstraints:
 {{- if .Values.redis.enabled -}}
 redis://{{ include "asyncdapo.fullname" . }}-redis.{{ .Release.Namespace }}.svc:6379/0
 {{- else -}}
+{{- /* The URL is rendered into the operator's env, the NOTES and every run's pods: a password
+       in it would sit in all of them in clear. */}}
+{{- if regexMatch "^rediss?://[^/@]*:[^/@]*@" .Values.redis.external.url -}}
+{{- fail "redis.external.url carries a password (redis://USER:PASSWORD@HOST): the URL is rendered into the operator's environment and every run's pods; put the password in a Secret of the release namespace and name it in redis.external.passwordSecret (name, key), with a URL without it" -}}
+{{- end -}}
 {{ .Values.redis.external.url }}
 {{- end -}}
 {{- end -}}

@@ -6,6 +6,8 @@ Error contract (every message names the field or state at fault):
   control RPCs without the right bearer token → UNAUTHENTICATED (`grpc_security.BearerAuthInterceptor`);
   a WatchLoad interval out of bounds → INVALID_ARGUMENT;
   an engine failure → INTERNAL. A rejected request never changes engine state.
+- every status' details are bounded (`runtime.status_details`): past gRPC's metadata limit the
+  caller would get RESOURCE_EXHAUSTED instead of the answer.
 
 Invariants:
 - a Generate response's token_ids, logprobs and version_runs cover the same tokens, continuation
@@ -31,6 +33,7 @@ import grpc
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from asyncdapo.contracts.wire_enums import UnknownEnumValue, finish_to_pb, pause_mode_from_pb
 from asyncdapo.runtime.grpc_security import method_names, watch_interval_s
+from asyncdapo.runtime.status_details import bounded_details
 from asyncdapo.runtime.weight_stream.fetch import Fetcher, FetchError
 from asyncdapo.runtime.weight_stream.store import NotHeld, WeightStore
 from asyncdapo.runtime.weight_stream.uri import is_stream_uri, stream_address
@@ -153,8 +156,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     async def _reject(self, context: grpc.aio.ServicerContext, reason: Rejection, message: str) -> NoReturn:
         self._metrics.rejected.labels(reason.value).inc()
-        await context.abort(_STATUS[reason], message)
-        raise AssertionError("unreachable")  # context.abort raises
+        await _abort(context, _STATUS[reason], message)
 
     # --- data plane ---
 
@@ -164,10 +166,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         try:
             return await self.generate_one(request)
         except RequestError as err:
-            await context.abort(_STATUS[err.reason], str(err))
+            await _abort(context, _STATUS[err.reason], str(err))
         except EngineError as err:
-            await context.abort(grpc.StatusCode.INTERNAL, str(err))
-        raise AssertionError("unreachable")  # context.abort raises
+            await _abort(context, grpc.StatusCode.INTERNAL, str(err))
 
     async def GenerateStream(
         self,
@@ -335,7 +336,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                         await engine.resume()
             except EngineError as err:
                 log.error("LoadWeights version %d from %s failed: %s", request.version, path, err)
-                await context.abort(grpc.StatusCode.INTERNAL, str(err))
+                await _abort(context, grpc.StatusCode.INTERNAL, str(err))
             elapsed = time.monotonic() - start
             self._version = request.version
         self._metrics.weight_version.set(request.version)
@@ -378,7 +379,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 )
         except FetchError as err:
             log.error("weights v%d: %s", request.version, err)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(err))
         self._metrics.weight_bytes_received.inc(res.bytes_received)
         log.info(
             "fetched weights v%d: %.1f MB in %.2f s from %s",
@@ -478,6 +479,11 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self._stopping.set()
 
 
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """End the call with `code` and `message`, cut to what gRPC's metadata carries."""
+    await context.abort(code, bounded_details(message))
+
+
 def _stream_error(request_id: str, err: Exception) -> gateway_pb2.GenerateError:
     """What unary Generate would have answered for `err`, as a per-request stream error."""
     if isinstance(err, RequestError):
@@ -487,4 +493,6 @@ def _stream_error(request_id: str, err: Exception) -> gateway_pb2.GenerateError:
     else:  # a bug: report it on this request instead of breaking the client's whole stream
         log.error("generate %s failed unexpectedly", request_id, exc_info=err)
         code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
-    return gateway_pb2.GenerateError(request_id=request_id, code=code.value[0], message=message)
+    return gateway_pb2.GenerateError(
+        request_id=request_id, code=code.value[0], message=bounded_details(message)
+    )

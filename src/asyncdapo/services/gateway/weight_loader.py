@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from asyncdapo.runtime.status_details import shown
+
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 _FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0"})
 _MAX_LISTED = 5
 
 
 class WeightsProblem(StrEnum):
-    BAD_URI = "bad_uri"  # not a local path / unsupported scheme
+    BAD_URI = "bad_uri"  # not a usable local path (too long, unreadable) / unsupported scheme
     NOT_FOUND = "not_found"  # the directory does not exist
     NO_SAFETENSORS = "no_safetensors"  # the directory holds no *.safetensors
     CORRUPT = "corrupt"  # a header cannot be parsed
@@ -47,11 +49,27 @@ def resolve_uri(uri: str) -> Path:
         scheme, _, rest = uri.partition("://")
         if scheme != "file":
             raise WeightsError(
-                WeightsProblem.BAD_URI, f"uri scheme {scheme!r} is not supported (use a path or file://)"
+                WeightsProblem.BAD_URI, f"uri scheme {shown(scheme)} is not supported (use a path or file://)"
             )
+        if not rest.strip():  # Path("") would be the gateway's working directory
+            raise WeightsError(WeightsProblem.BAD_URI, f"uri {shown(uri)} names no path (use file:///DIR)")
         uri = rest
+    if "\x00" in uri:
+        raise WeightsError(
+            WeightsProblem.BAD_URI, f"uri {shown(uri)} contains a NUL character, which no path can"
+        )
     path = Path(uri)
-    if not path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError as err:
+        # the operating system refuses the name itself (too long, a parent not searchable): no
+        # snapshot can be there, whatever the gateway's state; the error's own text repeats the name
+        raise WeightsError(
+            WeightsProblem.BAD_URI,
+            f"uri {shown(str(path))} is not a usable directory path: {err.strerror or type(err).__name__} "
+            "(give the directory of a weights snapshot this gateway can read)",
+        ) from None
+    if not is_dir:  # a name the operating system took: at most PATH_MAX, so it is echoed whole
         raise WeightsError(WeightsProblem.NOT_FOUND, f"uri {str(path)!r} is not an existing directory")
     return path
 

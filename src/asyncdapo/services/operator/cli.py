@@ -138,6 +138,7 @@ def _defaults(
 ):  # -> OperatorDefaults
     from asyncdapo.services.operator.desired import OperatorDefaults
     from asyncdapo.services.operator.pod_settings import (
+        parse_default_redis_url,
         parse_pull_secrets,
         parse_security_context,
         parse_selector,
@@ -149,7 +150,7 @@ def _defaults(
         gpu_image=args.gpu_image,
         redis_image=args.redis_image,
         pull_policy=args.pull_policy,
-        redis_url=args.redis_url or None,
+        redis_url=parse_default_redis_url(args.redis_url),
         redis_password=redis_password,
         kuberay=kuberay,
         monitoring_namespace_selector=parse_selector(args.monitoring_namespace_selector),
@@ -305,7 +306,6 @@ def _run(args: argparse.Namespace) -> int:
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
             memo=memo,
         )
-    )
 
     if not args.leader_election:
         asyncio.run(operate())
@@ -336,7 +336,7 @@ def _exit_on_lost_leadership(transition: object) -> None:
         "replica as a standby",
         transition,
         EXIT_LEADERSHIP_LOST,
-    return 0
+    )
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()
@@ -382,6 +382,7 @@ async def _run_elected(args: argparse.Namespace, operate: Callable[[], Awaitable
         await elector.release()
         return 0
     await lead(elector, operate, _exit_on_lost_leadership)
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -218,6 +218,14 @@ def redis_url(spec: TrainingRunSpec, ref: RunRef, defaults: OperatorDefaults) ->
                 "spec.redis.url: a URL with credentials given; must carry none when passwordSecretRef is "
                 "set (the password comes from that Secret)",
             )
+        if urlsplit(r.url).password is not None:
+            # the URL is rendered into the pods' args and env and the run's ConfigMap, in clear
+            raise DesiredStateError(
+                "InvalidSpec",
+                "spec.redis.url: the URL carries a password (redis://USER:PASSWORD@HOST), which would be "
+                "rendered into the run's pods in clear; put it in a Secret, name it in "
+                "spec.redis.passwordSecretRef, and give the URL without it",
+            )
         return r.url
     if defaults.redis_url:
         return defaults.redis_url

@@ -1,6 +1,7 @@
 """Cluster-wide pod settings the operator gives every run's pods (from the Helm chart's values):
-the pod and container securityContext, the default imagePullSecrets, and the label selector of the
-monitoring namespace. Parsing of their flags, and applying them to a run's desired state.
+the pod and container securityContext, the default imagePullSecrets, the label selector of the
+monitoring namespace, and the default Redis URL. Parsing of their flags, and applying them to a
+run's desired state.
 
 The built-in securityContexts (pods.py, UID 10001) stay the default; a cluster that assigns UIDs
 itself (OpenShift's restricted SCC) gives contexts without runAsUser / runAsGroup / fsGroup.
@@ -12,6 +13,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from asyncdapo.contracts.errors import AsyncdapoError
 
@@ -26,7 +28,22 @@ _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
 
 
 class PodSettingsError(AsyncdapoError):
-    """A malformed operator flag (selector, securityContext JSON, pull secrets)."""
+    """A malformed operator flag (selector, securityContext JSON, pull secrets, Redis URL)."""
+
+
+def parse_default_redis_url(text: str | None) -> str | None:
+    """The default Redis of runs that set no spec.redis (empty: none). Its password comes through
+    ASYNCDAPO_OPERATOR_REDIS_PASSWORD (a Secret), never in the URL: the URL is rendered into every
+    run's pods, where it would sit in clear."""
+    if not text:
+        return None
+    if urlsplit(text).password is not None:
+        raise PodSettingsError(
+            "--redis-url / ASYNCDAPO_OPERATOR_REDIS_URL carries a password (redis://USER:PASSWORD@HOST), "
+            "which would be rendered into every run's pods in clear; give the URL without it and the "
+            "password through ASYNCDAPO_OPERATOR_REDIS_PASSWORD (the chart's redis Secret does)"
+        )
+    return text
 
 
 def parse_selector(text: str) -> tuple[tuple[str, str], ...]:

@@ -13,7 +13,9 @@ Invariants:
   task's current request — its abort reply or a finish that came too late — goes to `on_cut`;
 - a request that failed at the transport level or was aborted by someone else (a pause, a drain)
   is dispatched again — with its partial tokens when the gateway returned them — until
-  `max_tries`, then `on_give_up` is called;
+  `max_tries`, then `on_give_up` is called; an evaluation request a gateway refused as
+  INVALID_ARGUMENT is given up at once (`refused`): its prompt and sampling are the caller's, and
+  every gateway serves the same model;
 - every message from a gateway (replies, errors) and every lost stream pumps the queue: the
   capacity it freed is used at once;
 - `gw.calls` holds exactly the requests in flight on the gateway's live stream (`gw.in_flight`
@@ -42,11 +44,12 @@ from asyncdapo.services.scheduler.gateway_pool import Gateway, GatewayPool
 from asyncdapo.services.scheduler.gateway_stream import GatewayStream
 from asyncdapo.services.scheduler.metrics import SchedulerMetrics
 from asyncdapo.services.scheduler.policy.dispatch import DispatchPolicy
-from asyncdapo.services.scheduler.tasks import PromptTask, Request, request_seed, version_run_messages
+from asyncdapo.services.scheduler.tasks import Kind, PromptTask, Request, request_seed, version_run_messages
 
 log = logging.getLogger(__name__)
 
 FINISH_ABORT = common_pb2.FINISH_REASON_ABORT
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.name
 ABORT_TIMEOUT_S = 5.0
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
@@ -58,7 +61,7 @@ class Dispatcher:
         policy: DispatchPolicy,
         metrics: SchedulerMetrics,
         on_response: Callable[[Request, Gateway, gateway_pb2.GenerateResponse], None],
-        on_give_up: Callable[[Request, str], None],
+        on_give_up: Callable[[Request, str, bool], None],
         on_aborted: Callable[[Request, int], None] | None = None,
         on_cut: Callable[[Request, gateway_pb2.GenerateResponse], None] | None = None,
         seed_base: int | None = None,
@@ -250,6 +253,9 @@ class Dispatcher:
             return
         if err is not None:
             self.metrics.gateway_errors.labels(gw.address, err).inc()
+            if err == INVALID_ARGUMENT and task.kind is Kind.EVAL:
+                self.on_give_up(req, f"{err} from {gw.address}: {detail}", True)
+                return
             self._redispatch(req, "gateway_failure", None, f"{err} from {gw.address}: {detail}")
             return
         assert resp is not None
@@ -267,7 +273,7 @@ class Dispatcher:
         req.t_ready = time.perf_counter()
         if not self.queue.retry(req, partial):
             last = f"; last: {detail}" if detail else ""
-            self.on_give_up(req, f"request failed {req.tries} times ({why}{last})")
+            self.on_give_up(req, f"request failed {req.tries} times ({why}{last})", False)
             return
         self.metrics.redispatched.labels(why).inc()
 

@@ -13,13 +13,19 @@ from collections.abc import Iterable
 from asyncdapo.services.scheduler.tasks import PromptTask
 
 
+class EvalRefused(ValueError):
+    """A gateway refused an evaluation request as INVALID_ARGUMENT (its prompt or sampling): every
+    gateway serves the same model, so the evaluation ends with this instead of being retried."""
+
+
 class EvalWaiters:
     def __init__(self) -> None:
         self._futures: dict[PromptTask, asyncio.Future[PromptTask]] = {}  # by identity (eq=False)
 
     def expect(self, tasks: Iterable[PromptTask]) -> list[asyncio.Future[PromptTask]]:
         """A future per task: its result is the task once every response is scored; its exception
-        says why one could not be."""
+        says why one could not be (`EvalRefused`: the request was refused; RuntimeError: the
+        gateways or the verifier failed)."""
         loop = asyncio.get_running_loop()
         out = []
         for t in tasks:
@@ -34,12 +40,13 @@ class EvalWaiters:
         for t in tasks:
             self._futures.pop(t, None)
 
-    def resolve(self, task: PromptTask, error: str = "") -> None:
-        """Every response of `task` is scored (`error` ""), or one cannot be (`error` says why)."""
+    def resolve(self, task: PromptTask, error: str = "", refused: bool = False) -> None:
+        """Every response of `task` is scored (`error` ""), or one cannot be (`error` says why;
+        `refused`: a gateway refused the request itself)."""
         fut = self._futures.pop(task, None)
         if fut is None or fut.done():
             return
         if error:
-            fut.set_exception(RuntimeError(error))
+            fut.set_exception(EvalRefused(error) if refused else RuntimeError(error))
         else:
             fut.set_result(task)

@@ -6,8 +6,11 @@ gateways, same FIFO queue, same retries), but never touch the prompt queue or th
 Bounds (checked before anything is dispatched, so a bad request costs nothing and changes
 nothing): `n` between 1 and `MAX_N`; at most `MAX_PROMPTS` prompts and `MAX_RESPONSES` responses
 (prompts × n) per call — a larger evaluation is split by the caller; prompt ids unique (results
-are matched by them; empty ids are matched by position); every prompt has tokens or text and a
-ground truth.
+are matched by them; empty ids are matched by position); every prompt has tokens (>= 0) or text
+and a ground truth; the sampling (the run's validation sampling, the request's fields over it) is
+one a gateway accepts (`rpc_input_checks.check_eval_sampling`). What only a gateway can judge (token
+ids past its vocabulary, a prompt longer than its context) it refuses as INVALID_ARGUMENT, and the
+evaluation ends at once with that refusal (`EvalRefused`), never retried elsewhere.
 """
 
 from __future__ import annotations
@@ -16,7 +19,13 @@ import asyncio
 import uuid
 
 from asyncdapo.contracts.v1 import scheduler_pb2
+from asyncdapo.runtime.status_details import shown
 from asyncdapo.services.scheduler.rollout import Rollout
+from asyncdapo.services.scheduler.rpc_input_checks import (
+    RequestError,
+    check_eval_prompt_ids,
+    check_eval_sampling,
+)
 from asyncdapo.services.scheduler.tasks import Kind, PromptTask
 
 MAX_N = 1024  # as RunConfig's rollout.val_n
@@ -24,12 +33,12 @@ MAX_PROMPTS = 10_000
 MAX_RESPONSES = 65_536
 
 
-class EvalInputError(ValueError):
-    pass
+class EvalInputError(RequestError):
+    """An evaluation request out of bounds: INVALID_ARGUMENT before anything is dispatched."""
 
 
 def check_request(req: scheduler_pb2.EvaluateRequest) -> None:
-    """Raise EvalInputError naming the first field out of bounds."""
+    """Raise RequestError (EvalInputError) naming the first field out of bounds."""
     if not req.prompts:
         raise EvalInputError("prompts: at least one prompt is required")
     if not 1 <= req.n <= MAX_N:
@@ -47,11 +56,12 @@ def check_request(req: scheduler_pb2.EvaluateRequest) -> None:
     for i, p in enumerate(req.prompts):
         if p.id and p.id in seen:
             raise EvalInputError(
-                f"prompts[{i}].id {p.id!r} repeats prompts[{seen[p.id]}].id: ids must be unique"
+                f"prompts[{i}].id {shown(p.id)} repeats prompts[{seen[p.id]}].id: ids must be unique"
             )
         seen.setdefault(p.id, i)
         if not p.prompt_token_ids and not p.prompt:
             raise EvalInputError(f"prompts[{i}]: one of prompt_token_ids or prompt is required")
+        check_eval_prompt_ids(p.prompt_token_ids, i)
         if not p.ground_truth:
             raise EvalInputError(f"prompts[{i}].ground_truth is empty")
 
@@ -62,8 +72,7 @@ async def evaluate(rollout: Rollout, req: scheduler_pb2.EvaluateRequest) -> sche
     sampling = rollout.sampling(validation=True)  # what the request sets overrides these
     if req.HasField("sampling"):
         sampling.MergeFrom(req.sampling)
-    if sampling.max_tokens <= 0:
-        raise EvalInputError("sampling.max_tokens must be > 0")
+    check_eval_sampling(sampling)
     run_id = uuid.uuid4().hex[:8]
     tasks: list[PromptTask] = []
     for i, p in enumerate(req.prompts):

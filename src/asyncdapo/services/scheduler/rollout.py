@@ -458,10 +458,13 @@ class Rollout:
         event = ResponseEvent.ABORTED if resp.finish_reason == FINISH_ABORT else ResponseEvent.LATE
         self.response_log.cut(event, LoggedResponse.of(task, req.idx, len(resp.token_ids), resp))
 
-    def _on_give_up(self, req: Request, detail: str) -> None:
+    def _on_give_up(self, req: Request, detail: str, refused: bool = False) -> None:
         task = req.task
         if task.kind is Kind.EVAL:
-            self.evals.resolve(task, f"{DropReason.GATEWAY_ERROR}: {detail}")
+            if refused:  # an evaluation task's seq is its index in the request
+                self.evals.resolve(task, f"prompts[{task.seq}]: a gateway refused it: {detail}", refused=True)
+            else:
+                self.evals.resolve(task, f"{DropReason.GATEWAY_ERROR}: {detail}")
             return
         self._run(self.core.fail(task, DropReason.GATEWAY_ERROR, detail))
 

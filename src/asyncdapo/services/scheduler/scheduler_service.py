@@ -2,10 +2,13 @@
 
 Errors are caught here, at the boundary, and become status codes naming what was wrong:
 a run name that is not this scheduler's → NOT_FOUND; a stale weight version or a fenced trainer →
-FAILED_PRECONDITION; no gateway could load the weights (nothing changed, retry) → UNAVAILABLE;
-an unknown gateway → NOT_FOUND; bad eval input or a watch interval out of bounds →
-INVALID_ARGUMENT; a missing or wrong bearer token on a control RPC → UNAUTHENTICATED; a verifier or
-gateways that stay down during Evaluate → UNAVAILABLE.
+FAILED_PRECONDITION; a weight version past the largest the run counts its bound for, or a uri no
+gateway can read by its form (`rpc_input_checks.check_publish`) → INVALID_ARGUMENT; no gateway could load the weights
+(nothing changed, retry) → UNAVAILABLE; an unknown gateway → NOT_FOUND; bad eval input (checked
+before dispatch, or refused by a gateway) or a watch interval out of bounds → INVALID_ARGUMENT; a
+missing or wrong bearer token on a control RPC → UNAUTHENTICATED; a verifier or gateways that stay
+down during Evaluate → UNAVAILABLE. Every status' details are bounded (`runtime.status_details`):
+past gRPC's metadata limit the caller would get RESOURCE_EXHAUSTED instead of the answer.
 
 Control RPCs (`CONTROL_METHODS`: they change the run or spend the gateways' time) require the
 bearer token when the scheduler has one; GetRun, WatchRun, ListGateways, health and reflection are
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -32,8 +36,11 @@ from asyncdapo.runtime.grpc_security import (
     method_names,
     watch_interval_s,
 )
-from asyncdapo.services.scheduler.evaluate import EvalInputError, evaluate
+from asyncdapo.runtime.status_details import bounded_details, shown
+from asyncdapo.services.scheduler.eval_waiters import EvalRefused
+from asyncdapo.services.scheduler.evaluate import evaluate
 from asyncdapo.services.scheduler.rollout import Rollout
+from asyncdapo.services.scheduler.rpc_input_checks import RequestError, check_publish
 from asyncdapo.services.scheduler.weight_publisher import PublishError, PublishUnavailable
 
 log = logging.getLogger(__name__)
@@ -51,8 +58,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
     async def _check_run(self, run: str, context: grpc.aio.ServicerContext) -> None:
         if run and run != self.rollout.cfg.name:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"run {run!r}: this scheduler serves run {self.rollout.cfg.name!r}"
+            await _abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"run {shown(run)}: this scheduler serves run {self.rollout.cfg.name!r}",
             )
 
     async def StartRun(self, request, context):
@@ -73,29 +82,26 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         try:
             interval = watch_interval_s(request.interval_ms, WATCH_DEFAULT_MS)
         except ValueError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         await self._check_run(request.run, context)
         while True:
             yield await self.rollout.status()
             await asyncio.sleep(interval)
 
     async def PublishWeights(self, request, context):
-        if request.version <= 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "version must be > 0")
-        if not request.uri:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "uri is required")
         try:
+            check_publish(request.version, request.uri, self.rollout.cfg)
             mode = pause_mode_from_pb(request.mode)  # None: the run's weight_update_mode
-        except UnknownEnumValue as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except (RequestError, UnknownEnumValue) as err:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         try:
             return await self.rollout.publish_weights(
                 request.version, request.uri, mode, request.trainer_epoch
             )
         except PublishError as err:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except PublishUnavailable as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(err))
 
     async def ListGateways(self, request, context):
         return scheduler_pb2.ListGatewaysResponse(gateways=[g.info() for g in self.rollout.pool.members])
@@ -109,7 +115,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.DrainGatewayResponse:
         gw = self.rollout.pool.get(request.address)
         if gw is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"address {request.address!r} is not in the pool")
+            await _abort(
+                context, grpc.StatusCode.NOT_FOUND, f"address {shown(request.address)} is not in the pool"
+            )
         gw.drain_requested = True
         if request.abort_in_flight and gw.calls:
             # aborts we did not cause come back with finish=abort and continue elsewhere
@@ -124,10 +132,15 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     async def Evaluate(self, request, context):
         try:
             return await evaluate(self.rollout, request)
-        except EvalInputError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except (RequestError, EvalRefused) as err:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except RuntimeError as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(err))
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """End the call with `code` and `message`, cut to what gRPC's metadata carries."""
+    await context.abort(code, bounded_details(message))
 
 
 async def build_server(
