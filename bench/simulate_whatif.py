@@ -143,7 +143,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1) + "\n")
     print(
-        f"RESULT rows={len(rows)} engines={a.engines} batch={a.batch} versions={a.versions} "
+        f"RESULT rows={len(rows)} setup={a.published or a.profiles} "
+        f"engines={'per-setup' if a.published else a.engines} batch={a.batch} versions={a.versions} "
         f"cpu_s={time.process_time() - c0:.1f} wall_s={time.perf_counter() - t0:.1f} loadavg={os.getloadavg()[0]:.2f}"
     )
 
