@@ -187,6 +187,30 @@ def test_command_prints_table_and_results(tmp_path: Path, capsys: pytest.Capture
     assert main(["simulate", str(cfg), "--modes", "warp"]) == 2
 
 
+def test_the_command_refuses_to_print_an_efficiency_above_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bound that is wrong (here: forced 1000x too high) makes the command exit with the reason,
+    no table and no RESULT line."""
+    import asyncdapo.tools.simulate.comparison as comparison
+
+    real = comparison.step_floor
+
+    def too_high(*args: Any) -> Any:
+        f = real(*args)
+        return comparison.StepFloor(f.length, f.volume_s * 1000, f.train_s, f.update_s, f.concurrency)
+
+    monkeypatch.setattr(comparison, "step_floor", too_high)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps(RUN))
+    rc = main(["simulate", str(cfg), "--cluster", "h100-7b", "--engines", "4", "--versions", "3",
+               "--modes", "sync", "--out", str(tmp_path / "out"), "--no-png"])  # fmt: skip
+    assert rc != 0
+    captured = capsys.readouterr()
+    assert "beats the ideal" in captured.err
+    assert "RESULT" not in captured.out and not (tmp_path / "out" / "simulate.json").exists()
+
+
 def test_replay_drives_the_simulation_from_a_trace(tmp_path: Path) -> None:
     from asyncdapo.tools.simulate.replay import load_replay
     from asyncdapo.tools.simulate.workload import WorkloadError
