@@ -100,3 +100,29 @@ async def test_a_full_redis_makes_writes_wait_and_loses_nothing(
     finally:
         r.close()
         server.stop()
+
+
+def test_a_full_redis_does_not_cost_the_scheduler_its_lease(tmp_path: Path) -> None:
+    """At maxmemory Redis refuses SET but allows PEXPIRE: the lease script extends a lease still
+    ours with PEXPIRE, so a full Redis does not let the scheduler's lease lapse and strand its
+    claims (found with the whole stack held full for longer than the 15 s lease)."""
+    from asyncdapo.contracts.redis_scripts import RedisScript, script
+
+    server = RedisServer(tmp_path / "redis", maxmemory=str(MAXMEMORY)).start()
+    r = redis.Redis.from_url(server.url)
+    try:
+        lease = r.register_script(script(RedisScript.SCHEDULER_LEASE))
+        keys = ["scheduler:epoch", "scheduler:lease"]
+        r.set("scheduler:epoch", "7")
+        assert lease(keys=keys, args=["s1", "7", 1000]) == 1  # not held yet: SET
+        assert r.get("scheduler:lease") == b"s1|7"
+        # full, deterministically: the cap below what Redis holds refuses every write that may grow it
+        r.config_set("maxmemory", str(int(r.info("memory")["used_memory"]) // 2))
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            r.set("probe", b"x")  # full: a write that may grow memory is refused
+        for _ in range(3):
+            assert lease(keys=keys, args=["s1", "7", 60_000]) == 1
+        assert r.pttl("scheduler:lease") > 30_000  # extended to the new lease, at maxmemory
+        assert lease(keys=keys, args=["s2", "8", 60_000]) == 0  # a stale epoch is still fenced
+    finally:
+        server.stop()

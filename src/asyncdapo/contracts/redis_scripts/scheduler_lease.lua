@@ -8,5 +8,12 @@
 local cur = redis.call('GET', KEYS[1])
 if not cur then return -1 end
 if cur ~= ARGV[2] then return 0 end
-redis.call('SET', KEYS[2], ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+local mine = ARGV[1] .. '|' .. ARGV[2]
+-- A lease still ours is extended with PEXPIRE, which Redis allows at maxmemory (SET is refused
+-- there): a full Redis must not cost the owner its lease and strand its claims. An expired one is set.
+if redis.call('GET', KEYS[2]) == mine then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+else
+  redis.call('SET', KEYS[2], mine, 'PX', ARGV[3])
+end
 return 1
