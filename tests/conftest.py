@@ -37,6 +37,7 @@ SLOW_FIRST = (
     "e2e/test_local_stack.py",
     "e2e/test_from_verl_run.py",
     "integration/faults/test_chaos.py",
+    "integration/faults/test_redis_full_stack.py",
     "integration/scheduler/test_scheduler_vllm.py",
     "e2e/test_local_stack_prometheus.py",
     "e2e/test_local_stack_lifecycle.py",

