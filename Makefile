@@ -198,8 +198,9 @@ bench-summary:
 # the last line is `RESULT inputs=… surfaces=5 failures=… max_answer_ms=… bound_ms=…`.
 FUZZ_EXAMPLES ?= 2600
 fuzz: install
-	@FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=build/fuzz/report.json $(BIN)/pytest -q -p no:cacheprovider tests/fuzz; \
-	  rc=$$?; $(BIN)/python tests/fuzz/fuzz_report.py build/fuzz/report.json && exit $$rc
+	$(RECORD) fuzz -- bash -c 'FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=build/fuzz/report.json \
+	  $(BIN)/pytest -q -p no:cacheprovider tests/fuzz; rc=$$?; \
+	  $(BIN)/python tests/fuzz/fuzz_report.py build/fuzz/report.json && exit $$rc'
 
 # The chaos soak: the whole loop (SIMULATOR gateways) under a seeded random schedule of faults,
 # checked against the durability invariants; `make chaos CHAOS_ARGS="--seed 3"` for another

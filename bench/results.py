@@ -92,6 +92,7 @@ _CHAOS = ("seed", "faults", "prompts_lost", "groups_duplicated", "groups_lost", 
 KEY_FIELDS: dict[str, tuple[str, ...]] = {
     "bench_sim_papers": ("papers", "within", "max_ratio_err", "raw_within", "seeds"),
     "simulate_whatif_published": ("rows", "batch", "versions", "cpu_s"),
+    "fuzz": ("inputs", "surfaces", "failures", "max_answer_ms", "bound_ms"),
     "bench_verifier": ("items_per_s", "ratio_per_core", "p50_ms", "p99_ms", "workers"),
     "bench_gateway": ("tokens_per_s", "direct_tokens_per_s", "ratio", "abort_p99_ms", "reload_ms"),
     "bench_scheduler": (
