@@ -281,3 +281,22 @@ def test_a_full_redis_is_waited_out_and_told_apart_from_one_that_is_away(
     assert lines[1].startswith("redis unavailable (ConnectionError: reset)")
     assert lines[2].startswith("redis is full") and lines[3].startswith("redis is back after")
     assert len(lines) == 4
+
+
+def test_a_success_a_full_redis_also_serves_does_not_end_the_full_spell() -> None:
+    """A lease's PEXPIRE succeeds at maxmemory: it must not flip `full` (and the gauge and health
+    that follow it) back and forth while every other write is still refused."""
+    t = FakeTime()
+    w = _waiter(t)
+    changes: list[bool] = []
+    w.on_change(changes.append)
+    w.note_failure(_reply("OOM command not allowed when used memory > 'maxmemory'."), "a write")
+    assert w.full and not w.up
+    assert w.call(lambda _a: "renewed", "the lease", proves_writable=False) == "renewed"
+    assert w.full and not w.up and changes == [False]
+    assert w.call(lambda _a: "written", "a write") == "written"  # a write that may grow memory
+    assert w.up and not w.full and changes == [False, True]
+    # a Redis away (not full) is back at any success, the lease's included
+    w.note_failure(redis.ConnectionError("reset"), "a read")
+    w.call(lambda _a: None, "the lease", proves_writable=False)
+    assert w.up

@@ -120,13 +120,14 @@ class RedisWaiter:
             state = "full" if full else "unavailable"
             log.warning("%s still %s after %.0fs (%s)", self._name, state, down_for, err)
 
-    def note_success(self) -> None:
-        """An operation succeeded: Redis is up (one line if it was down)."""
+    def note_success(self, proves_writable: bool = True) -> None:
+        """An operation succeeded: Redis is up (one line if it was down). One that a full Redis
+        also serves (`proves_writable` False: a lease's PEXPIRE) does not end a full spell."""
         if self.up:  # the common case, without the lock
             return
         now = self._clock()
         with self._lock:
-            if self.up:
+            if self.up or (self.full and not proves_writable):
                 return
             self.up = True
             self.full = False
@@ -149,8 +150,9 @@ class RedisWaiter:
 
     # ------------------------------------------------------------------ retry loops
 
-    def call(self, fn: Callable[[int], T], what: str) -> T:
-        """`fn(attempt)` until it returns; waits out an outage, raises every other error."""
+    def call(self, fn: Callable[[int], T], what: str, *, proves_writable: bool = True) -> T:
+        """`fn(attempt)` until it returns; waits out an outage, raises every other error
+        (`proves_writable`: see `note_success`)."""
         delays = self.backoff.delays(self._rng)
         started = self._clock()
         attempt = 0
@@ -164,11 +166,12 @@ class RedisWaiter:
                 self._sleep(wait)
                 attempt += 1
                 continue
-            self.note_success()
+            self.note_success(proves_writable)
             return result
 
-    async def acall(self, fn: Callable[[int], Awaitable[T]], what: str) -> T:
-        """`await fn(attempt)` until it returns; waits out an outage, raises every other error."""
+    async def acall(self, fn: Callable[[int], Awaitable[T]], what: str, *, proves_writable: bool = True) -> T:
+        """`await fn(attempt)` until it returns; waits out an outage, raises every other error
+        (`proves_writable`: see `note_success`)."""
         delays = self.backoff.delays(self._rng)
         started = self._clock()
         attempt = 0
@@ -182,5 +185,5 @@ class RedisWaiter:
                 await self._asleep(wait)
                 attempt += 1
                 continue
-            self.note_success()
+            self.note_success(proves_writable)
             return result
