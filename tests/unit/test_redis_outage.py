@@ -283,20 +283,24 @@ def test_a_full_redis_is_waited_out_and_told_apart_from_one_that_is_away(
     assert len(lines) == 4
 
 
-def test_a_success_a_full_redis_also_serves_does_not_end_the_full_spell() -> None:
-    """A lease's PEXPIRE succeeds at maxmemory: it must not flip `full` (and the gauge and health
-    that follow it) back and forth while every other write is still refused."""
+def test_a_full_spell_ends_only_when_a_refused_write_goes_through() -> None:
+    """At maxmemory reads and a lease's PEXPIRE still succeed: they must not flip `full` (and the
+    gauge and health that follow it) back and forth while every other write is refused. The spell
+    ends when a write that was refused as full goes through."""
     t = FakeTime()
     w = _waiter(t)
     changes: list[bool] = []
     w.on_change(changes.append)
-    w.note_failure(_reply("OOM command not allowed when used memory > 'maxmemory'."), "a write")
+    oom = _reply("OOM command not allowed when used memory > 'maxmemory'.")
+    w.note_failure(oom, "a write")
     assert w.full and not w.up
-    assert w.call(lambda _a: "renewed", "the lease", proves_writable=False) == "renewed"
+    assert w.call(lambda _a: "read", "a read") == "read"
+    w.note_success()  # the trainer's lease heartbeat
     assert w.full and not w.up and changes == [False]
-    assert w.call(lambda _a: "written", "a write") == "written"  # a write that may grow memory
+    fn, _ = _failing(2, oom)  # a write refused twice, then through: memory freed
+    w.call(fn, "a write")
     assert w.up and not w.full and changes == [False, True]
-    # a Redis away (not full) is back at any success, the lease's included
+    # a Redis away (not full) is back at any success
     w.note_failure(redis.ConnectionError("reset"), "a read")
-    w.call(lambda _a: None, "the lease", proves_writable=False)
-    assert w.up
+    w.call(lambda _a: None, "a read")
+    assert w.up and changes == [False, True, False, True]

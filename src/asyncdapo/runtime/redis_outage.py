@@ -120,14 +120,16 @@ class RedisWaiter:
             state = "full" if full else "unavailable"
             log.warning("%s still %s after %.0fs (%s)", self._name, state, down_for, err)
 
-    def note_success(self, proves_writable: bool = True) -> None:
-        """An operation succeeded: Redis is up (one line if it was down). One that a full Redis
-        also serves (`proves_writable` False: a lease's PEXPIRE) does not end a full spell."""
+    def note_success(self, ends_full: bool = False) -> None:
+        """An operation succeeded: Redis is up (one line if it was down). A full spell (OOM) ends
+        only with `ends_full`: a write Redis refused as full that has now gone through. Reads, and
+        a lease's PEXPIRE, which a full Redis also serves, do not end it: `full`, and the gauge and
+        health that follow it, would flip back and forth while every other write is refused."""
         if self.up:  # the common case, without the lock
             return
         now = self._clock()
         with self._lock:
-            if self.up or (self.full and not proves_writable):
+            if self.up or (self.full and not ends_full):
                 return
             self.up = True
             self.full = False
@@ -150,12 +152,12 @@ class RedisWaiter:
 
     # ------------------------------------------------------------------ retry loops
 
-    def call(self, fn: Callable[[int], T], what: str, *, proves_writable: bool = True) -> T:
-        """`fn(attempt)` until it returns; waits out an outage, raises every other error
-        (`proves_writable`: see `note_success`)."""
+    def call(self, fn: Callable[[int], T], what: str) -> T:
+        """`fn(attempt)` until it returns; waits out an outage, raises every other error."""
         delays = self.backoff.delays(self._rng)
         started = self._clock()
         attempt = 0
+        refused_full = False  # this operation was refused as full: its success ends a full spell
         while True:
             try:
                 result = fn(attempt)
@@ -163,18 +165,19 @@ class RedisWaiter:
                 wait = self._retry_in(err, what, started, delays)
                 if wait is None:
                     raise
+                refused_full = refused_full or is_full(err)
                 self._sleep(wait)
                 attempt += 1
                 continue
-            self.note_success(proves_writable)
+            self.note_success(ends_full=refused_full)
             return result
 
-    async def acall(self, fn: Callable[[int], Awaitable[T]], what: str, *, proves_writable: bool = True) -> T:
-        """`await fn(attempt)` until it returns; waits out an outage, raises every other error
-        (`proves_writable`: see `note_success`)."""
+    async def acall(self, fn: Callable[[int], Awaitable[T]], what: str) -> T:
+        """`await fn(attempt)` until it returns; waits out an outage, raises every other error."""
         delays = self.backoff.delays(self._rng)
         started = self._clock()
         attempt = 0
+        refused_full = False  # this operation was refused as full: its success ends a full spell
         while True:
             try:
                 result = await fn(attempt)
@@ -182,8 +185,9 @@ class RedisWaiter:
                 wait = self._retry_in(err, what, started, delays)
                 if wait is None:
                     raise
+                refused_full = refused_full or is_full(err)
                 await self._asleep(wait)
                 attempt += 1
                 continue
-            self.note_success(proves_writable)
+            self.note_success(ends_full=refused_full)
             return result

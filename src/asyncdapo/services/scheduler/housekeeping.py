@@ -41,12 +41,6 @@ HOUSEKEEPING_EVERY_S = 1.0
 COUNT_SEQ_TTL_S = 86_400  # how long COUNT remembers a sequence number (a retry's dedupe window)
 
 
-class RedisCall(Protocol):
-    """A Redis operation run through the scheduler's outage waiter (`Rollout._r`)."""
-
-    def __call__(self, fn: Callable[[], Awaitable[Any]], proves_writable: bool = True) -> Awaitable[Any]: ...
-
-
 class HousekeptRun(Protocol):
     """What the housekeeper needs from the rollout driver — and no more."""
 
@@ -85,7 +79,7 @@ class Housekeeper:
         scripts: ScriptRunner,
         metrics: SchedulerMetrics,
         outcome_lock: asyncio.Lock,
-        redis_call: RedisCall,
+        redis_call: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]],
         reconcile_every_s: float = 5.0,
     ) -> None:
         self._run = run
@@ -128,8 +122,7 @@ class Housekeeper:
             self._run.update_gauges(per_gateway=True)
 
     async def round(self) -> None:
-        # a full Redis still extends the lease (PEXPIRE): that success does not end the full spell
-        lease = await self._r(self._queue.refresh_lease, proves_writable=False)
+        lease = await self._r(self._queue.refresh_lease)
         if lease == 0:
             raise Fenced("lease refresh: a newer epoch holds the run")
         if lease < 0:  # Redis lost the run's state (no epoch): take it over again

@@ -225,11 +225,9 @@ class Rollout:
     def _pool_exists(self, label: str) -> bool:
         return any(g.pool == label for g in self.pool.members)
 
-    def _r(self, fn: Callable[[], Awaitable[Any]], proves_writable: bool = True) -> Awaitable[Any]:
+    def _r(self, fn: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
         """A Redis operation that waits through an outage (and reports it through `redis_link`)."""
-        return self.redis_link.acall(
-            lambda _attempt: fn(), "a scheduler Redis operation", proves_writable=proves_writable
-        )
+        return self.redis_link.acall(lambda _attempt: fn(), "a scheduler Redis operation")
 
     # ------------------------------------------------------------------ commands
     def _run(self, commands: Iterable[Command]) -> None:
