@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from asyncdapo.services.scheduler.outcome_records import DropReason
 from asyncdapo.services.scheduler.tasks import PromptTask
 
 
@@ -39,6 +40,14 @@ class EvalWaiters:
         cancelled); their requests' late answers then resolve nothing."""
         for t in tasks:
             self._futures.pop(t, None)
+
+    def gave_up(self, task: PromptTask, detail: str, refused: bool) -> None:
+        """The dispatcher gave up a request of `task`: a gateway refused it (`refused`: the caller's
+        input, named by its index in the request) or kept failing."""
+        if refused:  # an evaluation task's seq is its index in the request
+            self.resolve(task, f"prompts[{task.seq}]: a gateway refused it: {detail}", refused=True)
+        else:
+            self.resolve(task, f"{DropReason.GATEWAY_ERROR}: {detail}")
 
     def resolve(self, task: PromptTask, error: str = "", refused: bool = False) -> None:
         """Every response of `task` is scored (`error` ""), or one cannot be (`error` says why;

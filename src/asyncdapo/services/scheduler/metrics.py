@@ -3,6 +3,8 @@ so that several schedulers can live in one test process."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncdapo.runtime.metrics import TotalCounter
@@ -124,6 +126,12 @@ class SchedulerMetrics:
         self.publish_seconds = Histogram(
             p + "publish_weights_seconds", "PublishWeights fan-out duration.", buckets=_SLOW, registry=r
         )
+
+    def set_in_flight_per_gateway(self, in_flight: Iterable[tuple[str, int]]) -> None:
+        """(address, requests in flight) of every gateway: O(gateways), so once a second
+        (housekeeping), never per finisher round."""
+        for address, n in in_flight:
+            self.in_flight.labels(address).set(n)
 
 
 class MetricsObserver:

@@ -461,10 +461,7 @@ class Rollout:
     def _on_give_up(self, req: Request, detail: str, refused: bool = False) -> None:
         task = req.task
         if task.kind is Kind.EVAL:
-            if refused:  # an evaluation task's seq is its index in the request
-                self.evals.resolve(task, f"prompts[{task.seq}]: a gateway refused it: {detail}", refused=True)
-            else:
-                self.evals.resolve(task, f"{DropReason.GATEWAY_ERROR}: {detail}")
+            self.evals.gave_up(task, detail, refused)
             return
         self._run(self.core.fail(task, DropReason.GATEWAY_ERROR, detail))
 
@@ -582,7 +579,7 @@ class Rollout:
     def update_gauges(self, per_gateway: bool) -> None:
         self._update_gauges()
         if per_gateway:
-            self._update_gateway_gauges()
+            self.metrics.set_in_flight_per_gateway((gw.address, gw.in_flight) for gw in self.pool.members)
 
     # ------------------------------------------------------------------ gauges
     def _update_gauges(self) -> None:
@@ -592,12 +589,6 @@ class Rollout:
         m.valid_produced.set(self.core.produced)
         m.redis_round_trips.inc(self.rtt.count - self._rtt_reported)
         self._rtt_reported = self.rtt.count
-
-    def _update_gateway_gauges(self) -> None:
-        """Per-gateway gauges: once a second (housekeeping), never per finisher round — that would
-        cost O(gateways) per outcome batch."""
-        for gw in self.pool.members:
-            self.metrics.in_flight.labels(gw.address).set(gw.in_flight)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         t = asyncio.ensure_future(coro)
