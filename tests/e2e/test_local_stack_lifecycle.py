@@ -82,8 +82,11 @@ def _service_cmdlines(up_pid: int) -> dict[str, list[str]]:
             argv = Path(f"/proc/{p.pid}/cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if argv and "redis-server" in argv[0]:  # it retitles itself "redis-server HOST:PORT"
-            found["redis"] = ["redis-server", "--port", argv[0].rsplit(":", 1)[1]]
+        if argv and "redis-server" in argv[0]:
+            # started with --port; once up, it retitles itself "redis-server HOST:PORT"
+            port = _flag(argv, "--port") if "--port" in argv else argv[0].rpartition(":")[2]
+            if port.isdigit():
+                found["redis"] = ["redis-server", "--port", port]
         elif "asyncdapo.cli" in argv:
             found[argv[argv.index("asyncdapo.cli") + 1]] = argv
     return found

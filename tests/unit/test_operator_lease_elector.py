@@ -327,3 +327,28 @@ def test_a_leader_that_lost_the_lease_exits_non_zero_with_a_clear_log(
     assert exits == [cli.EXIT_LEADERSHIP_LOST] and cli.EXIT_LEADERSHIP_LOST != 0
     assert "lost the operator Lease (renew_deadline_passed)" in caplog.text
     assert "restarts this replica as a standby" in caplog.text
+
+
+async def test_stopping_a_leader_always_ends_its_renewal_even_as_a_read_completes() -> None:
+    """kopf stops (SIGTERM) at any moment of the renewal loop, including the loop turn in which a
+    Lease read comes back. The renewal must end and the Lease be released every time: a cancelled
+    call that swallowed the cancellation because its result was ready (asyncio.wait_for on Python
+    3.11 does) left `hold` renewing forever, and the process never exited."""
+    for turns in range(60):  # cancel at each loop turn of several renewals
+        store = FakeLeaseStore()
+        elector = LeaseElector(store.client("a"), REF, "a", timing=Timing(1.0, 0.5, 0.001))
+        assert await elector.acquire()
+        working = asyncio.Event()
+
+        async def work(working: asyncio.Event = working) -> None:
+            working.set()
+            await asyncio.Event().wait()  # kopf, until it is stopped
+
+        task = asyncio.create_task(lead(elector, work, lambda t: pytest.fail(f"lost: {t}")))
+        await working.wait()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=2.0)
+        assert done, f"stopped after {turns} loop turns, the renewal never ended"
+        assert not elector.leading and store.holder(REF) is None

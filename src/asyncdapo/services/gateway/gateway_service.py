@@ -448,7 +448,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         while not self._stopping.is_set():
             yield self.current_load()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._stopping.wait()
 
     # --- lifecycle ---
 
@@ -460,7 +461,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self._draining = True
         self._metrics.draining.set(1)
         try:
-            await asyncio.wait_for(self._idle.wait(), max(deadline_s, 0.0))
+            async with asyncio.timeout(max(deadline_s, 0.0)):
+                await self._idle.wait()
             return 0
         except TimeoutError:
             pass
@@ -470,7 +472,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             await self._engine.abort(victims)
         self._metrics.aborts.labels(AbortCause.DRAIN.value).inc(len(victims))
         try:  # let the aborted calls send their partial responses
-            await asyncio.wait_for(self._idle.wait(), 5.0)
+            async with asyncio.timeout(5.0):
+                await self._idle.wait()
         except TimeoutError:
             log.error("%d request(s) did not return after abort", len(self._inflight))
         return len(victims)

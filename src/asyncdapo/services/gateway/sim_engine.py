@@ -256,7 +256,8 @@ class SimulatedEngine:
             if self._running:
                 self._drained.clear()
                 try:
-                    await asyncio.wait_for(self._drained.wait(), wait_timeout_s or None)
+                    async with asyncio.timeout(wait_timeout_s or None):
+                        await self._drained.wait()
                 except TimeoutError:
                     async with self._step_lock:
                         victims = list(self._running)

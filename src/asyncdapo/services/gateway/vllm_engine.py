@@ -255,7 +255,8 @@ class VllmEngine:
             return PauseResult(aborted=len(victims))
         waiting = asyncio.ensure_future(self._llm.pause_generation(mode="wait", clear_cache=False))
         try:
-            await asyncio.wait_for(asyncio.shield(waiting), wait_timeout_s or None)
+            async with asyncio.timeout(wait_timeout_s or None):
+                await asyncio.shield(waiting)
             return PauseResult(aborted=0)
         except TimeoutError:
             victims = list(self._active)

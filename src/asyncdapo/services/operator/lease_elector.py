@@ -199,7 +199,8 @@ class LeaseElector:
         if renew_overdue(self._me, self._clock(), self._timing):
             return self._step_down(Transition.RENEW_DEADLINE_PASSED)
         try:
-            raw = await asyncio.wait_for(self._api.read(self._me.lease), self._timeout())
+            async with asyncio.timeout(self._timeout()):
+                raw = await self._api.read(self._me.lease)
         except Exception as err:  # a boundary: the API may be down; the deadline decides
             log.warning("cannot read Lease %s: %s", self._me.lease.name, _describe(err))
             return self._step_down_if_overdue()
@@ -218,7 +219,8 @@ class LeaseElector:
         written: ObservedLease | None = None
         try:
             write = self._api.create if step.creates else self._api.replace
-            out = await asyncio.wait_for(write(self._me.lease, step.body), self._timeout())
+            async with asyncio.timeout(self._timeout()):
+                out = await write(self._me.lease, step.body)
             written = ObservedLease.from_manifest(out)
             result = WriteResult.WRITTEN
         except LeaseConflict as err:
@@ -249,7 +251,8 @@ class LeaseElector:
             if self.leading:
                 return True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._timing.retry_period_s)
+                async with asyncio.timeout(self._timing.retry_period_s):
+                    await stop.wait()
         return False
 
     async def hold(self) -> Transition:
@@ -269,7 +272,8 @@ class LeaseElector:
         released = False
         if body is not None:
             try:
-                await asyncio.wait_for(self._api.replace(self._me.lease, body), self._timeout())
+                async with asyncio.timeout(self._timeout()):
+                    await self._api.replace(self._me.lease, body)
                 released = True
             except Exception as err:  # a boundary: it then expires after its duration instead
                 log.warning(
