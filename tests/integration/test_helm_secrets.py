@@ -35,6 +35,7 @@ from asyncdapo.services.operator.cli import (  # noqa: E402
     register,
 )
 from asyncdapo.services.operator.desired import Lifecycle, RunRef, desired_state  # noqa: E402
+from asyncdapo.services.operator.pod_settings import pod_specs  # noqa: E402
 from asyncdapo.services.operator.reconcile import redis_auth_secret, token_secret  # noqa: E402
 from asyncdapo.services.operator.spec import parse_spec  # noqa: E402
 
@@ -45,19 +46,6 @@ RESTRICTIVE = {0o400, 0o440}
 SECRET_ENV_WORDS = ("PASSWORD", "TOKEN", "SECRET")
 # a password the default Redis' Secret holds: what the operator reads from its env and copies
 DEFAULT_REDIS_PASSWORD = "default-redis-pw-Zq81xv0Lmn3Rr5Tt"
-
-
-def _pod_specs(node: Any) -> Iterator[dict[str, Any]]:
-    """Every pod spec in an object, however deep (Deployment, StatefulSet, Job, RayJob's head and
-    worker groups, a bare Pod)."""
-    if isinstance(node, dict):
-        if isinstance(node.get("containers"), list):
-            yield node
-        for v in node.values():
-            yield from _pod_specs(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _pod_specs(v)
 
 
 def _name(doc: dict[str, Any]) -> str:
@@ -85,7 +73,7 @@ def check_secrets_stay_in_secrets(
             b64 = base64.b64encode(value.encode()).decode()
             if doc["kind"] != "Secret":
                 assert b64 not in text, f"{what} (base64) in {where}"
-        for pod in _pod_specs(doc):
+        for pod in pod_specs(doc):
             volumes = {v["name"]: v for v in pod.get("volumes", [])}
             for v in volumes.values():
                 if "secret" in v:
@@ -232,7 +220,7 @@ def test_a_runs_token_and_redis_password_stay_in_their_secrets(label: str, tr: d
     assert redis_refs and redis_refs <= names, (redis_refs, names)
     # the gateways and the scheduler get the token as a mounted file
     token_vols = [
-        v for d in docs for pod in _pod_specs(d) for v in pod.get("volumes", [])
+        v for d in docs for pod in pod_specs(d) for v in pod.get("volumes", [])
         if v.get("secret", {}).get("secretName") == f"{tr['metadata']['name']}-token"
     ]  # fmt: skip
     assert token_vols, "no pod mounts the run's token"

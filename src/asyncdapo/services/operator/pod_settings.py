@@ -89,16 +89,16 @@ def parse_pull_secrets(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def _pod_specs(node: Any) -> Iterator[dict[str, Any]]:
+def pod_specs(node: Any) -> Iterator[dict[str, Any]]:
     """Every pod spec in an object (a dict with a `containers` list), templates of templates too."""
     if isinstance(node, dict):
         if isinstance(node.get("containers"), list):
             yield node
         for value in node.values():
-            yield from _pod_specs(value)
+            yield from pod_specs(value)
     elif isinstance(node, list):
         for item in node:
-            yield from _pod_specs(item)
+            yield from pod_specs(item)
 
 
 def apply_pod_settings(
@@ -111,7 +111,7 @@ def apply_pod_settings(
     """In place, on plain-JSON copies: the operator's securityContexts replace the built-in ones of
     every pod and container; its pull secrets go to pods whose run names none (spec.images)."""
     for obj in objs:
-        for pod in _pod_specs(obj):
+        for pod in pod_specs(obj):
             if pod_security_context is not None:
                 pod["securityContext"] = dict(pod_security_context)
             if container_security_context is not None:
