@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncdapo.contracts.config import RunConfig
+from asyncdapo.contracts.overrides import merge_sections
 from asyncdapo.tools.simulate.comparison import ModeReport, ideal, mode_report
 from asyncdapo.tools.simulate.driver import Simulation
 from asyncdapo.tools.simulate.modes import mode_config
@@ -33,18 +34,11 @@ from asyncdapo.tools.simulate.workload import Workload
 LOW, HIGH = 0.8, 1.25
 
 
-def _merge(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in upd.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def simulate_arm(res: PublishedResult, arm: Arm, seed: int, versions: int) -> ModeReport:
     base = RunConfig.model_validate(res.run)
     cfg = mode_config(base, arm.mode)
     if arm.config:
-        cfg = RunConfig.model_validate(_merge(cfg.model_dump(mode="json"), arm.config))
+        cfg = RunConfig.model_validate(merge_sections(cfg.model_dump(mode="json"), arm.config))
     wl = Workload(res.workload, seed)
     out = Simulation(cfg, arm.cluster, wl, versions).simulate()
     return mode_report(arm.mode, cfg, out, ideal(cfg, arm.cluster, wl), 0.0)

@@ -8,6 +8,7 @@ import pytest
 
 from asyncdapo.cli import build_parser, parse_args
 from asyncdapo.contracts.config import ConfigError, dump_run_config, load_run_config, parse_run_config
+from asyncdapo.contracts.overrides import merge_sections
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny-math.yaml"
@@ -77,3 +78,15 @@ def test_an_unknown_option_is_still_an_error(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         parse_args(build_parser(), ["up", "RUN.yaml", "--bogus"])
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_a_partial_config_merges_section_by_section_and_leaves_the_base_alone() -> None:
+    base = {"name": "r", "rollout": {"n": 8, "admission": {"margin": 1.2}}, "data": {"train_files": ["a"]}}
+    merged = merge_sections(base, {"rollout": {"admission": {"margin": 1.5}}, "data": {"train_files": ["b"]}})
+    assert merged == {
+        "name": "r",
+        "rollout": {"n": 8, "admission": {"margin": 1.5}},
+        "data": {"train_files": ["b"]},
+    }
+    assert base["rollout"] == {"n": 8, "admission": {"margin": 1.2}}  # a copy: the base is unchanged
+    assert parse_run_config(merged).rollout.admission.margin == 1.5

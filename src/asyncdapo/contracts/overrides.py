@@ -113,6 +113,15 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], model: type[
     return out
 
 
+def merge_sections(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with a partial config (`over`, shaped like the YAML) merged in section by
+    section: a section in both is merged, anything else in `over` replaces `base`'s value."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_sections(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def override_keys(overrides: Sequence[str]) -> dict[str, str]:
     """dotted key -> the override that set it (the last one wins), to name it in errors."""
     out: dict[str, str] = {}

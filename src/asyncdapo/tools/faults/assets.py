@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from asyncdapo.contracts.overrides import merge_sections
+
 
 @dataclass(frozen=True)
 class FaultAssets:
@@ -22,13 +24,6 @@ class FaultAssets:
     config: Path  # RunConfig YAML
     answer_key: Path  # SIMULATOR answer key (asyncdapo.services.gateway.sim_answers)
     run: str
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def run_config(run: str, model_dir: Path, data_dir: Path, total_steps: int) -> dict[str, Any]:
@@ -82,7 +77,7 @@ def build_fault_assets(
     train, val = synth_splits(n_train, n_val, seed=seed, spec=SynthSpec(ops=("+", "-"), max_operand=9))
     write_examples(train, data_dir / "train.parquet")
     write_examples(val, data_dir / "val.parquet")
-    cfg = _merge(run_config(run, model_dir, data_dir, total_steps), overrides or {})
+    cfg = merge_sections(run_config(run, model_dir, data_dir, total_steps), overrides or {})
     config = root / f"{run}.yaml"
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     data = cfg["data"]
