@@ -33,7 +33,7 @@ import grpc
 from asyncdapo.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from asyncdapo.contracts.wire_enums import UnknownEnumValue, finish_to_pb, pause_mode_from_pb
 from asyncdapo.runtime.grpc_security import method_names, watch_interval_s
-from asyncdapo.runtime.status_details import bounded_details
+from asyncdapo.runtime.status_details import abort_call, bounded_details
 from asyncdapo.runtime.weight_stream.fetch import Fetcher, FetchError
 from asyncdapo.runtime.weight_stream.store import NotHeld, WeightStore
 from asyncdapo.runtime.weight_stream.uri import is_stream_uri, stream_address
@@ -156,7 +156,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     async def _reject(self, context: grpc.aio.ServicerContext, reason: Rejection, message: str) -> NoReturn:
         self._metrics.rejected.labels(reason.value).inc()
-        await _abort(context, _STATUS[reason], message)
+        await abort_call(context, _STATUS[reason], message)
 
     # --- data plane ---
 
@@ -166,9 +166,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         try:
             return await self.generate_one(request)
         except RequestError as err:
-            await _abort(context, _STATUS[err.reason], str(err))
+            await abort_call(context, _STATUS[err.reason], str(err))
         except EngineError as err:
-            await _abort(context, grpc.StatusCode.INTERNAL, str(err))
+            await abort_call(context, grpc.StatusCode.INTERNAL, str(err))
 
     async def GenerateStream(
         self,
@@ -256,9 +256,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         if not request.all and not request.request_ids:
             await self._reject(context, Rejection.INVALID_ARGUMENT, "request_ids is empty and all is false")
         ids = list(self._inflight) if request.all else list(dict.fromkeys(request.request_ids))
-        return gateway_pb2.AbortResponse(aborted_ids=await self._abort(engine, ids, AbortCause.ABORT_RPC))
+        return gateway_pb2.AbortResponse(aborted_ids=await self.abort(engine, ids, AbortCause.ABORT_RPC))
 
-    async def _abort(self, engine: Engine, ids: list[str], cause: AbortCause) -> list[str]:
+    async def abort(self, engine: Engine, ids: list[str], cause: AbortCause) -> list[str]:
         """Abort those of `ids` in flight; returns them."""
         ids = [rid for rid in ids if rid in self._inflight]
         await engine.abort(ids)
@@ -267,7 +267,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     async def _abort_streamed(self, ids: list[str]) -> list[str]:
         engine = self._engine
-        return [] if engine is None else await self._abort(engine, ids, AbortCause.ABORT_STREAM)
+        return [] if engine is None else await self.abort(engine, ids, AbortCause.ABORT_STREAM)
 
     async def Pause(
         self, request: gateway_pb2.PauseRequest, context: grpc.aio.ServicerContext
@@ -336,7 +336,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                         await engine.resume()
             except EngineError as err:
                 log.error("LoadWeights version %d from %s failed: %s", request.version, path, err)
-                await _abort(context, grpc.StatusCode.INTERNAL, str(err))
+                await abort_call(context, grpc.StatusCode.INTERNAL, str(err))
             elapsed = time.monotonic() - start
             self._version = request.version
         self._metrics.weight_version.set(request.version)
@@ -379,7 +379,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 )
         except FetchError as err:
             log.error("weights v%d: %s", request.version, err)
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(err))
+            await abort_call(context, grpc.StatusCode.UNAVAILABLE, str(err))
         self._metrics.weight_bytes_received.inc(res.bytes_received)
         log.info(
             "fetched weights v%d: %.1f MB in %.2f s from %s",
@@ -480,11 +480,6 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     def stop_watchers(self) -> None:
         self._stopping.set()
-
-
-async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    """End the call with `code` and `message`, cut to what gRPC's metadata carries."""
-    await context.abort(code, bounded_details(message))
 
 
 def _stream_error(request_id: str, err: Exception) -> gateway_pb2.GenerateError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -36,7 +35,7 @@ from asyncdapo.runtime.grpc_security import (
     method_names,
     watch_interval_s,
 )
-from asyncdapo.runtime.status_details import bounded_details, shown
+from asyncdapo.runtime.status_details import abort_call, shown
 from asyncdapo.services.scheduler.eval_waiters import EvalRefused
 from asyncdapo.services.scheduler.evaluate import evaluate
 from asyncdapo.services.scheduler.rollout import Rollout
@@ -58,7 +57,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
     async def _check_run(self, run: str, context: grpc.aio.ServicerContext) -> None:
         if run and run != self.rollout.cfg.name:
-            await _abort(
+            await abort_call(
                 context,
                 grpc.StatusCode.NOT_FOUND,
                 f"run {shown(run)}: this scheduler serves run {self.rollout.cfg.name!r}",
@@ -82,7 +81,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         try:
             interval = watch_interval_s(request.interval_ms, WATCH_DEFAULT_MS)
         except ValueError as err:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            await abort_call(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         await self._check_run(request.run, context)
         while True:
             yield await self.rollout.status()
@@ -93,15 +92,15 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             check_publish(request.version, request.uri, self.rollout.cfg)
             mode = pause_mode_from_pb(request.mode)  # None: the run's weight_update_mode
         except (RequestError, UnknownEnumValue) as err:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            await abort_call(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         try:
             return await self.rollout.publish_weights(
                 request.version, request.uri, mode, request.trainer_epoch
             )
         except PublishError as err:
-            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            await abort_call(context, grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except PublishUnavailable as err:
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(err))
+            await abort_call(context, grpc.StatusCode.UNAVAILABLE, str(err))
 
     async def ListGateways(self, request, context):
         return scheduler_pb2.ListGatewaysResponse(gateways=[g.info() for g in self.rollout.pool.members])
@@ -115,7 +114,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.DrainGatewayResponse:
         gw = self.rollout.pool.get(request.address)
         if gw is None:
-            await _abort(
+            await abort_call(
                 context, grpc.StatusCode.NOT_FOUND, f"address {shown(request.address)} is not in the pool"
             )
         gw.drain_requested = True
@@ -133,14 +132,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         try:
             return await evaluate(self.rollout, request)
         except (RequestError, EvalRefused) as err:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            await abort_call(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except RuntimeError as err:
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(err))
-
-
-async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    """End the call with `code` and `message`, cut to what gRPC's metadata carries."""
-    await context.abort(code, bounded_details(message))
+            await abort_call(context, grpc.StatusCode.UNAVAILABLE, str(err))
 
 
 async def build_server(
