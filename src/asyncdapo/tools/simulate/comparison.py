@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from asyncdapo.contracts.config import RunConfig
-from asyncdapo.tools.simulate.profile import ClusterProfile, Placement
+from asyncdapo.tools.simulate.profile import ClusterProfile
 from asyncdapo.tools.simulate.records import SimResult
 from asyncdapo.tools.simulate.simulation_error import SimulationError
 from asyncdapo.tools.simulate.workload import Sampler
@@ -75,9 +75,7 @@ def step_floor(cfg: RunConfig, cluster: ClusterProfile, length: float, prompt: f
     tput = cluster.engines * m / e.step_s(m, int(m * ctx))
     seqs = B * n
     t = cluster.trainer
-    train = t.step_s(int(seqs * (prompt + length)), seqs) + t.publish_s + cluster.weight_sync.trainer_write_s
-    if cluster.placement is Placement.COLOCATED:
-        train += cluster.switch_s
+    train = t.step_s(int(seqs * (prompt + length)), seqs) + cluster.step_end_s()
     return StepFloor(length, seqs * length / tput, train, cluster.weight_update_s(), m)
 
 

@@ -418,12 +418,8 @@ class Simulation:
         t = cl.trainer
         train_s = t.step_s(tokens, size * self.n) - t.base_s * (1.0 - 1.0 / chunks)
         last = self._chunk == chunks - 1
-        if last:  # a snapshot is written before PublishWeights; colocated GPUs switch to training and back
-            train_s += (
-                t.publish_s
-                + cl.weight_sync.trainer_write_s
-                + (cl.switch_s if cl.placement is Placement.COLOCATED else 0.0)
-            )
+        if last:
+            train_s += cl.step_end_s()
         self.trainer_busy = True
         lengths = [x for g in batch for x in g.lengths]
         if self._chunk == 0:

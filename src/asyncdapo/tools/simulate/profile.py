@@ -430,6 +430,12 @@ class ClusterProfile(_Model):
     )
     source: str = Field("", description="Where the figures come from, and the arithmetic.")
 
+    def step_end_s(self) -> float:
+        """What the trainer pays once per version after its last update: its publish, a snapshot's
+        write (the snapshot transport) and, colocated, the GPUs' switch to training and back."""
+        switch = self.switch_s if self.placement is Placement.COLOCATED else 0.0
+        return self.trainer.publish_s + self.weight_sync.trainer_write_s + switch
+
     def weight_update_s(self) -> float:
         """The least time from the trainer's publish until every engine serves the new weights."""
         e = self.engine
