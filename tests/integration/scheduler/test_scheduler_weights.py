@@ -75,6 +75,8 @@ async def test_a_restarted_gateway_is_resynced_before_it_serves(redis_url: str, 
                     lambda: rollout_state(ro, redis_url, "t"),
                 )
                 await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 12, 30, "bound of v2")
+                # its re-sync over, v3 goes to both at once, and dispatch spreads v3's groups by load
+                await wait_for(lambda: victim.address not in ro.weights.syncing, 10, "re-sync over")
                 await ro.publish_weights(3, write_fake_snapshot(tmp_path / "v3"))
                 await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 16, 30, "bound of v3")
                 await ro.wait_idle(10)
@@ -88,6 +90,44 @@ async def test_a_restarted_gateway_is_resynced_before_it_serves(redis_url: str, 
     assert [(g.min_version, g.max_version) for g in gs[8:]] == [(2, 2)] * 4 + [(3, 3)] * 4
     # and the victim served again once re-synced
     assert any(r.gateway == victim.address for g in gs[8:] for r in g.responses)
+    check_one_outcome_per_attempt(redis_url, "t", ids)
+
+
+async def test_a_publish_during_a_resync_still_ends_on_the_newest_version(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """v3 is published while the returning gateway is still loading v2 in its re-sync: the publish
+    leaves it to the re-sync, which loads again, so the gateway ends on v3 in one re-sync, and no
+    group is ever served on an old version."""
+    cfg = run_config(rollout={"max_concurrent_prompts": 8})
+    ids = load_prompts(redis_url, "t", ["mixed"] * 60)
+    async with sim_gateways(1) as (keeper,):
+        victim = await start_sim_gateway("victim")
+        port = victim.port
+        async with scheduler(cfg, redis_url, [keeper.address, victim.address], RuleScorer()) as ro:
+            ro.start_run()
+            await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of v0")
+            await victim.server.stop(0)
+            await wait_for(lambda: not ro.pool.get(f"127.0.0.1:{port}").up, 10, "victim down")
+            await ro.publish_weights(2, write_fake_snapshot(tmp_path / "v2"))  # it misses v2
+            victim = await start_sim_gateway("victim", port=port, reload_s=1.0)  # back, on v0; slow loads
+            try:
+                await wait_for(lambda: victim.address in ro.weights.syncing, 10, "victim re-syncing")
+                resp = await ro.publish_weights(3, write_fake_snapshot(tmp_path / "v3"))
+                assert [r.gateway for r in resp.results] == [keeper.address]  # left to its re-sync
+                gw = ro.pool.get(victim.address)
+                await wait_for(lambda: victim.address not in ro.weights.syncing, 20, "re-sync over")
+                assert gw.weight_version == 3
+                syncs = ro.metrics.registry.get_sample_value(
+                    "asyncdapo_scheduler_gateway_weight_syncs_total", {"result": "ok"}
+                )
+                assert syncs == 1
+                await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced >= 12, 30, "bound of v3")
+                await ro.wait_idle(10)
+            finally:
+                await victim.server.stop(0)
+    gs = groups(redis_url, "t")
+    assert all(g.min_version == g.max_version for g in gs)
     check_one_outcome_per_attempt(redis_url, "t", ids)
 
 

@@ -293,37 +293,48 @@ class WeightPublisher:
         return stale or left_paused
 
     async def resync(self, gw: Gateway) -> bool:
-        """Load the current weights into one gateway (dispatch skips it until then)."""
+        """Load the current weights into one gateway (dispatch skips it until then). A publish
+        meanwhile leaves this gateway to the re-sync, so the re-sync ends on the newest version:
+        it loads again while the run moved on during its load."""
         self.syncing.add(gw.address)
         try:
-            version, uri = self._run.version, self._run.uri
-            if not uri:  # nothing published yet: only a pause to undo
-                version = gw.weight_version
-            holders = [
-                g.address
-                for g in self._pool.up_gateways()
-                if g is not gw and g.weight_version >= version and not g.publishing
-            ]
-            random.shuffle(holders)  # spread catch-ups over the holders
-            (res,) = await fan_out_weights(
-                [gw],
-                version,
-                uri,
-                PauseMode.KEEP,
-                self._cfg.weight_sync_timeout_s,
-                sources={gw.address: resync_sources(holders)} if is_stream_uri(uri) else {},
-            )
-            if not uri and not res.ok and "INVALID_ARGUMENT" in res.error:
-                res.ok = True  # LoadWeights without a uri is refused, but the Resume went through
+            while True:
+                version, ok = await self._load_current(gw)
+                if not ok or version >= self._run.version or not self._run.uri:
+                    break
         finally:
             self.syncing.discard(gw.address)
-        self._metrics.gateway_weight_syncs.labels("ok" if res.ok else "failed").inc()
-        if res.ok:
+        self._metrics.gateway_weight_syncs.labels("ok" if ok else "failed").inc()
+        if ok:
             log.info("gateway %s re-synced to v%d", gw.address, version)
-        else:
-            log.warning("re-sync of %s to v%d failed: %s", gw.address, version, res.error)
         self._run.gateways_changed()
-        return res.ok
+        return ok
+
+    async def _load_current(self, gw: Gateway) -> tuple[int, bool]:
+        """One Pause(keep) → LoadWeights → Resume of the run's current version into `gw`: the
+        version tried and whether it took."""
+        version, uri = self._run.version, self._run.uri
+        if not uri:  # nothing published yet: only a pause to undo
+            version = gw.weight_version
+        holders = [
+            g.address
+            for g in self._pool.up_gateways()
+            if g is not gw and g.weight_version >= version and not g.publishing
+        ]
+        random.shuffle(holders)  # spread catch-ups over the holders
+        (res,) = await fan_out_weights(
+            [gw],
+            version,
+            uri,
+            PauseMode.KEEP,
+            self._cfg.weight_sync_timeout_s,
+            sources={gw.address: resync_sources(holders)} if is_stream_uri(uri) else {},
+        )
+        if not uri and not res.ok and "INVALID_ARGUMENT" in res.error:
+            return version, True  # LoadWeights without a uri is refused, but the Resume went through
+        if not res.ok:
+            log.warning("re-sync of %s to v%d failed: %s", gw.address, version, res.error)
+        return version, res.ok
 
     async def sync_loop(self, poll_s: float = 1.0) -> None:
         """Keep every up gateway on the current version, with capped exponential backoff per
