@@ -98,7 +98,6 @@ def test_ideal_is_critical_path_or_volume() -> None:
     assert got.concurrency == m
     assert got.volume_s == pytest.approx(B * N * 1000 / (4 * m / e.step_s(m, m * 600)))
     assert got.rollout_s == pytest.approx(max(got.critical_path_s, got.volume_s))
-    assert got.rollout_for(1) == pytest.approx(max(got.critical_path_s / 2, got.volume_s))
 
 
 def test_the_step_floor_is_volume_or_train_plus_update() -> None:

@@ -88,14 +88,9 @@ class Ideal:
     volume_s: float
     mean_length: float  # unbiased trained response length
     concurrency: int  # sequences per engine assumed
-    per_step: list[tuple[float, float]] = field(default_factory=list)  # (critical path, volume)
     prompt_length: float = 0.0  # mean prompt of the trained groups
     cfg: RunConfig | None = None
     cluster: ClusterProfile | None = None
-
-    def rollout_for(self, staleness: float) -> float:
-        """With s >= 1 a response may span s + 1 versions: its critical path is spread over them."""
-        return statistics.fmean(max(c / (staleness + 1), v) for c, v in self.per_step)
 
     def floor(self, length: float | None = None, prompt: float | None = None) -> StepFloor:
         """The ideal step at a trained response `length` after prompts of mean `prompt` (default:
@@ -148,7 +143,6 @@ def ideal(cfg: RunConfig, cluster: ClusterProfile, workload: Sampler, steps: int
         volume_s=statistics.fmean(vols),
         mean_length=statistics.fmean(lens),
         concurrency=int(statistics.median(concs)),
-        per_step=list(zip(cps, vols, strict=True)),
         prompt_length=statistics.fmean(proms),
         cfg=cfg,
         cluster=cluster,
