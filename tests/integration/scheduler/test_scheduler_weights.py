@@ -4,12 +4,15 @@ in the background before it gets work again; a replaced trainer cannot publish."
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import redis
 from scheduler_harness import (
     RuleScorer,
+    SimGateway,
     check_one_outcome_per_attempt,
     groups,
     load_prompts,
@@ -23,8 +26,24 @@ from scheduler_harness import (
 )
 
 from asyncdapo.contracts.redis_keys import RunKeys
-from asyncdapo.services.scheduler.rollout import Phase
+from asyncdapo.services.scheduler.rollout import Phase, Rollout
 from asyncdapo.services.scheduler.weight_publisher import PublishError, PublishUnavailable
+
+
+@contextlib.asynccontextmanager
+async def keeper_and_victim(
+    redis_url: str,
+) -> AsyncIterator[tuple[Rollout, SimGateway, SimGateway, list[str]]]:
+    """60 prompts and a run bound at v0 on two sim gateways: the keeper, which stays up, and the
+    victim, which the test stops and restarts (and stops itself)."""
+    cfg = run_config(rollout={"max_concurrent_prompts": 8})
+    ids = load_prompts(redis_url, "t", ["mixed"] * 60)
+    async with sim_gateways(1) as (keeper,):
+        victim = await start_sim_gateway("victim")
+        async with scheduler(cfg, redis_url, [keeper.address, victim.address], RuleScorer()) as ro:
+            ro.start_run()
+            await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of v0")
+            yield ro, keeper, victim, ids
 
 
 async def test_publish_failing_on_every_gateway_changes_nothing_and_is_retryable(
@@ -52,39 +71,33 @@ async def test_publish_failing_on_every_gateway_changes_nothing_and_is_retryable
 async def test_a_restarted_gateway_is_resynced_before_it_serves(redis_url: str, tmp_path: Path) -> None:
     """The gateway comes back with the weights it started with (v0): dispatch skips it until the
     background re-sync loaded the current version, so every committed group is on-policy."""
-    cfg = run_config(rollout={"max_concurrent_prompts": 8})
-    ids = load_prompts(redis_url, "t", ["mixed"] * 60)
-    async with sim_gateways(1) as (keeper,):
-        victim = await start_sim_gateway("victim")
+    async with keeper_and_victim(redis_url) as (ro, _keeper, victim, ids):
         port = victim.port
-        async with scheduler(cfg, redis_url, [keeper.address, victim.address], RuleScorer()) as ro:
-            ro.start_run()
-            await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of v0")
-            await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"))
+        await ro.publish_weights(1, write_fake_snapshot(tmp_path / "v1"))
+        await victim.server.stop(0)
+        await wait_for(lambda: not ro.pool.get(f"127.0.0.1:{port}").up, 10, "victim down")
+        await ro.publish_weights(2, write_fake_snapshot(tmp_path / "v2"))  # it misses v2
+        victim = await start_sim_gateway("victim", port=port)  # back, on v0
+        try:
+            gw = ro.pool.get(victim.address)
+            await wait_for(lambda: gw.up, 10, "victim up again")
+            await wait_for(
+                lambda: gw.weight_version == 2,
+                30,
+                "victim re-synced",
+                lambda: rollout_state(ro, redis_url, "t"),
+            )
+            await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 12, 30, "bound of v2")
+            # its re-sync over, v3 goes to both at once, and dispatch spreads v3's groups by load
+            await wait_for(lambda: victim.address not in ro.weights.syncing, 10, "re-sync over")
+            await ro.publish_weights(3, write_fake_snapshot(tmp_path / "v3"))
+            await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 16, 30, "bound of v3")
+            await ro.wait_idle(10)
+            assert ro.metrics.registry.get_sample_value(
+                "asyncdapo_scheduler_gateway_weight_syncs_total", {"result": "ok"}
+            )
+        finally:
             await victim.server.stop(0)
-            await wait_for(lambda: not ro.pool.get(f"127.0.0.1:{port}").up, 10, "victim down")
-            await ro.publish_weights(2, write_fake_snapshot(tmp_path / "v2"))  # it misses v2
-            victim = await start_sim_gateway("victim", port=port)  # back, on v0
-            try:
-                gw = ro.pool.get(victim.address)
-                await wait_for(lambda: gw.up, 10, "victim up again")
-                await wait_for(
-                    lambda: gw.weight_version == 2,
-                    30,
-                    "victim re-synced",
-                    lambda: rollout_state(ro, redis_url, "t"),
-                )
-                await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 12, 30, "bound of v2")
-                # its re-sync over, v3 goes to both at once, and dispatch spreads v3's groups by load
-                await wait_for(lambda: victim.address not in ro.weights.syncing, 10, "re-sync over")
-                await ro.publish_weights(3, write_fake_snapshot(tmp_path / "v3"))
-                await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced == 16, 30, "bound of v3")
-                await ro.wait_idle(10)
-                assert ro.metrics.registry.get_sample_value(
-                    "asyncdapo_scheduler_gateway_weight_syncs_total", {"result": "ok"}
-                )
-            finally:
-                await victim.server.stop(0)
     gs = groups(redis_url, "t")
     # on-policy throughout (s = 0): no group holds a token of an older version than its step's
     assert [(g.min_version, g.max_version) for g in gs[8:]] == [(2, 2)] * 4 + [(3, 3)] * 4
@@ -99,33 +112,27 @@ async def test_a_publish_during_a_resync_still_ends_on_the_newest_version(
     """v3 is published while the returning gateway is still loading v2 in its re-sync: the publish
     leaves it to the re-sync, which loads again, so the gateway ends on v3 in one re-sync, and no
     group is ever served on an old version."""
-    cfg = run_config(rollout={"max_concurrent_prompts": 8})
-    ids = load_prompts(redis_url, "t", ["mixed"] * 60)
-    async with sim_gateways(1) as (keeper,):
-        victim = await start_sim_gateway("victim")
+    async with keeper_and_victim(redis_url) as (ro, keeper, victim, ids):
         port = victim.port
-        async with scheduler(cfg, redis_url, [keeper.address, victim.address], RuleScorer()) as ro:
-            ro.start_run()
-            await wait_for(lambda: ro.phase == Phase.BOUND, 30, "bound of v0")
+        await victim.server.stop(0)
+        await wait_for(lambda: not ro.pool.get(f"127.0.0.1:{port}").up, 10, "victim down")
+        await ro.publish_weights(2, write_fake_snapshot(tmp_path / "v2"))  # it misses v2
+        victim = await start_sim_gateway("victim", port=port, reload_s=1.0)  # back, on v0; slow loads
+        try:
+            await wait_for(lambda: victim.address in ro.weights.syncing, 10, "victim re-syncing")
+            resp = await ro.publish_weights(3, write_fake_snapshot(tmp_path / "v3"))
+            assert [r.gateway for r in resp.results] == [keeper.address]  # left to its re-sync
+            gw = ro.pool.get(victim.address)
+            await wait_for(lambda: victim.address not in ro.weights.syncing, 20, "re-sync over")
+            assert gw.weight_version == 3
+            syncs = ro.metrics.registry.get_sample_value(
+                "asyncdapo_scheduler_gateway_weight_syncs_total", {"result": "ok"}
+            )
+            assert syncs == 1
+            await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced >= 12, 30, "bound of v3")
+            await ro.wait_idle(10)
+        finally:
             await victim.server.stop(0)
-            await wait_for(lambda: not ro.pool.get(f"127.0.0.1:{port}").up, 10, "victim down")
-            await ro.publish_weights(2, write_fake_snapshot(tmp_path / "v2"))  # it misses v2
-            victim = await start_sim_gateway("victim", port=port, reload_s=1.0)  # back, on v0; slow loads
-            try:
-                await wait_for(lambda: victim.address in ro.weights.syncing, 10, "victim re-syncing")
-                resp = await ro.publish_weights(3, write_fake_snapshot(tmp_path / "v3"))
-                assert [r.gateway for r in resp.results] == [keeper.address]  # left to its re-sync
-                gw = ro.pool.get(victim.address)
-                await wait_for(lambda: victim.address not in ro.weights.syncing, 20, "re-sync over")
-                assert gw.weight_version == 3
-                syncs = ro.metrics.registry.get_sample_value(
-                    "asyncdapo_scheduler_gateway_weight_syncs_total", {"result": "ok"}
-                )
-                assert syncs == 1
-                await wait_for(lambda: ro.phase == Phase.BOUND and ro.valid_produced >= 12, 30, "bound of v3")
-                await ro.wait_idle(10)
-            finally:
-                await victim.server.stop(0)
     gs = groups(redis_url, "t")
     assert all(g.min_version == g.max_version for g in gs)
     check_one_outcome_per_attempt(redis_url, "t", ids)
