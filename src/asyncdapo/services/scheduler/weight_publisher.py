@@ -300,6 +300,7 @@ class WeightPublisher:
         try:
             while True:
                 version, ok = await self._load_current(gw)
+                # no uri: only a pause was undone, and there is nothing newer to load
                 if not ok or version >= self._run.version or not self._run.uri:
                     break
         finally:
