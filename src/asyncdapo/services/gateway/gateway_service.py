@@ -256,9 +256,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         if not request.all and not request.request_ids:
             await self._reject(context, Rejection.INVALID_ARGUMENT, "request_ids is empty and all is false")
         ids = list(self._inflight) if request.all else list(dict.fromkeys(request.request_ids))
-        return gateway_pb2.AbortResponse(aborted_ids=await self.abort(engine, ids, AbortCause.ABORT_RPC))
+        return gateway_pb2.AbortResponse(aborted_ids=await self._abort(engine, ids, AbortCause.ABORT_RPC))
 
-    async def abort(self, engine: Engine, ids: list[str], cause: AbortCause) -> list[str]:
+    async def _abort(self, engine: Engine, ids: list[str], cause: AbortCause) -> list[str]:
         """Abort those of `ids` in flight; returns them."""
         ids = [rid for rid in ids if rid in self._inflight]
         await engine.abort(ids)
@@ -267,7 +267,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     async def _abort_streamed(self, ids: list[str]) -> list[str]:
         engine = self._engine
-        return [] if engine is None else await self.abort(engine, ids, AbortCause.ABORT_STREAM)
+        return [] if engine is None else await self._abort(engine, ids, AbortCause.ABORT_STREAM)
 
     async def Pause(
         self, request: gateway_pb2.PauseRequest, context: grpc.aio.ServicerContext
